@@ -1,0 +1,38 @@
+"""memory-explorer: learn an operator's peak memory, size Dask chunks safely.
+
+The public surface is four functions::
+
+    profile(operator, shape, ...)            -> Measurement    (explorer.profiling)
+    explore(operator, budget=..., ...)       -> ExploreResult  (explorer.explore)
+    load_model(operator, runs_dir=None)      -> MemoryModel    (explorer.surrogate)
+    recommend_chunks(operator, shape, memory_limit, ...) -> ChunkPlan (explorer.chunking)
+
+They are imported lazily so that ``import explorer`` stays cheap: the
+profiling child and ``recommend_chunks`` never import torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_PUBLIC = {
+    "profile": "explorer.profiling",
+    "Measurement": "explorer.profiling",
+    "explore": "explorer.explore",
+    "load_model": "explorer.surrogate",
+    "MemoryModel": "explorer.surrogate",
+    "recommend_chunks": "explorer.chunking",
+    "ChunkPlan": "explorer.chunking",
+}
+
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str):
+    if name in _PUBLIC:
+        return getattr(importlib.import_module(_PUBLIC[name]), name)
+    raise AttributeError(f"module 'explorer' has no attribute {name!r}")
+
+
+def __dir__():
+    return __all__

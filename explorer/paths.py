@@ -1,0 +1,30 @@
+"""Where things live under the runs directory (one place for every path)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+#: Environment variable that overrides the default runs directory.
+RUNS_ENV = "EXPLORER_RUNS"
+
+
+def runs_dir(path: str | os.PathLike | None = None) -> Path:
+    """The runs directory: ``path``, else ``$EXPLORER_RUNS``, else ``./runs``."""
+    if path is None:
+        path = os.environ.get(RUNS_ENV) or "runs"
+    return Path(path).expanduser()
+
+
+def operator_dir(operator: str, runs: str | os.PathLike | None = None) -> Path:
+    """``<runs>/<operator>/``: the operator's saved model fit and reports."""
+    return runs_dir(runs) / operator
+
+
+def model_path(operator: str, runs: str | os.PathLike | None = None) -> Path:
+    """The saved surrogate fit, loadable without torch."""
+    return operator_dir(operator, runs) / "model.npz"
+
+
+def report_path(operator: str, runs: str | os.PathLike | None = None) -> Path:
+    return operator_dir(operator, runs) / "report.png"

@@ -1,0 +1,56 @@
+"""Parsing and printing of shapes and byte sizes (Dask's byte-string conventions)."""
+
+from __future__ import annotations
+
+import re
+
+from dask.utils import format_bytes, parse_bytes
+
+__all__ = ["format_bytes", "parse_shape", "parse_size", "format_shape"]
+
+_SHAPE = re.compile(r"^\s*(-?\d+)(\s*[xX×,]\s*-?\d+)*\s*$")
+
+
+def parse_shape(text: str | tuple | list, ndim: int = 3) -> tuple[int, ...]:
+    """``"200x200x200"`` (or a sequence of ints) -> ``(200, 200, 200)``.
+
+    Raises ``ValueError`` with a one-line message for anything else: wrong
+    separators, wrong number of axes, or non-positive dimensions.
+    """
+    if isinstance(text, str):
+        if not _SHAPE.match(text):
+            raise ValueError(f"malformed shape {text!r}: expected {ndim} positive integers like 200x200x200")
+        dims = tuple(int(part) for part in re.split(r"\s*[xX×,]\s*", text.strip()))
+    else:
+        try:
+            dims = tuple(int(n) for n in text)
+        except (TypeError, ValueError):
+            raise ValueError(f"malformed shape {text!r}: expected {ndim} positive integers") from None
+    if len(dims) != ndim:
+        raise ValueError(f"shape {format_shape(dims)} has {len(dims)} axes; expected {ndim}")
+    if any(n <= 0 for n in dims):
+        raise ValueError(f"shape {format_shape(dims)} has a non-positive dimension")
+    return dims
+
+
+def format_shape(shape) -> str:
+    return "x".join(str(int(n)) for n in shape)
+
+
+def parse_size(size: str | int | float) -> int:
+    """Bytes from an int or a string like ``"4GiB"``, ``"1.5 GB"``, ``"800MB"``.
+
+    Raises ``ValueError`` with a one-line message for malformed or non-positive sizes.
+    """
+    if isinstance(size, bool):
+        raise ValueError(f"malformed size {size!r}")
+    if isinstance(size, (int, float)):
+        value = int(size)
+    else:
+        try:
+            value = int(parse_bytes(str(size).strip()))
+        except (ValueError, TypeError):
+            raise ValueError(f"malformed size {size!r}: expected bytes or a string like 4GiB") from None
+    if value <= 0:
+        raise ValueError(f"size {size!r} is not positive")
+    return value

@@ -1,0 +1,21 @@
+"""Seismic operators, synthetic volumes and SEG-Y I/O: the ground floor.
+
+Knows nothing about ``explorer``.
+"""
+
+from operators.base import RESERVED_NAMES, Operator, get, names, register
+from operators import seismic as _seismic  # noqa: F401  (registers the operators)
+from operators.synthetic import synthetic_volume
+from operators.segy import SegyGeometryError, read_segy, write_segy
+
+__all__ = [
+    "Operator",
+    "RESERVED_NAMES",
+    "SegyGeometryError",
+    "get",
+    "names",
+    "read_segy",
+    "register",
+    "synthetic_volume",
+    "write_segy",
+]

@@ -1,0 +1,96 @@
+"""The operator interface and the registry.
+
+An operator is a block-wise computation on a 3D volume with axes
+(inline, crossline, samples).  It has two forms that must agree exactly:
+
+* ``run(block)``: the NumPy form on one in-memory block;
+* ``dask(array)``: the Dask form, built with ``map_overlap`` (or
+  ``map_blocks`` when the halo is zero) after rechunking the axes that must
+  stay whole, so that the chunked result equals ``run`` on the whole volume,
+  seams included.
+
+``halo[i]`` is the number of neighbour samples along axis ``i`` that one
+output sample depends on.  A Dask task on a chunk ``c`` therefore sees a
+block of ``c[i] + 2 * halo[i]`` samples along each axis that is not whole.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, ClassVar
+
+import numpy as np
+
+Shape = tuple[int, ...]
+
+
+class Operator:
+    """Base class of all operators.
+
+    Subclasses set ``name``, ``halo``, ``whole_axes``, ``description`` and
+    implement ``run``.  ``output_shape`` and ``output_dtype`` default to a
+    same-shape float32 result.
+    """
+
+    name: ClassVar[str]
+    description: ClassVar[str] = ""
+    halo: ClassVar[Shape] = (0, 0, 0)
+    whole_axes: ClassVar[tuple[int, ...]] = ()
+    output_dtype: ClassVar[np.dtype] = np.dtype(np.float32)
+
+    def run(self, block: np.ndarray) -> np.ndarray:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def output_shape(self, shape: Shape) -> Shape:
+        return tuple(int(n) for n in shape)
+
+    def dask(self, array):
+        """The Dask form: equal to ``run(array.compute())``, seams included.
+
+        Axes in ``whole_axes`` are rechunked to a single chunk first; the
+        other axes exchange ``halo`` samples with their neighbours.  Chunks
+        smaller than the halo are merged by Dask's ``map_overlap``.
+        """
+        import dask.array as da
+
+        if self.whole_axes:
+            array = array.rechunk({axis: -1 for axis in self.whole_axes})
+        depth = {axis: (0 if axis in self.whole_axes else h) for axis, h in enumerate(self.halo)}
+        if not any(depth.values()):
+            return array.map_blocks(self.run, dtype=self.output_dtype)
+        # boundary="none": blocks at the volume's edges are not padded, so run()
+        # applies its own edge handling exactly as on the whole volume.
+        return da.map_overlap(
+            self.run, array, depth=depth, boundary="none", dtype=self.output_dtype, trim=True
+        )
+
+    def __repr__(self) -> str:
+        return f"<operator {self.name} halo={self.halo} whole_axes={self.whole_axes}>"
+
+
+_REGISTRY: dict[str, Callable[[], Operator]] = {}
+
+#: Names the CLI uses as subcommands; no operator may take them.
+RESERVED_NAMES = frozenset({"operators", "profile", "chunks", "run", "report"})
+
+
+def register(cls: type[Operator]) -> type[Operator]:
+    """Class decorator adding an operator to the registry under ``cls.name``."""
+    if cls.name in RESERVED_NAMES:
+        raise ValueError(f"operator name {cls.name!r} is reserved for a CLI subcommand")
+    if cls.name in _REGISTRY:
+        raise ValueError(f"operator {cls.name!r} is registered twice")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def names() -> list[str]:
+    """Sorted names of all registered operators."""
+    return sorted(_REGISTRY)
+
+
+def get(name: str) -> Operator:
+    """The operator registered under ``name``; ``KeyError`` with the known names otherwise."""
+    try:
+        return _REGISTRY[name]()
+    except KeyError:
+        raise KeyError(f"unknown operator {name!r}; known operators: {', '.join(names())}") from None
