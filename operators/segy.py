@@ -1,0 +1,365 @@
+"""SEG-Y I/O on the project's axis order (inline, crossline, samples).
+
+* :func:`segy_geometry` reads every trace's inline / crossline / offset header once and
+  states the file's regular 3D grid as a small frozen :class:`SegyGeometry`, or refuses the
+  file with :class:`SegyGeometryError` (one line: which file, what is wrong).
+* :func:`read_segy` wraps a file as a lazy ``dask.array``: each chunk's task opens the file
+  with segyio and reads only its own traces.  The graph holds the path and the geometry,
+  never data, and pickles (it runs on a distributed cluster).
+* :func:`write_segy` writes a NumPy or Dask array as IEEE float32 SEG-Y, a slab of inlines
+  at a time, so a Dask result is never in memory whole.
+
+Why not segyio's own geometry?  ``segyio.open`` guesses it from a few traces: on a file
+with missing traces it raises a ``ValueError`` about counts, on 2D pre-stack gathers a
+``RuntimeError`` about sorting, and with ``strict=False`` it opens both as unstructured.
+Inferring the grid from all headers gives one code path, a precise message, and a check
+that every trace sits where the trace index formula puts it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import segyio
+
+#: Trace header bytes of the inline and crossline numbers (SEG-Y rev 1 standard).
+INLINE_BYTE = int(segyio.TraceField.INLINE_3D)  # 189
+CROSSLINE_BYTE = int(segyio.TraceField.CROSSLINE_3D)  # 193
+
+#: Bin spacing (m) of the CDP coordinates that :func:`write_segy` puts in the headers.
+BIN_SPACING_M = 25
+
+_SAMPLE_FORMATS = {1, 2, 3, 5, 6, 8, 10, 11, 12, 16}
+
+
+class SegyGeometryError(ValueError):
+    """A SEG-Y file that is not a regular post-stack 3D volume (or not readable as SEG-Y)."""
+
+
+@dataclass(frozen=True)
+class SegyGeometry:
+    """The regular 3D grid of a SEG-Y file.
+
+    ``shape`` is (inlines, crosslines, samples); ``inlines`` and ``crosslines`` are the
+    line numbers in file order (axis 0 and axis 1); ``sorting`` says which of them varies
+    slowest in the file: ``"inline"`` (trace = inline index * crosslines + crossline index)
+    or ``"crossline"``.  ``dtype`` is what segyio returns: float32 for IBM and IEEE floats,
+    the integer type for integer formats.
+    """
+
+    shape: tuple[int, int, int]
+    inlines: tuple[int, ...]
+    crosslines: tuple[int, ...]
+    sample_interval_us: float
+    first_sample_ms: float
+    sample_format: int
+    dtype: np.dtype
+    sorting: str
+    endian: str = "big"
+    iline_byte: int = INLINE_BYTE
+    xline_byte: int = CROSSLINE_BYTE
+
+    def trace_index(self, i, j):
+        """File trace index of inline index ``i`` and crossline index ``j`` (0-based)."""
+        nil, nxl, _ = self.shape
+        return i * nxl + j if self.sorting == "inline" else j * nil + i
+
+
+def _endian(path: str) -> str:
+    """'big' or 'little': whichever reading of the binary header's format code is valid."""
+    with open(path, "rb") as fh:
+        fh.seek(3224)
+        code = fh.read(2)
+    if len(code) < 2:
+        raise SegyGeometryError(f"{path}: not a SEG-Y file: shorter than its 3600-byte headers")
+    if int.from_bytes(code, "big") in _SAMPLE_FORMATS:
+        return "big"
+    if int.from_bytes(code, "little") in _SAMPLE_FORMATS:
+        return "little"
+    return "big"  # let segyio report the problem
+
+
+def _open(path: str, endian: str):
+    try:
+        return segyio.open(path, "r", ignore_geometry=True, endian=endian)
+    except (RuntimeError, ValueError) as exc:
+        reason = " ".join(str(exc).split())
+        raise SegyGeometryError(f"{path}: not readable as SEG-Y: {reason}") from None
+
+
+def _first_seen(values: np.ndarray) -> np.ndarray:
+    """Distinct values in order of first appearance."""
+    _, first = np.unique(values, return_index=True)
+    return values[np.sort(first)]
+
+
+def segy_geometry(path, *, iline: int = INLINE_BYTE, xline: int = CROSSLINE_BYTE) -> SegyGeometry:
+    """The regular 3D grid of the SEG-Y file at ``path``, from all its trace headers.
+
+    Raises :class:`SegyGeometryError` when the traces do not form one regular post-stack
+    grid: several offsets per position (pre-stack gathers), missing or duplicated
+    positions, or traces in neither inline nor crossline order.
+    """
+    path = os.fspath(path)
+    endian = _endian(path)
+    where = f"inline byte {iline}, crossline byte {xline}"
+    with _open(path, endian) as f:
+        count, ns = f.tracecount, len(f.samples)
+        if count == 0 or ns == 0:
+            raise SegyGeometryError(f"{path}: no 3D volume: {count} traces of {ns} samples")
+        f.mmap()
+        ils = np.asarray(f.attributes(iline)[:], dtype=np.int64)
+        xls = np.asarray(f.attributes(xline)[:], dtype=np.int64)
+        offsets = np.unique(f.attributes(int(segyio.TraceField.offset))[:])
+        inlines, crosslines = _first_seen(ils), _first_seen(xls)
+        nil, nxl = len(inlines), len(crosslines)
+        if len(offsets) > 1:
+            raise SegyGeometryError(
+                f"{path}: not a post-stack 3D volume: {count} traces at {nil} inline x "
+                f"{nxl} crossline positions carry {len(offsets)} distinct offsets "
+                f"(pre-stack gathers?) ({where})"
+            )
+        if nil * nxl != count:
+            raise SegyGeometryError(
+                f"{path}: no regular 3D grid: {count} traces for {nil} inlines x {nxl} "
+                f"crosslines = {nil * nxl} positions, so traces are missing or duplicated ({where})"
+            )
+        if np.array_equal(ils, np.repeat(inlines, nxl)) and np.array_equal(xls, np.tile(crosslines, nil)):
+            sorting = "inline"
+        elif np.array_equal(ils, np.tile(inlines, nxl)) and np.array_equal(xls, np.repeat(crosslines, nil)):
+            sorting = "crossline"
+        else:
+            raise SegyGeometryError(
+                f"{path}: no regular 3D grid: {count} traces on {nil} inlines x {nxl} "
+                f"crosslines are in neither inline nor crossline order ({where})"
+            )
+        return SegyGeometry(
+            shape=(nil, nxl, ns),
+            inlines=tuple(int(n) for n in inlines),
+            crosslines=tuple(int(n) for n in crosslines),
+            sample_interval_us=float(segyio.tools.dt(f, fallback_dt=4000.0)),
+            first_sample_ms=float(f.samples[0]),
+            sample_format=int(f.format),
+            dtype=np.dtype(f.dtype),
+            sorting=sorting,
+            endian=endian,
+            iline_byte=iline,
+            xline_byte=xline,
+        )
+
+
+def _as_ranges(key, shape):
+    """Normalise a basic index (ints, slices, one Ellipsis) into per-axis ranges and the
+    axes that an int index drops."""
+    if not isinstance(key, tuple):
+        key = (key,)
+    if any(k is Ellipsis for k in key):
+        at = next(n for n, k in enumerate(key) if k is Ellipsis)
+        key = key[:at] + (slice(None),) * (len(shape) - len(key) + 1) + key[at + 1 :]
+    key = key + (slice(None),) * (len(shape) - len(key))
+    if len(key) != len(shape):
+        raise IndexError(f"too many indices for a {len(shape)}-dimensional SEG-Y volume")
+    ranges, drop = [], []
+    for axis, (k, n) in enumerate(zip(key, shape)):
+        if isinstance(k, slice):
+            ranges.append(range(*k.indices(n)))
+        elif isinstance(k, (int, np.integer)):
+            k = int(k) + n if k < 0 else int(k)
+            if not 0 <= k < n:
+                raise IndexError(f"index {k} out of range for axis {axis} of size {n}")
+            ranges.append(range(k, k + 1))
+            drop.append(axis)
+        else:
+            raise TypeError(f"SEG-Y volumes take ints and slices only, got {type(k).__name__}")
+    return ranges, tuple(drop)
+
+
+class SegyVolume:
+    """An array-like view of a regular SEG-Y volume: ``volume[i0:i1, j0:j1, k0:k1]`` reads
+    just those traces (opening the file for each read), so it is cheap to pickle and safe to
+    share between threads and processes.  :func:`read_segy` gives it to ``dask.array``.
+    """
+
+    def __init__(self, path, geometry: SegyGeometry):
+        self.path = os.fspath(path)
+        self.geometry = geometry
+
+    ndim = 3
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return self.geometry.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.geometry.dtype
+
+    def __dask_tokenize__(self):
+        stat = os.stat(self.path)
+        path = os.path.abspath(self.path)
+        return ("SegyVolume", path, stat.st_size, stat.st_mtime_ns, self.geometry)
+
+    def __repr__(self) -> str:
+        return f"<SegyVolume {self.path} shape={self.shape} dtype={self.dtype} sorting={self.geometry.sorting}>"
+
+    def __getitem__(self, key) -> np.ndarray:
+        (ri, rj, rk), drop = _as_ranges(key, self.shape)
+        out = np.empty((len(ri), len(rj), len(rk)), dtype=self.dtype)
+        if out.size:
+            self._read(ri, rj, rk, out)
+        return out.squeeze(axis=drop) if drop else out
+
+    def _read(self, ri: range, rj: range, rk: range, out: np.ndarray) -> None:
+        geometry = self.geometry
+        samples = slice(rk.start, rk.stop if rk.stop >= 0 else None, rk.step)
+        inline_sorted = geometry.sorting == "inline"
+        # Along the fast axis, traces are consecutive in the file: read them as one run.
+        fast, slow = (rj, ri) if inline_sorted else (ri, rj)
+        with segyio.open(self.path, "r", ignore_geometry=True, endian=geometry.endian) as f:
+            f.mmap()
+            for n, line in enumerate(slow):
+                i, j = (line, fast[0]) if inline_sorted else (fast[0], line)
+                first = geometry.trace_index(i, j)
+                if fast.step == 1:
+                    traces = np.asarray(f.trace.raw[first : first + len(fast)]).reshape(len(fast), -1)
+                else:
+                    steps = range(0, len(fast) * fast.step, fast.step)
+                    traces = np.stack([f.trace.raw[first + d] for d in steps])
+                if inline_sorted:
+                    out[n] = traces[:, samples]
+                else:
+                    out[:, n] = traces[:, samples]
+
+
+def read_segy(path, chunks="auto", *, iline: int = INLINE_BYTE, xline: int = CROSSLINE_BYTE):
+    """A lazy ``dask.array`` (inline, crossline, samples) over the SEG-Y file at ``path``.
+
+    ``chunks`` is anything ``dask.array`` accepts (a tuple, a dict by axis, ``-1``,
+    ``"auto"``).  ``"auto"`` keeps the samples axis whole (a trace is read whole anyway)
+    and lets Dask size the other two axes.  The dtype is segyio's: float32 for IBM and IEEE
+    float files, int16 for 2-byte integer files.  Building the array reads only the trace
+    headers (to check the geometry); each chunk's traces are read when its task runs.
+    """
+    import dask.array as da
+    from dask.base import tokenize
+
+    geometry = segy_geometry(path, iline=iline, xline=xline)
+    volume = SegyVolume(path, geometry)
+    if isinstance(chunks, str) and chunks == "auto":
+        chunks = {0: "auto", 1: "auto", 2: -1}
+    name = f"read-segy-{tokenize(volume, chunks)}"
+    return da.from_array(
+        volume,
+        chunks=chunks,
+        name=name,
+        lock=False,
+        fancy=False,
+        asarray=False,
+        meta=np.empty((0, 0, 0), dtype=geometry.dtype),
+    )
+
+
+def _text_header(shape, sample_interval_us, iline_start, xline_start):
+    lines = {
+        1: "memory-explorer: 3D post-stack volume, IEEE float32 (format 5)",
+        2: f"inlines {iline_start}-{iline_start + shape[0] - 1} (byte 189), "
+        f"crosslines {xline_start}-{xline_start + shape[1] - 1} (byte 193)",
+        3: f"{shape[2]} samples at {sample_interval_us} us, traces sorted by inline",
+        4: f"CDP X/Y (bytes 181/185): {BIN_SPACING_M} m bins, X along crosslines, Y along inlines",
+    }
+    return segyio.tools.create_text_header(lines)
+
+
+def _slabs(data, nil: int, slab_bytes: int):
+    """Inline ranges to write at once: Dask chunk rows along axis 0, cut to ``slab_bytes``.
+
+    Cutting a chunk row recomputes it once per piece: the price of bounded memory when a
+    row of float32 output is larger than ``slab_bytes``.
+    """
+    per_inline = max(1, int(np.prod(data.shape[1:])) * 4)
+    most = max(1, slab_bytes // per_inline)
+    chunks = getattr(data, "chunks", None)  # Dask: tuple of tuples; zarr: tuple of ints
+    if chunks and isinstance(chunks[0], tuple):
+        bounds = np.cumsum((0,) + chunks[0]).tolist()
+    else:
+        bounds = [0, nil]
+    for start, stop in zip(bounds[:-1], bounds[1:]):
+        for i0 in range(start, stop, most):
+            yield i0, min(i0 + most, stop)
+
+
+def write_segy(
+    path,
+    data,
+    *,
+    sample_interval_us: int = 4000,
+    iline_start: int = 1,
+    xline_start: int = 1,
+    slab_bytes: int = 256 * 2**20,
+) -> None:
+    """Write ``data`` (inline, crossline, samples) as an IEEE float32 SEG-Y at ``path``.
+
+    ``data`` is a NumPy array, a Dask array or any array-like that slices along axis 0.
+    Inline numbers start at ``iline_start`` (trace header byte 189), crossline numbers at
+    ``xline_start`` (byte 193), both in steps of 1; traces are inline-sorted, so
+    ``segyio.open(path)`` and :func:`read_segy` see axis 0 as inlines.  A Dask array is
+    computed one row of chunks along axis 0 at a time (cut to at most ``slab_bytes`` of
+    float32), with whatever scheduler is active.  The file is written under a temporary
+    name and renamed when complete, so a failed computation leaves no truncated file.
+    """
+    path = os.fspath(path)
+    shape = tuple(int(n) for n in getattr(data, "shape", ()))
+    if len(shape) != 3 or min(shape) <= 0:
+        raise ValueError(f"data must be a non-empty 3D array (inline, crossline, samples), got shape {shape}")
+    if not (int(sample_interval_us) == sample_interval_us and 0 < sample_interval_us < 2**16):
+        raise ValueError(
+            f"sample_interval_us must be an integer in 1..65535 (2 bytes in SEG-Y), got {sample_interval_us}"
+        )
+    dt = int(sample_interval_us)
+    nil, nxl, ns = shape
+
+    spec = segyio.spec()
+    spec.iline, spec.xline = INLINE_BYTE, CROSSLINE_BYTE
+    spec.ilines = np.arange(iline_start, iline_start + nil, dtype=np.intc)
+    spec.xlines = np.arange(xline_start, xline_start + nxl, dtype=np.intc)
+    spec.offsets = np.array([0], dtype=np.intc)
+    spec.samples = np.arange(ns) * (dt / 1000.0)
+    spec.sorting = int(segyio.TraceSortingFormat.INLINE_SORTING)
+    spec.format = 5
+
+    partial = f"{path}.partial"
+    try:
+        _write(partial, data, spec, shape, dt, iline_start, xline_start, slab_bytes)
+        os.replace(partial, path)
+    finally:
+        if os.path.exists(partial):
+            os.remove(partial)
+
+
+def _write(path, data, spec, shape, dt, iline_start, xline_start, slab_bytes):
+    nil, nxl, ns = shape
+    tf = segyio.TraceField
+    with segyio.create(path, spec) as f:
+        f.text[0] = _text_header(shape, dt, iline_start, xline_start)
+        f.bin.update(hdt=dt, dto=dt)  # segyio derives them from float sample times
+        for i0, i1 in _slabs(data, nil, slab_bytes):
+            slab = np.asarray(data[i0:i1], dtype=np.float32)  # computes a Dask slab
+            for i in range(i0, i1):
+                for j in range(nxl):
+                    trace = i * nxl + j
+                    f.header[trace] = {
+                        tf.TRACE_SEQUENCE_LINE: j + 1,
+                        tf.TRACE_SEQUENCE_FILE: trace + 1,
+                        tf.CDP: trace + 1,
+                        tf.INLINE_3D: iline_start + i,
+                        tf.CROSSLINE_3D: xline_start + j,
+                        tf.SourceGroupScalar: 1,
+                        tf.CDP_X: BIN_SPACING_M * j,
+                        tf.CDP_Y: BIN_SPACING_M * i,
+                        tf.TRACE_SAMPLE_COUNT: ns,
+                        tf.TRACE_SAMPLE_INTERVAL: dt,
+                    }
+                    f.trace[trace] = slab[i - i0, j]
+            del slab
