@@ -1,0 +1,597 @@
+"""Chunk plans: the largest Dask chunks whose worker footprint stays under the pause threshold.
+
+Like rechunker's ``algorithm.py``, the planning core is pure: shapes, bytes and a
+predictor in, a :class:`ChunkPlan` out; no processes, files or Dask clusters.
+
+The worker footprint (one formula, stated once in :func:`worker_footprint`)
+---------------------------------------------------------------------------
+A Dask worker with ``T`` threads runs an operator with halo ``h`` on chunks ``c``.
+Each task sees a block ``b``: on a whole axis the full length ``N``, on any other
+axis ``c + 2h`` (one-sided ``c + h`` when the axis has two chunks, ``N`` when it has
+one; never more than ``N``)::
+
+    total = baseline_bytes                               # the worker process itself
+          + T * (input_block_bytes + task_peak_bytes)    # task_bytes: T tasks running
+          + T * waiting_input_bytes_per_thread           # held_bytes: blocks waiting ...
+          + T * held_output_bytes_per_thread             #   ... and outputs not yet released
+
+    input_block_bytes               = prod(b) * itemsize          (float32 input: 4)
+    task_peak_bytes                 = peak_bytes(b)               (model mean, or its upper bound)
+    waiting_input_bytes_per_thread  = WAITING_INPUTS_PER_THREAD * prod(b) * itemsize
+    held_output_bytes_per_thread    = HELD_OUTPUTS_PER_THREAD  * prod(b) * output_itemsize
+
+``peak_bytes`` is the definition of ARCHITECTURE.md: the highest RSS while
+``operator.run(x)`` executes minus the RSS just before, with ``x`` resident, so the
+task's own output is inside ``task_peak_bytes`` while it runs.  Held blocks are
+counted per thread because the scheduler keeps each thread fed:
+
+* one waiting input block of ``b``: the next task's block (its chunk and the
+  neighbour slices ``map_overlap`` gathers, then concatenates) is resident before
+  a thread frees up;
+* one finished output per thread, sized ``b`` and not ``c``: ``map_overlap``'s trim
+  is a slice, a *view* whose base is the operator's whole ``b``-shaped result
+  (checked with dask 2026.8), so a finished output keeps ``prod(b) * output_itemsize``
+  alive until its consumer releases it.
+
+The same function gives the mean footprint (``task_peak_bytes`` = model mean) and
+the bound (= model upper bound at the requested confidence); only that term differs.
+
+The plan (:func:`plan_chunks`)
+------------------------------
+Per non-whole axis of length ``N``, the candidates are ``c = ceil(N / k)`` for chunk
+counts ``k = 1 .. N // c_min`` (all distinct values, log-thinned beyond a cap so the
+product over axes stays <= :data:`MAX_CANDIDATES`), with ``c_min = max(min_chunk,
+2h + 1)`` and the last chunk ``N - (k - 1) c >= h`` (else ``map_overlap`` would
+rechunk).  A whole axis has the one candidate ``N``.  A candidate fits when
+``upper total <= pause_fraction * limit_bytes`` (Dask pauses a worker at that
+fraction of its memory limit).  Footprints are evaluated vectorised, never one shape
+at a time: candidates whose footprint exceeds the budget even with ``peak = 0`` are
+dropped, a probe sub-grid (6 lengths per axis) is predicted, and then only the rest
+with no more tasks than the probe's best fit (which cannot change the answer).
+Among the candidates that fit the plan is, in order:
+
+1. fewest tasks ``prod(ceil(N_i / c_i))`` (largest chunks);
+2. most even: smallest padding fraction ``(prod(k_i c_i) - prod(N_i)) / prod(N_i)``,
+   the share of the task grid past the array's end (0 when each axis divides evenly);
+3. most compact: smallest aspect ratio ``max(c_i) / min(c_i)`` over non-whole axes
+   (halos cost surface; a cube has the least surface per volume);
+4. smallest upper footprint, then longer chunks on later axes (the samples axis of a
+   seismic volume is contiguous on disk), so the choice is deterministic.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from explorer.units import format_bytes, format_shape, parse_shape, parse_size
+
+__all__ = [
+    "ChunkPlan",
+    "ChunkPlanError",
+    "WorkerFootprint",
+    "plan_chunks",
+    "recommend_chunks",
+    "worker_footprint",
+    "worker_pause_fraction",
+]
+
+#: Resident memory of an idle Dask worker process, in bytes.  A measured default:
+#: a ``distributed`` 2026.8 worker (one process, 1 or 4 threads) with numpy and
+#: dask.array imported held 89 MiB after a ``map_overlap`` compute; importing
+#: scipy.ndimage and scipy.signal (the operators' dependencies) adds 48 MiB.
+#: 137 MiB measured, rounded up to 160 MiB.  Override with ``baseline_bytes=``.
+DEFAULT_WORKER_BASELINE_BYTES = 160 * 2**20
+
+#: Input blocks gathered and waiting, per thread, beyond the one each running task holds.
+WAITING_INPUTS_PER_THREAD = 1
+#: Finished outputs not yet released, per thread (each keeps its whole block-shaped base).
+HELD_OUTPUTS_PER_THREAD = 1
+
+#: Smallest chunk along a non-whole axis (a task per 16^3 float32 samples is all overhead).
+DEFAULT_MIN_CHUNK = 16
+#: Upper bound on the number of candidate chunk shapes per plan: 20 per axis when three
+#: axes are free, 89 when two are.  Against an unthinned search over 80 cases (analytic
+#: predictor), the thinned plans had 0.8% more tasks on average, 6.6% at most.
+MAX_CANDIDATES = 8_000
+#: Rows per ``predict`` call.  Every call is vectorised; batching only keeps each one in
+#: the regime where its cost is linear: the GP's ``predict_many`` took 37 ms for 8,000
+#: rows in one call and 3.3 ms in batches of 1,024 (BLAS threading on (n_train, m) products).
+PREDICT_BATCH_ROWS = 1024
+#: Lengths per axis in the probe pass of a plan (a sub-grid of at most 6^3 candidates).
+PROBE_VALUES_PER_AXIS = 6
+#: The input block is float32 (ARCHITECTURE.md: peak_bytes is beyond the float32 input).
+INPUT_ITEMSIZE = 4
+#: Dask's documented default of ``distributed.worker.memory.pause`` if distributed is absent.
+FALLBACK_PAUSE_FRACTION = 0.8
+
+#: ``predict(block_shapes (m, ndim) int64, confidence=...) -> (mean_bytes (m,), upper_bytes (m,))``
+Predictor = Callable[..., tuple[np.ndarray, np.ndarray]]
+
+
+class ChunkPlanError(ValueError):
+    """No candidate chunk fits the memory limit (one-line message)."""
+
+
+# --------------------------------------------------------------------------- footprint
+
+
+@dataclass(frozen=True)
+class WorkerFootprint:
+    """The memory of one Dask worker running an operator, term by term (bytes).
+
+    Fields are ints for one block shape, int64 arrays when :func:`worker_footprint`
+    is given many.  ``total = baseline_bytes + task_bytes + held_bytes`` with
+    ``task_bytes = T * (input_block_bytes + task_peak_bytes)`` and
+    ``held_bytes = waiting_input_bytes + held_output_bytes``.
+    """
+
+    threads_per_worker: int
+    #: The worker process itself: interpreter, dask/distributed, operator modules.
+    baseline_bytes: int
+    #: One running task's input block: ``prod(b) * itemsize``.
+    input_block_bytes: int | np.ndarray
+    #: One running task's ``peak_bytes(b)`` (model mean or upper bound).
+    task_peak_bytes: int | np.ndarray
+    #: Blocks gathered for the next tasks: ``T * WAITING_INPUTS_PER_THREAD * prod(b) * itemsize``.
+    waiting_input_bytes: int | np.ndarray
+    #: Finished outputs not yet released: ``T * HELD_OUTPUTS_PER_THREAD * prod(b) * output_itemsize``.
+    held_output_bytes: int | np.ndarray
+
+    @property
+    def task_bytes(self) -> int | np.ndarray:
+        """``T * (input_block_bytes + task_peak_bytes)``: the tasks running at once."""
+        return self.threads_per_worker * (self.input_block_bytes + self.task_peak_bytes)
+
+    @property
+    def held_bytes(self) -> int | np.ndarray:
+        """``waiting_input_bytes + held_output_bytes``: blocks resident between tasks."""
+        return self.waiting_input_bytes + self.held_output_bytes
+
+    @property
+    def total(self) -> int | np.ndarray:
+        """``baseline_bytes + task_bytes + held_bytes``."""
+        return self.baseline_bytes + self.task_bytes + self.held_bytes
+
+    def to_dict(self) -> dict:
+        terms = {k: _plain(v) for k, v in asdict(self).items()}
+        terms.update(
+            task_bytes=_plain(self.task_bytes),
+            held_bytes=_plain(self.held_bytes),
+            total=_plain(self.total),
+        )
+        return terms
+
+
+def worker_footprint(
+    block_shapes,
+    task_peak_bytes,
+    *,
+    threads_per_worker: int = 1,
+    itemsize: int = INPUT_ITEMSIZE,
+    output_itemsize: int = 4,
+    baseline_bytes: int = DEFAULT_WORKER_BASELINE_BYTES,
+    waiting_inputs_per_thread: int = WAITING_INPUTS_PER_THREAD,
+    held_outputs_per_thread: int = HELD_OUTPUTS_PER_THREAD,
+) -> WorkerFootprint:
+    """The worker footprint of tasks on blocks ``b`` (see the module docstring).
+
+    ``block_shapes`` is one block shape ``(ndim,)`` or many ``(m, ndim)``;
+    ``task_peak_bytes`` the matching ``peak_bytes(b)`` (scalar or ``(m,)``), rounded up
+    to whole bytes and clipped at 0.  Scalar inputs give int terms, arrays int64 arrays.
+    """
+    threads = int(threads_per_worker)
+    if threads < 1:
+        raise ValueError(f"threads_per_worker must be >= 1, got {threads_per_worker}")
+    blocks = np.asarray(block_shapes, dtype=np.int64)
+    block_samples = _samples(blocks)
+    peak = np.ceil(np.maximum(np.asarray(task_peak_bytes, dtype=np.float64), 0.0)).astype(np.int64)
+    block_input_bytes = block_samples * int(itemsize)
+    block_output_bytes = block_samples * int(output_itemsize)
+    return WorkerFootprint(
+        threads_per_worker=threads,
+        baseline_bytes=int(baseline_bytes),
+        input_block_bytes=_int_or_array(block_input_bytes),
+        task_peak_bytes=_int_or_array(np.broadcast_to(peak, block_samples.shape)),
+        waiting_input_bytes=_int_or_array(threads * int(waiting_inputs_per_thread) * block_input_bytes),
+        held_output_bytes=_int_or_array(threads * int(held_outputs_per_thread) * block_output_bytes),
+    )
+
+
+def _int_or_array(x: np.ndarray):
+    x = np.asarray(x)
+    return int(x) if x.ndim == 0 else x
+
+
+def _plain(x):
+    return x.tolist() if isinstance(x, np.ndarray) else x
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+@dataclass(frozen=True)
+class ChunkPlan:
+    """Chunks for ``operator`` on a volume of ``shape``, with the footprint that justifies them.
+
+    ``predicted_bytes`` and ``upper_bytes`` are the worker footprint's total with the
+    model's mean and upper bound (at ``confidence``) of ``peak_bytes(block)``;
+    ``footprint`` holds the bound's terms.  The plan guarantees
+    ``upper_bytes <= budget_bytes = floor(pause_fraction * limit_bytes)``.
+    """
+
+    operator: str | None
+    shape: tuple[int, ...]
+    chunks: tuple[int, ...]
+    #: The largest block a task sees (chunk plus halos, whole axes whole).
+    block: tuple[int, ...]
+    halo: tuple[int, ...]
+    whole_axes: tuple[int, ...]
+    predicted_bytes: int
+    upper_bytes: int
+    limit_bytes: int
+    pause_fraction: float
+    confidence: float
+    n_tasks: int
+    threads_per_worker: int
+    footprint: WorkerFootprint = field(repr=False)
+    #: Candidate chunk shapes whose footprint was predicted.
+    n_candidates: int = 0
+
+    @property
+    def budget_bytes(self) -> int:
+        """``floor(pause_fraction * limit_bytes)``: what the upper footprint must not exceed."""
+        return math.floor(self.pause_fraction * self.limit_bytes)
+
+    @property
+    def dask_chunks(self) -> tuple[tuple[int, ...], ...]:
+        """Dask's chunks tuple: per axis ``(c, ..., c, remainder)``, as ``normalize_chunks`` gives."""
+        return tuple(_axis_chunks(n, c) for n, c in zip(self.shape, self.chunks))
+
+    def to_dict(self) -> dict:
+        """JSON-ready: ints, floats, strings and lists only."""
+        return {
+            "operator": self.operator,
+            "shape": list(self.shape),
+            "chunks": list(self.chunks),
+            "dask_chunks": [list(c) for c in self.dask_chunks],
+            "block": list(self.block),
+            "halo": list(self.halo),
+            "whole_axes": list(self.whole_axes),
+            "predicted_bytes": self.predicted_bytes,
+            "upper_bytes": self.upper_bytes,
+            "limit_bytes": self.limit_bytes,
+            "pause_fraction": self.pause_fraction,
+            "budget_bytes": self.budget_bytes,
+            "confidence": self.confidence,
+            "n_tasks": self.n_tasks,
+            "threads_per_worker": self.threads_per_worker,
+            "footprint": self.footprint.to_dict(),
+            "n_candidates": self.n_candidates,
+        }
+
+
+def _axis_chunks(length: int, chunk: int) -> tuple[int, ...]:
+    full, remainder = divmod(length, chunk)
+    return (chunk,) * full + ((remainder,) if remainder else ())
+
+
+def _counts(n_max: int, cap: int) -> np.ndarray:
+    """Chunk counts ``1 .. n_max``; past ``cap`` values, the first half consecutive, the rest log-spaced."""
+    if n_max <= cap:
+        return np.arange(1, n_max + 1)
+    dense = cap // 2
+    sparse = np.geomspace(dense + 1, n_max, cap - dense)
+    return np.unique(np.concatenate([np.arange(1, dense + 1), np.rint(sparse).astype(np.int64)]))
+
+
+def axis_chunk_candidates(length: int, halo: int, whole: bool, min_chunk: int, cap: int) -> np.ndarray:
+    """Candidate chunk lengths along one axis, largest first.
+
+    Whole axis: ``[length]``.  Otherwise the distinct ``ceil(length / k)`` for
+    ``k = 1 .. length // c_min``, ``c_min = min(length, max(min_chunk, 2 halo + 1))``,
+    keeping those whose last chunk is at least ``halo`` (Dask's ``map_overlap``
+    rechunks smaller ones).
+    """
+    if whole:
+        return np.array([length], dtype=np.int64)
+    smallest = min(length, max(int(min_chunk), 2 * halo + 1))
+    counts = _counts(length // smallest, cap)
+    chunk = np.unique(-(-length // counts))[::-1]
+    n_chunks = -(-length // chunk)
+    last = length - (n_chunks - 1) * chunk
+    return chunk[(n_chunks == 1) | (last >= halo)]
+
+
+def axis_blocks(length: int, chunks, halo: int) -> np.ndarray:
+    """The largest block extent a task sees along one axis, for each chunk length.
+
+    ``N`` when the axis is in one chunk (a whole axis always is); ``min(c + h, N)``
+    with two chunks (each has a neighbour on one side only: ``boundary="none"``);
+    ``min(c + 2h, N)`` with three or more (an interior chunk has both).
+    """
+    chunks = np.asarray(chunks, dtype=np.int64)
+    n_chunks = -(-length // chunks)
+    block = np.minimum(chunks + np.where(n_chunks >= 3, 2 * halo, halo), length)
+    return np.where(n_chunks == 1, length, block)
+
+
+def _samples(shapes: np.ndarray) -> np.ndarray:
+    """``prod(shape)`` over the last axis (a column product: 10x faster than ``np.prod(axis=-1)``)."""
+    shapes = np.asarray(shapes, dtype=np.int64)
+    if shapes.ndim == 1:
+        return np.int64(math.prod(int(n) for n in shapes))
+    out = shapes[:, 0].copy()
+    for i in range(1, shapes.shape[1]):
+        out *= shapes[:, i]
+    return out
+
+
+def plan_chunks(
+    shape,
+    halo,
+    whole_axes,
+    predict: Predictor,
+    limit_bytes: int,
+    *,
+    threads_per_worker: int = 1,
+    confidence: float = 0.99,
+    pause_fraction: float = FALLBACK_PAUSE_FRACTION,
+    itemsize: int = INPUT_ITEMSIZE,
+    output_itemsize: int = 4,
+    baseline_bytes: int = DEFAULT_WORKER_BASELINE_BYTES,
+    min_chunk: int = DEFAULT_MIN_CHUNK,
+    operator: str | None = None,
+) -> ChunkPlan:
+    """The chunks with the fewest tasks whose upper worker footprint fits (module docstring).
+
+    ``predict(block_shapes, confidence=confidence) -> (mean, upper)`` gives the
+    isolated task's ``peak_bytes`` for ``(m, ndim)`` int64 block shapes; it is called
+    once.  A candidate fits when ``worker_footprint(b, upper).total <= pause_fraction
+    * limit_bytes``.  Raises :class:`ChunkPlanError` when none does.
+    """
+    shape = tuple(int(n) for n in shape)
+    ndim = len(shape)
+    halo = tuple(int(h) for h in halo)
+    whole = tuple(sorted({int(a) % ndim for a in whole_axes}))
+    if len(halo) != ndim:
+        raise ValueError(f"halo {halo} has {len(halo)} axes; shape {format_shape(shape)} has {ndim}")
+    if any(n <= 0 for n in shape) or any(h < 0 for h in halo):
+        raise ValueError(f"shape {format_shape(shape)} and halo {halo} must be positive and non-negative")
+    limit_bytes = int(limit_bytes)
+    if limit_bytes <= 0:
+        raise ValueError(f"memory limit must be positive, got {limit_bytes}")
+    if not 0.0 < pause_fraction <= 1.0:
+        raise ValueError(f"pause_fraction must be in (0, 1], got {pause_fraction}")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    threads = int(threads_per_worker)
+    if threads < 1:
+        raise ValueError(f"threads_per_worker must be >= 1, got {threads_per_worker}")
+    if int(min_chunk) < 1:
+        raise ValueError(f"min_chunk must be >= 1, got {min_chunk}")
+    budget = math.floor(pause_fraction * limit_bytes)
+    footprint = functools.partial(
+        worker_footprint,
+        threads_per_worker=threads,
+        itemsize=itemsize,
+        output_itemsize=output_itemsize,
+        baseline_bytes=baseline_bytes,
+    )
+
+    # Candidates: the Cartesian product of per-axis chunk lengths; per-axis arithmetic
+    # first (small arrays), then one (m, ndim) grid of chunks and of blocks.
+    n_free = max(1, ndim - len(whole))
+    cap = max(4, int(MAX_CANDIDATES ** (1.0 / n_free) + 1e-9))
+    axis_chunks = [
+        axis_chunk_candidates(shape[i], halo[i], i in whole, min_chunk, cap) for i in range(ndim)
+    ]
+    axis_block = [axis_blocks(shape[i], c, halo[i]) for i, c in enumerate(axis_chunks)]
+    axis_counts = [-(-shape[i] // c) for i, c in enumerate(axis_chunks)]
+    block_samples = functools.reduce(np.multiply.outer, axis_block).ravel()
+    n_tasks = functools.reduce(np.multiply.outer, axis_counts).ravel()
+
+    # Blocks and held outputs alone (peak 0) are a lower bound: drop what cannot fit,
+    # but keep the smallest candidate so a failure can report its footprint.  (The
+    # footprint depends on a block only through its volume: pass volumes as 1-axis shapes.)
+    floor_total = footprint(block_samples[:, None], 0).total
+    keep = np.flatnonzero(floor_total <= budget)
+    if keep.size == 0:
+        keep = np.array([np.argmin(floor_total)])
+    grid = np.unravel_index(keep, [len(c) for c in axis_chunks])
+    chunks = np.stack([c[g] for c, g in zip(axis_chunks, grid)], axis=1)
+    blocks = np.stack([b[g] for b, g in zip(axis_block, grid)], axis=1)
+    n_tasks = n_tasks[keep]
+
+    # Predict in two passes over disjoint rows.  Pass 1, a probe: a sub-grid of at most
+    # PROBE_VALUES_PER_AXIS lengths per axis.  A probe fit with n tasks rules out every
+    # candidate with more than n tasks, whatever the predictor (the plan minimises tasks),
+    # so pass 2 predicts only the rest with at most n tasks: the plan is the one an
+    # exhaustive evaluation would give, for about half the rows (measured).
+    unknown = np.iinfo(np.int64).max
+    mean_peak = np.full(len(blocks), np.inf)
+    upper_peak = np.full(len(blocks), np.inf)
+    upper_total = np.full(len(blocks), unknown, dtype=np.int64)
+    probe = np.ones(len(blocks), dtype=bool)
+    for axis, lengths in enumerate(axis_chunks):
+        sub = np.unique(np.rint(np.linspace(0, len(lengths) - 1, PROBE_VALUES_PER_AXIS)).astype(np.int64))
+        probe &= np.isin(grid[axis], sub)
+    probe_rows = np.flatnonzero(probe)
+    _predict_rows(predict, blocks, probe_rows, confidence, footprint, mean_peak, upper_peak, upper_total)
+    probe_fits = probe_rows[upper_total[probe_rows] <= budget]
+    rest = ~probe
+    if probe_fits.size:
+        rest &= n_tasks <= n_tasks[probe_fits].min()
+    _predict_rows(predict, blocks, np.flatnonzero(rest), confidence, footprint, mean_peak, upper_peak, upper_total)
+    n_predicted = int(probe.sum() + rest.sum())
+    fits = upper_total <= budget
+
+    if not fits.any():
+        i = int(np.argmin(upper_total))
+        advice = "raise the memory limit" + (
+            f" or use fewer threads per worker (now {threads})" if threads > 1 else ""
+        )
+        raise ChunkPlanError(
+            f"no chunking of {format_shape(shape)} fits"
+            f"{' for ' + operator if operator else ''}: the smallest worker footprint "
+            f"({format_shape(chunks[i])} chunks, {threads} thread(s), {confidence:.0%} bound) is "
+            f"{format_bytes(int(upper_total[i]))} > {pause_fraction:g} x limit "
+            f"{format_bytes(limit_bytes)} = {format_bytes(budget)}; {advice}"
+        )
+
+    # 1. fewest tasks; the remaining keys only order the (few) candidates tied on it.
+    tied = np.flatnonzero(fits & (n_tasks == n_tasks[fits].min()))
+    tied_chunks = chunks[tied]
+    n_chunks = -(-np.asarray(shape) // tied_chunks)
+    # 2. evenness: the share of the task grid past the array's end.
+    grid_samples = _samples(n_chunks * tied_chunks).astype(np.float64)
+    padding_fraction = grid_samples / float(math.prod(shape)) - 1.0
+    # 3. compactness: aspect ratio over the non-whole axes.
+    free = [i for i in range(ndim) if i not in whole] or list(range(ndim))
+    aspect = tied_chunks[:, free].max(axis=1) / tied_chunks[:, free].min(axis=1)
+    # 4. smaller upper footprint, then longer chunks on later axes.  (np.lexsort: last key first.)
+    later_axes_longer = [-tied_chunks[:, i] for i in range(ndim)]
+    index = tied[np.lexsort(later_axes_longer + [upper_total[tied], aspect, padding_fraction])[0]]
+
+    chunk = tuple(int(c) for c in chunks[index])
+    block = tuple(int(b) for b in blocks[index])
+    bound = footprint(block, float(upper_peak[index]))
+    mean = footprint(block, float(mean_peak[index]))
+    return ChunkPlan(
+        operator=operator,
+        shape=shape,
+        chunks=chunk,
+        block=block,
+        halo=halo,
+        whole_axes=whole,
+        predicted_bytes=int(mean.total),
+        upper_bytes=int(bound.total),
+        limit_bytes=limit_bytes,
+        pause_fraction=float(pause_fraction),
+        confidence=float(confidence),
+        n_tasks=int(n_tasks[index]),
+        threads_per_worker=threads,
+        footprint=bound,
+        n_candidates=n_predicted,
+    )
+
+
+def _predict_rows(predict, blocks, rows, confidence, footprint, mean_peak, upper_peak, upper_total) -> None:
+    """Fill ``mean_peak``, ``upper_peak`` (>= mean) and ``upper_total`` at ``rows`` from ``predict``.
+
+    Rows go in slices of ``PREDICT_BATCH_ROWS``; a non-finite prediction leaves the
+    total at int64 max (never fits).
+    """
+    for start in range(0, len(rows), PREDICT_BATCH_ROWS):
+        part = rows[start : start + PREDICT_BATCH_ROWS]
+        mean, upper = predict(blocks[part], confidence=confidence)
+        mean = _checked_prediction(mean, len(part), "mean")
+        upper = np.maximum(_checked_prediction(upper, len(part), "upper"), mean)
+        finite = np.isfinite(upper)
+        total = footprint(blocks[part], np.where(finite, upper, 0.0)).total
+        mean_peak[part], upper_peak[part] = mean, upper
+        upper_total[part] = np.where(finite, total, np.iinfo(np.int64).max)
+
+
+def _checked_prediction(values, m: int, what: str) -> np.ndarray:
+    values = np.asarray(values, dtype=np.float64)
+    if values.shape != (m,):
+        raise ValueError(f"predict returned {what} of shape {values.shape}; expected ({m},)")
+    return np.where(np.isnan(values), np.inf, values)
+
+
+# --------------------------------------------------------------------------- the edge
+
+
+@functools.lru_cache(maxsize=None)
+def _distributed_memory_defaults() -> dict:
+    """``distributed.worker.memory`` from distributed's packaged YAML, without importing it.
+
+    ``import distributed.config`` imports the whole package (0.3-0.5 s measured);
+    parsing its ``distributed.yaml`` takes about 3 ms and is cached.
+    """
+    import importlib.util
+    import os
+
+    import yaml
+
+    spec = importlib.util.find_spec("distributed")
+    if spec is None or not spec.submodule_search_locations:
+        return {}
+    path = os.path.join(list(spec.submodule_search_locations)[0], "distributed.yaml")
+    try:
+        with open(path) as f:
+            loaded = yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except OSError:
+        return {}
+    return ((loaded or {}).get("distributed", {}).get("worker", {}).get("memory", {})) or {}
+
+
+def _memory_setting(name: str):
+    import dask.config
+
+    value = dask.config.get(f"distributed.worker.memory.{name}", None)
+    return _distributed_memory_defaults().get(name) if value is None else value
+
+
+def worker_pause_fraction() -> float:
+    """The fraction of its memory limit at which a Dask worker stops running tasks.
+
+    ``distributed.worker.memory.pause`` from Dask's config (user files, ``DASK_*``
+    variables, ``dask.config.set``), else distributed's packaged default (0.8), read
+    without importing distributed.  If pausing is disabled (``False``), the terminate
+    fraction (0.95 by default) is the ceiling; if that is disabled too, 1.0.
+    """
+    for name in ("pause", "terminate"):
+        value = _memory_setting(name)
+        if value is None:
+            return FALLBACK_PAUSE_FRACTION
+        if value is not False:
+            return float(value)
+    return 1.0
+
+
+def recommend_chunks(
+    operator: str,
+    shape,
+    memory_limit: int | str,
+    *,
+    threads_per_worker: int = 1,
+    confidence: float = 0.99,
+    runs_dir=None,
+) -> ChunkPlan:
+    """The largest safe chunks for ``operator`` on a float32 volume of ``shape``.
+
+    ``shape``: a tuple or ``"800x600x1000"``; ``memory_limit``: bytes or ``"4GiB"``
+    (a Dask worker's ``memory_limit``).  Halo and whole axes come from the operator
+    registry, ``peak_bytes`` from the saved model (``explorer.surrogate.load_model``),
+    the pause fraction from Dask's config.  Raises ``KeyError`` for an unknown
+    operator, ``ModelNotFoundError`` (a ``LookupError`` naming the ``explore``
+    command to run) when no model is saved, :class:`ChunkPlanError` when the limit
+    is too small, ``ValueError`` for a malformed shape or size.
+    """
+    shape = parse_shape(shape)
+    limit_bytes = parse_size(memory_limit)
+    import operators
+
+    op = operators.get(operator)
+    from explorer.surrogate import load_model
+
+    model = load_model(operator, runs_dir=runs_dir)
+    return plan_chunks(
+        shape,
+        op.halo,
+        op.whole_axes,
+        model.predict_many,
+        limit_bytes,
+        threads_per_worker=threads_per_worker,
+        confidence=confidence,
+        pause_fraction=worker_pause_fraction(),
+        itemsize=INPUT_ITEMSIZE,
+        output_itemsize=np.dtype(op.output_dtype).itemsize,
+        operator=operator,
+    )

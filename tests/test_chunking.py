@@ -1,0 +1,509 @@
+"""Pure tests of explorer.chunking: footprint arithmetic and chunk plans with an analytic predictor.
+
+The predictor is analytic (peak = 240 B per block sample + 5 MB, bound = 1.05 x mean),
+so every expected number below is computed by hand in the test, independently of
+the module's code paths.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import time
+import types
+
+import numpy as np
+import pytest
+
+from explorer import chunking
+from explorer.chunking import (
+    ChunkPlan,
+    ChunkPlanError,
+    WorkerFootprint,
+    plan_chunks,
+    recommend_chunks,
+    worker_footprint,
+    worker_pause_fraction,
+)
+
+MiB = 2**20
+GiB = 2**30
+BYTES_PER_SAMPLE = 240.0
+FIXED_BYTES = 5e6
+UPPER_FACTOR = 1.05
+BASELINE = chunking.DEFAULT_WORKER_BASELINE_BYTES
+
+
+def analytic_peak(blocks):
+    samples = np.prod(np.asarray(blocks, dtype=np.float64), axis=-1)
+    mean = BYTES_PER_SAMPLE * samples + FIXED_BYTES
+    return mean, UPPER_FACTOR * mean
+
+
+class Recorder:
+    """An analytic predictor that remembers how it was called."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, blocks, confidence=0.99):
+        self.calls.append((np.array(blocks, copy=True), confidence))
+        return analytic_peak(blocks)
+
+
+def predict(blocks, confidence=0.99):
+    return analytic_peak(blocks)
+
+
+def expected_total(block, threads=1, baseline=BASELINE, itemsize=4, output_itemsize=4):
+    """The footprint bound written out by hand: baseline + T (in + peak) + T in + T out."""
+    samples = math.prod(block)
+    peak = math.ceil(UPPER_FACTOR * (BYTES_PER_SAMPLE * samples + FIXED_BYTES))
+    running = threads * (samples * itemsize + peak)
+    waiting = threads * samples * itemsize
+    outputs = threads * samples * output_itemsize
+    return baseline + running + waiting + outputs
+
+
+def expected_block(shape, chunk, halo, whole_axes=()):
+    """Largest task block by hand: N if whole or one chunk, c+h for two chunks, c+2h beyond."""
+    block = []
+    for axis, (n, c, h) in enumerate(zip(shape, chunk, halo)):
+        count = -(-n // c)
+        if axis in whole_axes or count == 1:
+            block.append(n)
+        elif count == 2:
+            block.append(min(c + h, n))
+        else:
+            block.append(min(c + 2 * h, n))
+    return tuple(block)
+
+
+# --------------------------------------------------------------------------- footprint terms
+
+BLOCK = (30, 40, 50)
+SAMPLES = 30 * 40 * 50
+
+
+def test_footprint_baseline_term():
+    small = worker_footprint(BLOCK, 1000, baseline_bytes=100 * MiB)
+    large = worker_footprint(BLOCK, 1000, baseline_bytes=300 * MiB)
+    assert small.baseline_bytes == 100 * MiB
+    assert large.total - small.total == 200 * MiB
+    assert worker_footprint(BLOCK, 1000).baseline_bytes == BASELINE
+    assert 100 * MiB <= BASELINE <= 200 * MiB
+
+
+def test_footprint_task_term_is_threads_times_input_block_plus_peak():
+    fp = worker_footprint(BLOCK, 12_345, threads_per_worker=3, itemsize=8)
+    assert fp.input_block_bytes == SAMPLES * 8
+    assert fp.task_peak_bytes == 12_345
+    assert fp.task_bytes == 3 * (SAMPLES * 8 + 12_345)
+
+
+def test_footprint_waiting_input_term_is_one_input_block_per_thread():
+    fp = worker_footprint(BLOCK, 0, threads_per_worker=3, itemsize=8, output_itemsize=2)
+    assert fp.waiting_input_bytes == 3 * SAMPLES * 8
+
+
+def test_footprint_held_output_term_is_one_block_sized_output_per_thread():
+    fp = worker_footprint(BLOCK, 0, threads_per_worker=3, itemsize=8, output_itemsize=2)
+    assert fp.held_output_bytes == 3 * SAMPLES * 2
+    assert fp.held_bytes == 3 * SAMPLES * (8 + 2)
+
+
+def test_held_output_is_block_sized_because_dask_trim_returns_a_view():
+    """The reason held outputs count prod(b), not prod(c): trim keeps the block's base alive."""
+    import dask
+    import dask.array as da
+
+    x = da.ones((60, 40, 40), chunks=(20, 40, 40), dtype="f4")
+    y = da.map_overlap(lambda b: b * 2, x, depth={0: 4, 1: 0, 2: 0}, boundary="none", trim=True, dtype="f4")
+    graph = dict(y.__dask_optimize__(y.__dask_graph__(), y.__dask_keys__()))
+    keys = [key for key in graph if key[0] == y.name]
+    interior = dask.get(graph, keys)[1]
+    base = interior
+    while base.base is not None:
+        base = base.base
+    assert interior.shape == (20, 40, 40)
+    assert base.shape == (28, 40, 40)  # c + 2h: the whole block output stays resident
+
+
+def test_footprint_total_is_the_sum_of_its_terms():
+    fp = worker_footprint(BLOCK, 777, threads_per_worker=2, baseline_bytes=10)
+    assert fp.total == 10 + 2 * (SAMPLES * 4 + 777) + 2 * SAMPLES * 4 + 2 * SAMPLES * 4
+    assert fp.total == fp.baseline_bytes + fp.task_bytes + fp.held_bytes
+
+
+def test_footprint_peak_is_rounded_up_and_clipped_at_zero():
+    assert worker_footprint(BLOCK, 10.2).task_peak_bytes == 11
+    assert worker_footprint(BLOCK, -5.0).task_peak_bytes == 0
+
+
+def test_footprint_vectorised_equals_scalar():
+    blocks = np.array([[10, 20, 30], [40, 50, 60], [7, 8, 9]])
+    peaks = np.array([1.0, 2e6, 3.5])
+    many = worker_footprint(blocks, peaks, threads_per_worker=4)
+    for i in range(3):
+        one = worker_footprint(tuple(blocks[i]), peaks[i], threads_per_worker=4)
+        assert isinstance(one.total, int)
+        assert many.total[i] == one.total
+        assert many.held_bytes[i] == one.held_bytes
+    json.dumps(many.to_dict())
+    json.dumps(one.to_dict())
+
+
+# --------------------------------------------------------------------------- plans
+
+SHAPE = (300, 240, 200)
+HALO = (4, 4, 4)
+LIMIT = 2 * GiB
+
+
+def brute_force_fewest_tasks(shape, halo, whole_axes, budget, threads=1, min_chunk=16):
+    """Every chunk count per axis, footprint by hand: the fewest tasks of any fitting chunking."""
+    options = []
+    for axis, (n, h) in enumerate(zip(shape, halo)):
+        if axis in whole_axes:
+            options.append([n])
+            continue
+        smallest = min(n, max(min_chunk, 2 * h + 1))
+        chunks = {-(-n // k) for k in range(1, n // smallest + 1)}
+        options.append([c for c in chunks if -(-n // c) == 1 or n - (-(-n // c) - 1) * c >= h])
+    best = None
+    for c0 in options[0]:
+        for c1 in options[1]:
+            for c2 in options[2]:
+                chunk = (c0, c1, c2)
+                block = expected_block(shape, chunk, halo, whole_axes)
+                if expected_total(block, threads) <= budget:
+                    tasks = math.prod(-(-n // c) for n, c in zip(shape, chunk))
+                    best = tasks if best is None else min(best, tasks)
+    return best
+
+
+def test_plan_fits_under_pause_and_is_no_smaller_than_needed():
+    plan = plan_chunks(SHAPE, HALO, (), predict, LIMIT, pause_fraction=0.8)
+    budget = math.floor(0.8 * LIMIT)
+    assert plan.budget_bytes == budget
+    block = expected_block(SHAPE, plan.chunks, HALO)
+    assert plan.block == block
+    assert plan.upper_bytes == expected_total(block) <= budget
+    # No chunking with fewer tasks fits (checked by brute force with the formula by hand) ...
+    assert plan.n_tasks == brute_force_fewest_tasks(SHAPE, HALO, (), budget)
+    assert plan.n_tasks > 1
+    # ... and lengthening any split axis to its next chunk count does not fit.
+    for axis, (n, c) in enumerate(zip(SHAPE, plan.chunks)):
+        count = -(-n // c)
+        if count > 1:
+            larger = list(plan.chunks)
+            larger[axis] = -(-n // (count - 1))
+            assert expected_total(expected_block(SHAPE, larger, HALO)) > budget
+
+
+def test_plan_mean_and_bound_come_from_the_same_footprint():
+    plan = plan_chunks(SHAPE, HALO, (), predict, LIMIT, threads_per_worker=2)
+    mean, upper = analytic_peak([plan.block])
+    assert plan.predicted_bytes == worker_footprint(plan.block, mean[0], threads_per_worker=2).total
+    assert plan.upper_bytes == plan.footprint.total == worker_footprint(plan.block, upper[0], threads_per_worker=2).total
+    assert plan.predicted_bytes < plan.upper_bytes
+
+
+def test_whole_axes_are_kept_whole():
+    plan = plan_chunks(SHAPE, HALO, (2,), predict, 1 * GiB)
+    assert plan.chunks[2] == SHAPE[2]
+    assert plan.dask_chunks[2] == (SHAPE[2],)
+    assert plan.block[2] == SHAPE[2]  # no halo on a whole axis
+    assert plan.n_tasks > 1  # the other axes had to be split
+
+
+def test_halo_is_accounted_larger_halo_smaller_chunks():
+    no_halo = plan_chunks(SHAPE, (0, 0, 0), (), predict, LIMIT)
+    with_halo = plan_chunks(SHAPE, (12, 12, 12), (), predict, LIMIT)
+    assert no_halo.block == no_halo.chunks
+    assert with_halo.block == expected_block(SHAPE, with_halo.chunks, (12, 12, 12))
+    assert math.prod(with_halo.block) > math.prod(with_halo.chunks)
+    assert with_halo.n_tasks > no_halo.n_tasks
+    assert math.prod(with_halo.chunks) < math.prod(no_halo.chunks)
+
+
+def test_more_threads_give_smaller_chunks():
+    one = plan_chunks(SHAPE, HALO, (), predict, LIMIT, threads_per_worker=1)
+    four = plan_chunks(SHAPE, HALO, (), predict, LIMIT, threads_per_worker=4)
+    assert four.n_tasks > one.n_tasks
+    assert math.prod(four.chunks) < math.prod(one.chunks)
+    assert four.upper_bytes == expected_total(four.block, threads=4) <= four.budget_bytes
+    assert four.footprint.threads_per_worker == four.threads_per_worker == 4
+
+
+def test_evenly_sized_chunks_preferred_over_compact_ones():
+    # Two tasks fit, one does not.  Splitting axis 0 (121 -> 61 + 60) is uneven but
+    # more compact (aspect 120/50 = 2.4) than splitting axis 1 (120 -> 60 + 60,
+    # aspect 121/50 = 2.42); evenness ranks first, so axis 1 is split.
+    shape = (121, 120, 50)
+    one_task = expected_total(shape)
+    two_tasks = expected_total((61, 120, 50))
+    limit = int((one_task + two_tasks) / 2 / 0.8)
+    plan = plan_chunks(shape, (0, 0, 0), (), predict, limit)
+    assert plan.n_tasks == 2
+    assert plan.chunks == (121, 60, 50)
+    assert plan.dask_chunks == ((121,), (60, 60), (50,))
+
+
+def test_chunks_are_ceil_of_length_over_count_so_last_chunks_are_nearly_full():
+    plan = plan_chunks((1000, 999, 997), (2, 2, 2), (), predict, 3 * GiB)
+    for n, c, chunks in zip(plan.shape, plan.chunks, plan.dask_chunks):
+        assert c == -(-n // len(chunks))
+        assert c - chunks[-1] < len(chunks)
+
+
+@pytest.mark.parametrize(
+    "shape, halo, whole_axes",
+    [(SHAPE, HALO, ()), ((101, 97, 89), (5, 5, 5), ()), ((800, 600, 1000), (0, 0, 0), (2,)), ((64, 300, 90), (1, 1, 4), ())],
+)
+def test_dask_chunks_sum_to_shape_and_survive_map_overlap(shape, halo, whole_axes):
+    import dask.array as da
+    from dask.array.core import normalize_chunks
+
+    plan = plan_chunks(shape, halo, whole_axes, predict, 1 * GiB, min_chunk=8)
+    assert tuple(sum(c) for c in plan.dask_chunks) == shape
+    assert plan.dask_chunks == normalize_chunks(plan.chunks, shape)
+    depth = {axis: 0 if axis in whole_axes else h for axis, h in enumerate(halo)}
+    x = da.zeros(shape, chunks=plan.chunks, dtype="f4")
+    y = da.map_overlap(lambda b: b, x, depth=depth, boundary="none", dtype="f4")
+    assert y.chunks == plan.dask_chunks  # Dask did not rechunk: every chunk >= halo
+
+
+@pytest.mark.parametrize("length, halo", [(100, 4), (1000, 5), (97, 8), (64, 1), (20, 0)])
+def test_axis_candidates_are_never_rechunked_by_map_overlap(length, halo):
+    from dask.array.overlap import ensure_minimum_chunksize
+
+    candidates = chunking.axis_chunk_candidates(length, halo, False, 8, 10**6)
+    assert candidates[0] == length and list(candidates) == sorted(candidates, reverse=True)
+    for c in candidates:
+        chunks = chunking._axis_chunks(length, int(c))
+        if len(chunks) > 1:
+            assert ensure_minimum_chunksize(halo, chunks) == chunks
+    if (length, halo) == (100, 4):
+        assert 33 not in candidates  # 33, 33, 33, 1: Dask would rechunk the 1
+        assert {50, 34, 25, 20} <= set(candidates.tolist())
+    assert chunking.axis_chunk_candidates(length, halo, True, 8, 10**6).tolist() == [length]
+
+
+def test_min_chunk_is_respected():
+    plan = plan_chunks((400, 400, 400), (3, 3, 3), (), predict, 700 * MiB, min_chunk=50)
+    assert min(plan.chunks) >= 50
+
+
+def test_too_small_limit_raises_a_one_line_message():
+    with pytest.raises(ChunkPlanError) as error:
+        plan_chunks(SHAPE, HALO, (), predict, 200 * MiB)
+    message = str(error.value)
+    assert "\n" not in message
+    assert "200.00 MiB" in message and "raise the memory limit" in message
+    assert "fewer threads" not in message
+    assert isinstance(error.value, ValueError)
+    with pytest.raises(ChunkPlanError, match="fewer threads per worker \\(now 4\\)"):
+        plan_chunks(SHAPE, HALO, (), predict, 200 * MiB, threads_per_worker=4)
+
+
+def test_confidence_and_int_blocks_are_passed_to_every_predict_call():
+    recorder = Recorder()
+    plan = plan_chunks((800, 600, 1000), (5, 5, 5), (), recorder, 4 * GiB, confidence=0.9)
+    assert recorder.calls and all(confidence == 0.9 for _, confidence in recorder.calls)
+    assert plan.confidence == 0.9
+    for blocks, _ in recorder.calls:
+        assert blocks.ndim == 2 and blocks.shape[1] == 3 and blocks.dtype == np.int64
+        assert len(blocks) <= chunking.PREDICT_BATCH_ROWS
+    predicted = np.concatenate([blocks for blocks, _ in recorder.calls])
+    assert plan.n_candidates == len(predicted) == len(np.unique(predicted, axis=0))  # no row twice
+    assert plan.n_candidates <= chunking.MAX_CANDIDATES
+
+
+def test_probe_pruning_gives_the_exhaustive_answer(monkeypatch):
+    shape, halo = (800, 600, 1000), (5, 5, 5)
+    pruned = plan_chunks(shape, halo, (), predict, 1.5 * GiB)
+    monkeypatch.setattr(chunking, "PROBE_VALUES_PER_AXIS", 10**6)  # the probe is every candidate
+    exhaustive = plan_chunks(shape, halo, (), predict, 1.5 * GiB)
+    assert pruned.chunks == exhaustive.chunks
+    assert pruned.n_candidates < exhaustive.n_candidates
+
+
+def test_non_finite_predictions_never_fit():
+    def nan_for_large(blocks, confidence=0.99):
+        mean, upper = analytic_peak(blocks)
+        large = np.prod(blocks, axis=1) > 2_000_000
+        return np.where(large, np.nan, mean), np.where(large, np.inf, upper)
+
+    plan = plan_chunks(SHAPE, HALO, (), nan_for_large, 8 * GiB)
+    assert math.prod(plan.block) <= 2_000_000
+    assert plan.upper_bytes == expected_total(plan.block)
+
+
+def test_an_underpredicted_upper_bound_is_lifted_to_the_mean():
+    def inverted(blocks, confidence=0.99):
+        mean, upper = analytic_peak(blocks)
+        return upper, mean  # "upper" below mean: the plan must use the larger
+
+    plan = plan_chunks(SHAPE, HALO, (), inverted, LIMIT)
+    assert plan.upper_bytes == expected_total(plan.block)
+
+
+def test_plan_to_dict_is_json():
+    plan = plan_chunks(SHAPE, HALO, (), predict, LIMIT, operator="gst3d")
+    data = json.loads(json.dumps(plan.to_dict()))
+    assert data["chunks"] == list(plan.chunks)
+    assert data["dask_chunks"] == [list(c) for c in plan.dask_chunks]
+    assert data["footprint"]["total"] == plan.upper_bytes
+    assert data["operator"] == "gst3d"
+
+
+# --------------------------------------------------------------------------- recommend_chunks
+
+
+class FakeModel:
+    halo = HALO
+    operator = "fake"
+
+    def __init__(self):
+        self.predict_many = Recorder()
+
+
+@pytest.fixture
+def fake_world(monkeypatch):
+    """A registry with one operator and a surrogate module with one model, in sys.modules."""
+
+    class FakeOperator:
+        name = "fake"
+        halo = HALO
+        whole_axes = ()
+        output_dtype = np.dtype(np.float32)
+
+    class ModelNotFoundError(LookupError):
+        pass
+
+    registry = types.ModuleType("operators")
+
+    def get(name):
+        if name != "fake":
+            raise KeyError(f"unknown operator {name!r}; known operators: fake")
+        return FakeOperator()
+
+    registry.get = get
+    surrogate = types.ModuleType("explorer.surrogate")
+    model = FakeModel()
+    surrogate.ModelNotFoundError = ModelNotFoundError
+
+    def load_model(operator, runs_dir=None):
+        if runs_dir == "empty":
+            raise ModelNotFoundError(f"no model for {operator}; run: explore {operator}")
+        return model
+
+    surrogate.load_model = load_model
+    monkeypatch.setitem(sys.modules, "operators", registry)
+    monkeypatch.setitem(sys.modules, "explorer.surrogate", surrogate)
+    return types.SimpleNamespace(model=model, ModelNotFoundError=ModelNotFoundError)
+
+
+def test_string_and_int_memory_limits_agree(fake_world):
+    by_string = recommend_chunks("fake", "300x240x200", "2GiB")
+    by_int = recommend_chunks("fake", (300, 240, 200), 2 * GiB)
+    assert by_string == by_int
+    assert by_string.limit_bytes == 2 * GiB and by_string.operator == "fake"
+    assert by_string.chunks == plan_chunks(SHAPE, HALO, (), predict, 2 * GiB, pause_fraction=by_string.pause_fraction).chunks
+
+
+def test_recommend_chunks_passes_confidence_and_threads(fake_world):
+    plan = recommend_chunks("fake", SHAPE, "2GiB", threads_per_worker=2, confidence=0.95)
+    assert fake_world.model.predict_many.calls[-1][1] == 0.95
+    assert plan.threads_per_worker == 2 and plan.confidence == 0.95
+
+
+def test_recommend_chunks_uses_dask_pause_fraction(fake_world):
+    import dask
+
+    with dask.config.set({"distributed.worker.memory.pause": 0.5}):
+        plan = recommend_chunks("fake", SHAPE, "2GiB")
+    assert plan.pause_fraction == 0.5
+    assert plan.upper_bytes <= GiB
+
+
+def test_recommend_chunks_errors(fake_world):
+    with pytest.raises(KeyError, match="unknown operator 'nope'"):
+        recommend_chunks("nope", SHAPE, "2GiB")
+    with pytest.raises(LookupError, match="explore fake"):
+        recommend_chunks("fake", SHAPE, "2GiB", runs_dir="empty")
+    with pytest.raises(ChunkPlanError):
+        recommend_chunks("fake", SHAPE, "100MiB")
+    with pytest.raises(ValueError, match="malformed size"):
+        recommend_chunks("fake", SHAPE, "lots")
+    with pytest.raises(ValueError, match="malformed shape"):
+        recommend_chunks("fake", "300by240", "2GiB")
+
+
+def test_recommend_chunks_without_a_model_names_the_explore_command(tmp_path):
+    """With the real registry and surrogate (skipped until both import)."""
+    try:
+        import operators  # noqa: F401
+        from explorer.surrogate import ModelNotFoundError
+    except Exception as exc:  # colleagues' modules may still be in progress
+        pytest.skip(f"operators or explorer.surrogate not importable: {exc}")
+    with pytest.raises(ModelNotFoundError, match="explore gst3d"):
+        recommend_chunks("gst3d", "64x64x64", "1GiB", runs_dir=tmp_path)
+    with pytest.raises(KeyError, match="unknown operator"):
+        recommend_chunks("no_such_operator", "64x64x64", "1GiB", runs_dir=tmp_path)
+
+
+# --------------------------------------------------------------------------- pause fraction
+
+
+def test_pause_fraction_follows_dask_config():
+    import dask
+
+    with dask.config.set({"distributed.worker.memory.pause": 0.65}):
+        assert worker_pause_fraction() == 0.65
+    with dask.config.set({"distributed.worker.memory.pause": False, "distributed.worker.memory.terminate": 0.9}):
+        assert worker_pause_fraction() == 0.9
+
+
+def test_pause_fraction_default_is_read_without_importing_distributed():
+    code = (
+        "import sys, time; t = time.perf_counter(); import explorer.chunking as c; "
+        "t1 = time.perf_counter(); f = c.worker_pause_fraction(); t2 = time.perf_counter(); "
+        "print(f, 'distributed' in sys.modules, round((t1 - t) * 1e3, 1), round((t2 - t1) * 1e3, 1))"
+    )
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("DASK_")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    fraction, imported, import_ms, pause_ms = out.stdout.split()
+    print(f"\nimport explorer.chunking: {import_ms} ms; first worker_pause_fraction(): {pause_ms} ms")
+    assert float(fraction) == 0.8
+    assert imported == "False"
+
+
+# --------------------------------------------------------------------------- timing (printed, not asserted)
+
+
+def test_benchmark_plan_and_recommend_times(fake_world):
+    def timed(call, repeat=20):
+        times = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            result = call()
+            times.append(time.perf_counter() - start)
+        return result, times
+
+    cases = [((800, 600, 1000), (5, 5, 5), (), "4GiB"), ((800, 600, 1000), (0, 0, 0), (2,), "4GiB"), ((2000, 2000, 3000), (5, 5, 5), (), "1.5GiB")]
+    print()
+    for shape, halo, whole, limit in cases:
+        plan, times = timed(lambda: plan_chunks(shape, halo, whole, predict, chunking.parse_size(limit)))
+        assert isinstance(plan, ChunkPlan)
+        print(
+            f"plan_chunks {'x'.join(map(str, shape))} halo {halo} whole {whole} {limit}: chunks {plan.chunks}, "
+            f"{plan.n_tasks} tasks, {plan.n_candidates} candidates; first {times[0] * 1e3:.2f} ms, "
+            f"warm median {np.median(times[1:]) * 1e3:.2f} ms"
+        )
+    plan, times = timed(lambda: recommend_chunks("fake", "800x600x1000", "4GiB"))
+    print(f"recommend_chunks (fake registry and model): first {times[0] * 1e3:.2f} ms, warm median {np.median(times[1:]) * 1e3:.2f} ms")
+    assert isinstance(plan.footprint, WorkerFootprint)
