@@ -1,0 +1,993 @@
+r"""The surrogate: an operator's ``peak_bytes`` as a function of the block shape.
+
+What is modelled
+----------------
+``peak_bytes(n1, n2, n3)`` of ``operator.run(x)`` on a float32 block ``x`` of
+exactly that shape (the definition lives in ``ARCHITECTURE.md``).  The shape
+is the *block the operator runs on*: a Dask task on a chunk ``c`` of an
+operator with halo ``h`` runs on ``c + 2h`` along every axis that is not whole,
+so the caller (``explorer.chunking``) asks about ``c + 2h``.  ``halo`` is kept
+on the model as metadata for that caller.
+
+The model (Rasmussen & Williams 2006, section 2.7, "explicit basis functions")
+-------------------------------------------------------------------------------
+.. math::
+
+    y(x) = h(x)^\top \beta + f(x) + \varepsilon(x), \qquad
+    f \sim \mathcal{GP}(0, k), \qquad \beta \sim \text{flat prior}
+
+*Mean basis* ``h``: the multilinear polynomial in the dims,
+``[1, V, n1 n2, n1 n3, n2 n3, n1, n2, n3]`` (``V = n1 n2 n3``), evaluated on
+``u = n / L`` with ``L`` the per-axis geometric mean of the profiled dims (so
+every term is 1 at the centre of the design).  A halo padding
+``(n1 + 2h1)(n2 + 2h2)(n3 + 2h3)`` expands into exactly these terms and their
+span is invariant under ``n -> n + 2h``, so raw and padded dims describe the
+same functions.  We use the raw dims of the profiled block because that is
+what was measured and what a Dask task runs on (``c + 2h``); in block dims
+there is no halo shift to expect, which is what the prior below is centred on.
+
+*Prior on beta*: flat on the constant and volume coefficients; a vague
+Gaussian ``N(0, (tau * s_c)^2)`` on each face and edge coefficient, with
+``s_c`` the typical peak at the design centre and ``tau = 1`` (each of these
+terms may be as large as the whole peak at the centre; real face terms are
+~10-30 %).  With >= 10 profiles the data dominate it; with the 4-6 profiles of
+an initial design it keeps all eight terms identified and makes the bound
+honestly wide instead of switching bases.  Then ``A = H K_y^{-1} H^T + B^{-1}``
+below (``B^{-1}`` is zero on the flat directions).  For conditioning the basis
+is linearly re-parametrised so that the weighted design stacked on the prior
+pseudo-rows is orthonormal; the posterior is invariant to this.
+
+*Residual kernel* ``k``: a relative residual on normalised log-dims,
+
+.. math::
+
+    k(x, x') = \sigma_f^2\, s(x)\, s(x')\,
+               \mathrm{Matern}_{5/2}\big(z(x), z(x'); \ell_1, \ell_2, \ell_3\big),
+    \qquad z_i = \frac{\log n_i - \log n_i^{lo}}{\log n_i^{hi} - \log n_i^{lo}}
+
+where ``s(x) = h(x)^T gamma`` is a positive amplitude envelope (a
+non-negative least-squares fit of the basis to the data, relative weights):
+``sigma_f`` is then a *relative* deviation (1 % means "the truth departs from
+the polynomial by about 1 % of its value"), so small and large blocks get a
+residual of comparable relative size instead of one absolute output scale.
+
+*Noise* (bytes^2).  A single profiling run at a shape whose peak is ``y`` has
+variance ``rho_run^2 y^2 + a^2``; ``a`` is an absolute term for allocator /
+page granularity and ``rho_run^2`` the relative variance pooled over all
+repeats with a weak conjugate prior (``nu_0 = 4`` pseudo-degrees of freedom at
+a typical 0.5 %), floored at ``rel_noise_floor^2``:
+
+.. math::
+
+    \rho_{run}^2 = \frac{\nu_0 s_0^2 + \sum_i (r_i - 1)\, r_i v_i / y_i^2}
+                        {\nu_0 + \sum_i (r_i - 1)},
+    \qquad \nu = \nu_0 + \sum_i (r_i - 1)
+
+where ``y_i`` is the mean of ``r_i`` runs and ``v_i`` the variance of that
+mean (``s_i^2 / r_i``, so ``r_i v_i`` is the single-run sample variance).  The
+observation noise of training point ``i`` is
+
+.. math::
+
+    \sigma_i^2 = \max\!\big(v_i,\; (\rho_{run}^2 y_i^2 + a^2) / r_i\big)
+                 + \rho_{nug}^2 y_i^2
+
+(``max``: one lucky pair of repeats does not make a point exact, one noisy
+pair is believed).  ``rho_nug^2`` is a relative nugget fitted with the kernel.
+
+*Fitting* (ML-II).  ``sigma_f``, ``ell`` and ``rho_nug`` maximise the
+restricted marginal likelihood (``beta`` integrated out, R&W eq. 2.43-2.45
+with ``B^{-1} -> 0`` on the flat directions) plus weak log-normal priors:
+
+.. math::
+
+    \log p(y) = -\tfrac12 y^\top K_y^{-1} y
+                + \tfrac12 b^\top A^{-1} b
+                - \tfrac12 \log|K_y| - \tfrac12 \log|A|
+                - \tfrac{n-2}{2}\log 2\pi + \text{const},
+    \qquad A = H K_y^{-1} H^\top + B^{-1},\; b = H K_y^{-1} y
+
+with ``fit_gpytorch_mll`` (GPyTorch kernel and likelihood modules, a custom
+MLL that computes this restricted likelihood).  Working units: bytes divided by
+the largest observed peak.
+
+*Posterior* (R&W eqs. 2.41-2.42), for test points ``*``:
+
+.. math::
+
+    \bar\beta = A^{-1} H K_y^{-1} y \;(\text{prior mean } 0), \qquad
+    \bar g(x_*) = h_*^\top \bar\beta + k_*^\top K_y^{-1}(y - H^\top \bar\beta)
+
+    \mathrm{cov}(g_*, g_*') = k(x_*, x_*') - k_*^\top K_y^{-1} k_*'
+                              + R_*^\top A^{-1} R_*', \qquad
+    R_* = h_* - H K_y^{-1} k_*
+
+The last term is the coefficient uncertainty: it grows with the distance of
+``h_*`` from the span of the training design, which is what widens the bound
+when a block is 8x larger than anything profiled.
+
+*Prediction of a new single run* (what ``predict`` bounds): latent variance
+``var_g`` plus run noise ``s^2 = rho_run^2 mean^2 + a^2 + rho_nug^2 mean^2``;
+``upper = mean + z * sqrt(var_g + (t_nu / z)^2 s^2)`` with ``z`` the one-sided
+normal quantile of ``confidence`` and ``t_nu`` the Student-t quantile with the
+noise estimate's ``nu`` degrees of freedom (Cornish-Fisher; the noise level is
+estimated from a handful of repeats, so its tail is a t's, not a normal's).  A multiplicative production *calibration* ``c ~ (c_mean, c_var)``,
+independent of the model, maps the isolated peak ``P`` to the in-worker peak
+``cP``: ``mean = c_mean * m``, ``var = c_mean^2 v + m^2 c_var + v c_var`` (the
+exact variance of a product of independent factors; the last term is
+second-order).
+
+*Lower bounds* (profiles that exceeded the memory cap: the true peak is at
+least the recorded value ``L``).  Never dropped: the model is first fitted on
+the exact profiles; every lower bound ``(s, L)`` where the posterior mean at
+``s`` is below ``L`` is then added as an ordinary observation of value ``L``
+(with the noise of a single run at ``L``) and the model is refitted once.
+Since the truth is ``>= L`` this pulls the prediction up towards (at least) a
+value the truth exceeds, which errs on the safe side; bounds the exact data
+already clear are left out (they carry no further information in this
+treatment).  The shapes and values of all lower bounds are kept on the model
+(``exceeded_shapes``, ``exceeded_bytes``) for the acquisition's safety filter.
+
+Prediction is pure NumPy: ``fit`` exports the posterior (training inputs, the
+inverse Cholesky factor of ``K_y``, ``alpha``, ``beta_bar``, ``A^{-1/2}``,
+hyperparameters, scales) and ``MemoryModel`` never imports torch.  ``import
+explorer.surrogate`` is torch-free; torch, gpytorch and botorch are imported
+inside ``fit``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from functools import lru_cache
+from pathlib import Path
+from statistics import NormalDist
+
+import numpy as np
+
+from explorer.paths import model_path
+
+__all__ = [
+    "BASIS_NAMES",
+    "DEFAULT_ABS_NOISE_FLOOR_BYTES",
+    "DEFAULT_REL_NOISE_FLOOR",
+    "MemoryModel",
+    "ModelNotFoundError",
+    "fit",
+    "load_model",
+]
+
+#: The mean basis, in the order of ``beta`` (physical units: bytes, bytes per voxel, ...).
+BASIS_NAMES = ("constant", "volume", "face12", "face13", "face23", "edge1", "edge2", "edge3")
+#: Default relative noise floor of a single run (0.2 %).
+DEFAULT_REL_NOISE_FLOOR = 0.002
+#: Weak prior of the pooled relative run noise: (typical relative sd, pseudo-degrees of freedom).
+_RUN_NOISE_PRIOR = (0.005, 4.0)
+#: Default absolute noise floor of a single run: allocator and page granularity (64 KiB).
+DEFAULT_ABS_NOISE_FLOOR_BYTES = 64 * 1024
+#: Bumped when the saved layout changes.
+FORMAT_VERSION = 1
+
+# Weak priors of the ML-II stage, log-normal given as (mode, sd of the log).  The fit
+# is a MAP on the parameter itself, so with no information a parameter sits at the mode.
+_LENGTHSCALE_PRIOR = (0.5, 1.0)  # on normalised log-dims (the training box is [0, 1])
+_OUTPUTSCALE_PRIOR = (0.005**2, 2.0)  # relative residual variance: sigma_f ~ 0.5 %
+_NUGGET_PRIOR = (0.001**2, 2.0)  # relative nugget variance: rho_nug ~ 0.1 %
+#: Prior sd of each face/edge coefficient, relative to the peak at the design centre.
+_FACE_EDGE_PRIOR_RELATIVE_SD = 1.0
+
+
+class ModelNotFoundError(LookupError):
+    """No saved model for an operator: it has not been explored yet."""
+
+
+# --------------------------------------------------------------------------------------
+# Feature map (pure NumPy; mirrored in torch inside the fitting code)
+# --------------------------------------------------------------------------------------
+
+
+def _as_dims(shapes) -> np.ndarray:
+    """``(m, 3)`` float64 array of positive block dims from one shape or many."""
+    dims = np.asarray(shapes, dtype=np.float64)
+    if dims.ndim == 1:
+        dims = dims[None, :]
+    if dims.ndim != 2 or dims.shape[1] != 3:
+        raise ValueError(f"expected shapes of 3 dims, got an array of shape {dims.shape}")
+    if not np.all(dims > 0):
+        raise ValueError("block dims must be positive")
+    return dims
+
+
+def _raw_basis(dims: np.ndarray, axis_length: np.ndarray) -> np.ndarray:
+    """``[1, V, n1n2, n1n3, n2n3, n1, n2, n3]`` on ``u = dims / axis_length``, (m, 8)."""
+    u = dims / axis_length
+    u1, u2, u3 = u[:, 0], u[:, 1], u[:, 2]
+    return np.stack([np.ones_like(u1), u1 * u2 * u3, u1 * u2, u1 * u3, u2 * u3, u1, u2, u3], axis=1)
+
+
+def _kernel_inputs(dims: np.ndarray, log_lo: np.ndarray, log_span: np.ndarray) -> np.ndarray:
+    """Normalised log-dims ``z = (log n - log n_lo) / span``: the training box is [0, 1]^3."""
+    return (np.log(dims) - log_lo) / log_span
+
+
+def _matern52(za: np.ndarray, zb: np.ndarray, lengthscale: np.ndarray) -> np.ndarray:
+    """Matern-5/2 correlation ``(1 + sqrt5 r + 5/3 r^2) exp(-sqrt5 r)``, ARD distance ``r``."""
+    a = za / lengthscale
+    b = zb / lengthscale
+    sq = (a * a).sum(1)[:, None] + (b * b).sum(1)[None, :] - 2.0 * (a @ b.T)
+    r = np.sqrt(np.maximum(sq, 0.0))
+    s5r = math.sqrt(5.0) * r
+    return (1.0 + s5r + (5.0 / 3.0) * r * r) * np.exp(-s5r)
+
+
+@lru_cache(maxsize=64)
+def _z_quantile(confidence: float) -> float:
+    if not 0.5 <= confidence < 1.0:
+        raise ValueError(f"confidence must be in [0.5, 1), got {confidence}")
+    return NormalDist().inv_cdf(confidence)
+
+
+@lru_cache(maxsize=64)
+def _t_quantile(confidence: float, dof: float) -> float:
+    """Student-t quantile by the Cornish-Fisher expansion (A&S 26.7.5); < 0.2 % off for dof >= 4, p <= 0.99."""
+    z = _z_quantile(confidence)
+    g1 = (z**3 + z) / 4.0
+    g2 = (5 * z**5 + 16 * z**3 + 3 * z) / 96.0
+    g3 = (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384.0
+    g4 = (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / 92160.0
+    return z + g1 / dof + g2 / dof**2 + g3 / dof**3 + g4 / dof**4
+
+
+# --------------------------------------------------------------------------------------
+# The fitted model (NumPy only)
+# --------------------------------------------------------------------------------------
+
+#: Arrays that define a fitted model (saved as they are; everything else is derived).
+_ARRAY_FIELDS = (
+    "train_dims",  # (n, 3) block dims of the observations (exact + lower bounds used)
+    "train_bytes",  # (n,) observed peak bytes
+    "train_noise_var",  # (n,) total observation noise variance, bytes^2
+    "train_is_lower_bound",  # (n,) bool: a lower bound added as an observation
+    "exceeded_dims",  # (k, 3) all lower-bound profiles (exceeded the cap)
+    "exceeded_bytes",  # (k,) their recorded values (the truth is >= these)
+    "axis_length",  # (3,) reference lengths of the basis
+    "basis_transform",  # (p, p) re-parametrisation T: h(x) = raw_basis(x) @ T
+    "basis_prior_precision",  # (p, p) B^{-1} in the re-parametrised basis
+    "amplitude_coef",  # (p,) gamma >= 0: s(x) = max(raw_basis(x) @ gamma, amplitude_floor)
+    "log_lo",  # (3,) kernel input normalisation
+    "log_span",  # (3,)
+    "lengthscale",  # (3,)
+    "scalars",  # (6,) see _SCALAR_NAMES
+    "chol_inv",  # (n, n) L^{-1}, K_y = L L^T
+    "alpha",  # (n,) K_y^{-1} (y - H^T beta_bar)
+    "beta",  # (p,) beta_bar in the transformed basis
+    "whitened_basis",  # (n, p) W = L^{-1} H^T
+    "chol_a_inv",  # (p, p) L_A^{-1}, A = W^T W = L_A L_A^T
+)
+_SCALAR_NAMES = (
+    "bytes_scale",  # bytes per working unit
+    "outputscale",  # sigma_f^2 (relative)
+    "relative_nugget_var",  # rho_nug^2
+    "relative_run_var",  # rho_run^2
+    "abs_noise_var",  # a^2 in working units^2
+    "amplitude_floor",  # in working units
+    "noise_dof",  # nu: degrees of freedom of rho_run^2
+)
+
+
+class MemoryModel:
+    """A fitted peak-memory model of one operator; prediction is pure NumPy.
+
+    Attributes: ``operator``, ``halo``, ``n_observations`` (profiles given to
+    ``fit``, lower bounds included), ``calibration`` (mean, variance),
+    ``exceeded_shapes`` and ``exceeded_bytes`` (lower-bound profiles),
+    ``coefficients`` (``beta_bar`` in physical units, by ``BASIS_NAMES``),
+    ``info`` (fit metadata).
+    """
+
+    def __init__(self, operator: str, halo, n_observations: int, arrays: dict, info: dict | None = None,
+                 calibration: tuple[float, float] = (1.0, 0.0)):
+        self.operator = str(operator)
+        self.halo = tuple(int(h) for h in halo)
+        self.n_observations = int(n_observations)
+        self.info = dict(info or {})
+        missing = [name for name in _ARRAY_FIELDS if name not in arrays]
+        if missing:
+            raise ValueError(f"model arrays missing: {missing}")
+        self._a = {name: np.asarray(arrays[name]) for name in _ARRAY_FIELDS}
+        for name in _ARRAY_FIELDS:
+            if name != "train_is_lower_bound":
+                self._a[name] = self._a[name].astype(np.float64)
+        self._a["train_is_lower_bound"] = self._a["train_is_lower_bound"].astype(bool)
+        c_mean, c_var = (float(calibration[0]), float(calibration[1]))
+        if not (c_mean > 0 and c_var >= 0):
+            raise ValueError(f"calibration needs mean > 0 and var >= 0, got {calibration}")
+        self.calibration = (c_mean, c_var)
+        s = dict(zip(_SCALAR_NAMES, self._a["scalars"].tolist()))
+        self._bytes_scale = s["bytes_scale"]
+        self._outputscale = s["outputscale"]
+        self._rel_nugget_var = s["relative_nugget_var"]
+        self._rel_run_var = s["relative_run_var"]
+        self._abs_noise_var = s["abs_noise_var"]
+        self._amp_floor = s["amplitude_floor"]
+        self._noise_dof = s["noise_dof"]
+        # Derived training quantities.
+        self._train_z = self._z(self._a["train_dims"])
+        self._train_amp = self._amplitude(self._a["train_dims"])
+
+    # ---- feature map ------------------------------------------------------------
+    def _z(self, dims):
+        return _kernel_inputs(dims, self._a["log_lo"], self._a["log_span"])
+
+    def _raw_basis(self, dims):
+        return _raw_basis(dims, self._a["axis_length"])
+
+    def _amplitude(self, dims):
+        return np.maximum(self._raw_basis(dims) @ self._a["amplitude_coef"], self._amp_floor)
+
+    def _basis(self, dims):
+        return self._raw_basis(dims) @ self._a["basis_transform"]
+
+    def _kernel(self, dims_a, dims_b, z_a=None, z_b=None, amp_a=None, amp_b=None):
+        z_a = self._z(dims_a) if z_a is None else z_a
+        z_b = self._z(dims_b) if z_b is None else z_b
+        amp_a = self._amplitude(dims_a) if amp_a is None else amp_a
+        amp_b = self._amplitude(dims_b) if amp_b is None else amp_b
+        return self._outputscale * amp_a[:, None] * _matern52(z_a, z_b, self._a["lengthscale"]) * amp_b[None, :]
+
+    # ---- posterior in working units -------------------------------------------
+    def _parts(self, dims):
+        """Per-test-point pieces: mean, ``V = L^{-1} k_*``, ``Q = L_A^{-1} R_*``, z, amplitude."""
+        z = self._z(dims)
+        amp = self._amplitude(dims)
+        k_train = self._outputscale * self._train_amp[:, None] * _matern52(
+            self._train_z, z, self._a["lengthscale"]) * amp[None, :]  # (n, m)
+        h = self._basis(dims)  # (m, p)
+        mean = h @ self._a["beta"] + k_train.T @ self._a["alpha"]
+        v = self._a["chol_inv"] @ k_train  # (n, m)
+        r = h.T - self._a["whitened_basis"].T @ v  # (p, m)
+        q = self._a["chol_a_inv"] @ r  # (p, m)
+        return mean, v, q, z, amp
+
+    def _latent(self, dims):
+        mean, v, q, _z, amp = self._parts(dims)
+        var = self._outputscale * amp * amp - (v * v).sum(0) + (q * q).sum(0)
+        return mean, np.maximum(var, 0.0)
+
+    def _run_noise_var(self, mean):
+        m = np.maximum(mean, 0.0)
+        return (self._rel_run_var + self._rel_nugget_var) * m * m + self._abs_noise_var
+
+    # ---- public: moments in bytes ---------------------------------------------
+    def latent_moments(self, shapes) -> tuple[np.ndarray, np.ndarray]:
+        """Posterior mean (bytes) and variance (bytes^2) of the noise-free peak ``g``.
+
+        Isolated peak, no calibration.  ``var`` includes the basis-coefficient term.
+        """
+        mean, var = self._latent(_as_dims(shapes))
+        s = self._bytes_scale
+        return mean * s, var * s * s
+
+    def noise_var(self, shapes_or_mean, *, from_mean: bool = False) -> np.ndarray:
+        """Variance (bytes^2) of one new profiling run about the latent peak.
+
+        ``rho_run^2 m^2 + a^2 + rho_nug^2 m^2`` with ``m`` the posterior mean at
+        the shapes (or the given means in bytes when ``from_mean=True``).
+        """
+        s = self._bytes_scale
+        if from_mean:
+            mean = np.asarray(shapes_or_mean, dtype=np.float64) / s
+        else:
+            mean, _ = self._latent(_as_dims(shapes_or_mean))
+        return self._run_noise_var(mean) * s * s
+
+    def predictive_var(self, shapes) -> np.ndarray:
+        """Variance (bytes^2) of a new single isolated run: latent variance + run noise.
+
+        (``predict`` widens the run-noise part to a t tail; this is the plain variance.)
+        """
+        mean, var = self._latent(_as_dims(shapes))
+        return (var + self._run_noise_var(mean)) * self._bytes_scale**2
+
+    def posterior_cov(self, shapes_a, shapes_b) -> np.ndarray:
+        """Joint posterior covariance (bytes^2) of the latent peak, ``(m_a, m_b)``.
+
+        ``k(a, b) - k_a^T K_y^{-1} k_b + R_a^T A^{-1} R_b`` (basis term included).
+        """
+        dims_a, dims_b = _as_dims(shapes_a), _as_dims(shapes_b)
+        _, v_a, q_a, z_a, amp_a = self._parts(dims_a)
+        _, v_b, q_b, z_b, amp_b = self._parts(dims_b)
+        prior = self._kernel(dims_a, dims_b, z_a, z_b, amp_a, amp_b)
+        return (prior - v_a.T @ v_b + q_a.T @ q_b) * self._bytes_scale**2
+
+    def predict_many(self, shapes, confidence: float = 0.99) -> tuple[np.ndarray, np.ndarray]:
+        """Mean and one-sided upper bound (bytes) of the peak of a new run, calibrated.
+
+        ``m = mean_g``, ``v = var_g + (t_nu / z)^2 s^2`` (run noise with the
+        t-tail of its estimate); with calibration ``c ~ (c_mean, var_c)``:
+        ``mean = c_mean m``, ``var = c_mean^2 v + m^2 var_c + v var_c``;
+        ``upper = mean + z(confidence) sqrt(var)``.
+        """
+        confidence = float(confidence)
+        z = _z_quantile(confidence)
+        tail = (_t_quantile(confidence, self._noise_dof) / z) ** 2
+        mean_s, var_s = self._latent(_as_dims(shapes))
+        var_s = var_s + tail * self._run_noise_var(mean_s)
+        c, var_c = self.calibration
+        mean = c * mean_s
+        var = c * c * var_s + mean_s * mean_s * var_c + var_s * var_c
+        scale = self._bytes_scale
+        return mean * scale, (mean + z * np.sqrt(var)) * scale
+
+    def predict(self, shape, confidence: float = 0.99) -> tuple[float, float]:
+        """``(mean_bytes, upper_bytes)`` of the peak of one run on a block of ``shape``."""
+        mean, upper = self.predict_many(_as_dims(shape), confidence)
+        return float(mean[0]), float(upper[0])
+
+    def with_observations(self, shapes, peak_bytes, noise_var) -> "MemoryModel":
+        """The posterior conditioned on further observations, hyperparameters held fixed.
+
+        No refit: the same kernel, feature map and noise model; ``noise_var``
+        (bytes^2) is each new observation's total noise variance.  Used to check
+        closed-form variance reductions and to fold in observations cheaply.
+        """
+        dims = _as_dims(shapes)
+        y = np.asarray(peak_bytes, dtype=np.float64).reshape(-1)
+        v = np.asarray(noise_var, dtype=np.float64).reshape(-1)
+        if not (len(y) == len(v) == len(dims)):
+            raise ValueError("shapes, peak_bytes and noise_var must have the same length")
+        a = dict(self._a)
+        a["train_dims"] = np.vstack([a["train_dims"], dims])
+        a["train_bytes"] = np.concatenate([a["train_bytes"], y])
+        a["train_noise_var"] = np.concatenate([a["train_noise_var"], v])
+        a["train_is_lower_bound"] = np.concatenate([a["train_is_lower_bound"], np.zeros(len(y), dtype=bool)])
+        scale = self._bytes_scale
+        hyper = {"outputscale": self._outputscale, "lengthscale": a["lengthscale"]}
+        a.update(_posterior_arrays(a["train_dims"], a["train_bytes"] / scale, a["train_noise_var"] / scale**2,
+                                   a, self._amp_floor, hyper))
+        return MemoryModel(self.operator, self.halo, self.n_observations + len(y), a, self.info,
+                           calibration=self.calibration)
+
+    def with_calibration(self, mean: float, var: float) -> "MemoryModel":
+        """A copy whose predictions are of ``c * peak`` with ``c ~ (mean, var)`` (see ``predict_many``)."""
+        return MemoryModel(self.operator, self.halo, self.n_observations, self._a, self.info,
+                           calibration=(mean, var))
+
+    # ---- read-only views ----------------------------------------------------------
+    @property
+    def exceeded_shapes(self) -> np.ndarray:
+        """Block shapes whose profile exceeded the cap (true peak >= ``exceeded_bytes``)."""
+        return self._a["exceeded_dims"].astype(np.int64)
+
+    @property
+    def exceeded_bytes(self) -> np.ndarray:
+        return self._a["exceeded_bytes"].copy()
+
+    @property
+    def train_shapes(self) -> np.ndarray:
+        """Block shapes of the observations the posterior conditions on."""
+        return self._a["train_dims"].astype(np.int64)
+
+    @property
+    def train_bytes(self) -> np.ndarray:
+        return self._a["train_bytes"].copy()
+
+    @property
+    def coefficients(self) -> dict[str, float]:
+        """``beta_bar`` in physical units: bytes, bytes/voxel, bytes/face-sample, ..."""
+        scale = self._a["axis_length"]
+        l1, l2, l3 = scale
+        per_unit = np.array([1.0, l1 * l2 * l3, l1 * l2, l1 * l3, l2 * l3, l1, l2, l3])
+        beta_raw = self._a["basis_transform"] @ self._a["beta"] * self._bytes_scale
+        return {name: float(b / u) for name, b, u in zip(BASIS_NAMES, beta_raw, per_unit)}
+
+    @property
+    def hyperparameters(self) -> dict[str, object]:
+        return {
+            "lengthscale": self._a["lengthscale"].tolist(),
+            "relative_residual_sd": math.sqrt(self._outputscale),
+            "relative_nugget_sd": math.sqrt(self._rel_nugget_var),
+            "relative_run_sd": math.sqrt(self._rel_run_var),
+            "run_noise_dof": self._noise_dof,
+            "abs_noise_sd_bytes": math.sqrt(self._abs_noise_var) * self._bytes_scale,
+        }
+
+    def __repr__(self) -> str:
+        return (f"<MemoryModel {self.operator} n={self.n_observations} "
+                f"halo={self.halo} calibration={self.calibration}>")
+
+    # ---- persistence --------------------------------------------------------------
+    def save(self, path) -> Path:
+        """Write one ``.npz`` (no pickles): the arrays plus a JSON metadata string."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        meta = {
+            "format_version": FORMAT_VERSION,
+            "operator": self.operator,
+            "halo": list(self.halo),
+            "n_observations": self.n_observations,
+            "calibration": list(self.calibration),
+            "info": self.info,
+        }
+        tmp = path.with_name(path.name + ".tmp.npz")
+        np.savez(tmp, meta=np.array(json.dumps(meta)), **self._a)
+        os.replace(tmp, path)
+        return path
+
+    @classmethod
+    def load(cls, path) -> "MemoryModel":
+        with np.load(Path(path), allow_pickle=False) as data:
+            meta = json.loads(str(data["meta"][()]))
+            if meta.get("format_version") != FORMAT_VERSION:
+                raise ValueError(f"{path}: model format {meta.get('format_version')} != {FORMAT_VERSION}")
+            arrays = {name: data[name] for name in _ARRAY_FIELDS}
+        return cls(meta["operator"], meta["halo"], meta["n_observations"], arrays, meta["info"],
+                   calibration=tuple(meta["calibration"]))
+
+
+_CACHE: dict[tuple[str, int], MemoryModel] = {}
+
+
+def load_model(operator: str, runs_dir=None) -> MemoryModel:
+    """The saved model of ``operator`` (``explorer.paths.model_path``), cached by (path, mtime).
+
+    Raises ``ModelNotFoundError`` naming the command that creates it.
+    """
+    path = model_path(operator, runs_dir)
+    try:
+        mtime = path.stat().st_mtime_ns
+    except FileNotFoundError:
+        where = path.parent.parent
+        raise ModelNotFoundError(
+            f"no explored model for {operator!r} in {where}/ — run: explore {operator}") from None
+    key = (str(path), mtime)
+    model = _CACHE.get(key)
+    if model is None:
+        model = MemoryModel.load(path)
+        for old in [k for k in _CACHE if k[0] == key[0]]:
+            del _CACHE[old]
+        _CACHE[key] = model
+    return model
+
+
+# --------------------------------------------------------------------------------------
+# Fitting
+# --------------------------------------------------------------------------------------
+
+
+def _pooled_relative_run_var(y, single_run_var, n_repeats) -> tuple[float, float]:
+    """Relative variance of one run and its degrees of freedom (see the module docstring).
+
+    ``(nu_0 s_0^2 + sum (r - 1) s^2 / y^2) / (nu_0 + sum (r - 1))`` with ``s^2`` the
+    single-run sample variances; without repeat counts every ``s^2 > 0`` is one dof.
+    """
+    rel = single_run_var / (y * y)
+    if n_repeats is None:
+        dof = (single_run_var > 0).astype(np.float64)
+    else:
+        dof = np.maximum(n_repeats - 1, 0).astype(np.float64)
+    typical_sd, prior_dof = _RUN_NOISE_PRIOR
+    total_dof = prior_dof + float(dof.sum())
+    return (prior_dof * typical_sd**2 + float((dof * rel).sum())) / total_dof, total_dof
+
+
+def fit(operator: str, shapes, peak_bytes, noise_var, lower_bound, *, halo=(0, 0, 0), n_repeats=None,
+        rel_noise_floor: float = DEFAULT_REL_NOISE_FLOOR,
+        abs_noise_floor_bytes: float = DEFAULT_ABS_NOISE_FLOOR_BYTES) -> MemoryModel:
+    """Fit the surrogate of ``operator`` to its profiles (see the module docstring).
+
+    Args:
+        shapes: ``(n, 3)`` block shapes that were profiled.
+        peak_bytes: ``(n,)`` recorded peaks (the mean of the repeats if there were several).
+        noise_var: ``(n,)`` variance of each recorded value, bytes^2: for a mean of
+            ``r`` runs with sample variance ``s^2``, ``s^2 / r`` (0 or NaN for a single
+            run: a floor applies).
+        lower_bound: ``(n,)`` True where the profile exceeded the cap, so the truth
+            is ``>= peak_bytes``.
+        halo: the operator's halo, kept on the model for ``explorer.chunking``.
+        n_repeats: ``(n,)`` runs averaged in ``peak_bytes``.  Pass it: it turns
+            ``noise_var`` back into single-run variances for the pooled noise level
+            and gives each point ``r - 1`` degrees of freedom.  Without it every
+            value counts as one run and each nonzero ``noise_var`` as one degree of
+            freedom (the single-run noise is then underestimated by up to ``r``,
+            which the noise prior dampens).
+        rel_noise_floor, abs_noise_floor_bytes: the single-run noise floor
+            ``sd = sqrt((rel * y)^2 + abs^2)``.
+    """
+    started = time.perf_counter()
+    dims = _as_dims(shapes)
+    y = np.asarray(peak_bytes, dtype=np.float64).reshape(-1)
+    v = np.nan_to_num(np.asarray(noise_var, dtype=np.float64).reshape(-1), nan=0.0)
+    lb = np.asarray(lower_bound, dtype=bool).reshape(-1)
+    n = dims.shape[0]
+    if not (y.shape[0] == v.shape[0] == lb.shape[0] == n):
+        raise ValueError("shapes, peak_bytes, noise_var and lower_bound must have the same length")
+    if not np.all(np.isfinite(y)) or np.any(y <= 0):
+        raise ValueError("peak_bytes must be positive and finite")
+    v = np.maximum(v, 0.0)
+    reps = None if n_repeats is None else np.maximum(np.asarray(n_repeats, dtype=np.int64).reshape(-1), 1)
+    if reps is not None and reps.shape[0] != n:
+        raise ValueError("n_repeats must have one entry per shape")
+    exact = ~lb
+    if not exact.any():
+        raise ValueError(f"{operator}: every profile exceeded the cap; need at least one exact profile")
+
+    r_eff = np.ones(n) if reps is None else reps.astype(np.float64)
+    rel_run_var, noise_dof = _pooled_relative_run_var(
+        y[exact], r_eff[exact] * v[exact], None if reps is None else reps[exact])
+    rel_run_var = max(rel_run_var, rel_noise_floor**2)
+    abs_var = float(abs_noise_floor_bytes) ** 2
+    # Fixed part of each observation's noise variance (the nugget is added in the fit).
+    fixed_var = np.maximum(v, (rel_run_var * y * y + abs_var) / r_eff)
+
+    def fit_on(mask_obs, as_lower_bound):
+        return _fit_posterior(dims[mask_obs], y[mask_obs], fixed_var[mask_obs], as_lower_bound,
+                              rel_run_var=rel_run_var, abs_var=abs_var, noise_dof=noise_dof)
+
+    exceeded = {"exceeded_dims": dims[lb], "exceeded_bytes": y[lb]}
+    arrays, fit_info = fit_on(exact, np.zeros(int(exact.sum()), dtype=bool))
+    model = MemoryModel(operator, halo, n, {**arrays, **exceeded}, {})
+    used = np.zeros(n, dtype=bool)
+    if lb.any():
+        mean_at_lb, _ = model.latent_moments(dims[lb])
+        used[np.flatnonzero(lb)[mean_at_lb < y[lb]]] = True
+        if used.any():
+            # A lower bound enters as a single run at L: noise of one run, not the repeats'.
+            fixed_var[used] = rel_run_var * y[used] ** 2 + abs_var
+            mask = exact | used
+            arrays, fit_info = fit_on(mask, used[mask])
+    info = {
+        **fit_info,
+        "n_exact": int(exact.sum()),
+        "n_lower_bounds": int(lb.sum()),
+        "n_lower_bounds_used": int(used.sum()),
+        "fit_seconds": time.perf_counter() - started,
+    }
+    return MemoryModel(operator, halo, n, {**arrays, **exceeded}, info)
+
+
+def _fit_posterior(dims, y, fixed_var, is_lower_bound, *, rel_run_var, abs_var, noise_dof):
+    """ML-II hyperparameters (torch) and the exported NumPy posterior of one data set."""
+    from scipy.optimize import nnls
+
+    n = dims.shape[0]
+    axis_length = np.exp(np.log(dims).mean(0))
+    bytes_scale = float(y.max())
+    y_s = y / bytes_scale
+    raw = _raw_basis(dims, axis_length)
+    p = raw.shape[1]
+    # Amplitude envelope: relative NNLS, s(x) = raw_basis(x) @ gamma > 0.
+    gamma, _ = nnls(raw / y_s[:, None], np.ones(n))
+    if not np.any(gamma > 0):
+        gamma = np.zeros(p)
+        gamma[0] = float(np.exp(np.log(y_s).mean()))
+    amp_floor = 1e-3 * float(y_s.min())
+    # Prior precision of beta (raw basis): flat on [1, V]; N(0, (tau s_c)^2) on faces, edges.
+    # s_c = s(centre) = sum(gamma) since every raw term is 1 at u = (1, 1, 1).
+    prior_sd = _FACE_EDGE_PRIOR_RELATIVE_SD * float(gamma.sum())
+    prior_precision_raw = np.diag([0.0, 0.0] + [prior_sd**-2] * (p - 2))
+    # Re-parametrise so the design (rows weighted ~ 1 / noise sd) stacked on the prior
+    # pseudo-rows is orthonormal: then A is close to the identity.
+    weights = 1.0 / (math.sqrt(rel_run_var) * y_s)
+    stacked = np.vstack([raw * weights[:, None], np.sqrt(prior_precision_raw)])
+    _, r_factor = np.linalg.qr(stacked)
+    if np.min(np.abs(np.diag(r_factor))) < 1e-10 * np.max(np.abs(np.diag(r_factor))):
+        raise ValueError("the exact profiles do not determine a constant and a per-voxel term: "
+                         "need at least two exact profiles of different volumes")
+    transform = np.linalg.inv(r_factor)
+    prior_precision = transform.T @ prior_precision_raw @ transform
+    log_dims = np.log(dims)
+    log_lo = log_dims.min(0)
+    log_span = np.maximum(log_dims.max(0) - log_lo, math.log(2.0))
+    scalars = {
+        "bytes_scale": bytes_scale,
+        "relative_run_var": rel_run_var,
+        "abs_noise_var": abs_var / bytes_scale**2,
+        "amplitude_floor": amp_floor,
+        "noise_dof": noise_dof,
+    }
+    fixed_s = fixed_var / bytes_scale**2
+    features = {
+        "axis_length": axis_length,
+        "basis_transform": transform,
+        "basis_prior_precision": prior_precision,
+        "amplitude_coef": gamma,
+        "log_lo": log_lo,
+        "log_span": log_span,
+    }
+    hyper, reml = _fit_hyperparameters(dims, y_s, fixed_s, features, amp_floor)
+    total_var_s = fixed_s + hyper["relative_nugget_var"] * y_s * y_s
+    posterior = _posterior_arrays(dims, y_s, total_var_s, features, amp_floor, hyper)
+    scalars.update(outputscale=hyper["outputscale"], relative_nugget_var=hyper["relative_nugget_var"])
+    arrays = {
+        "train_dims": dims,
+        "train_bytes": y,
+        "train_noise_var": total_var_s * bytes_scale**2,
+        "train_is_lower_bound": np.asarray(is_lower_bound, dtype=bool),
+        **features,
+        "lengthscale": hyper["lengthscale"],
+        "scalars": np.array([scalars[name] for name in _SCALAR_NAMES]),
+        **posterior,
+    }
+    return arrays, {"restricted_log_likelihood": reml}
+
+
+def _posterior_arrays(dims, y_s, noise_var_s, features, amp_floor, hyper):
+    """``L^{-1}``, ``alpha``, ``beta_bar``, ``W = L^{-1} H^T``, ``L_A^{-1}`` (NumPy, float64)."""
+    raw = _raw_basis(dims, features["axis_length"])
+    h = raw @ features["basis_transform"]
+    amp = np.maximum(raw @ features["amplitude_coef"], amp_floor)
+    z = _kernel_inputs(dims, features["log_lo"], features["log_span"])
+    k = hyper["outputscale"] * amp[:, None] * _matern52(z, z, hyper["lengthscale"]) * amp[None, :]
+    k_y = k + np.diag(noise_var_s)
+    chol = np.linalg.cholesky(k_y)
+    chol_inv = np.linalg.inv(chol)
+    w = chol_inv @ h  # (n, p)
+    a = w.T @ w + features["basis_prior_precision"]
+    chol_a = np.linalg.cholesky(a)
+    chol_a_inv = np.linalg.inv(chol_a)
+    wy = chol_inv @ y_s
+    beta = chol_a_inv.T @ (chol_a_inv @ (w.T @ wy))
+    alpha = chol_inv.T @ (chol_inv @ (y_s - h @ beta))
+    return {"chol_inv": chol_inv, "alpha": alpha, "beta": beta, "whitened_basis": w, "chol_a_inv": chol_a_inv}
+
+
+# ---- torch / gpytorch part (imported lazily) -------------------------------------------
+
+
+def _torch_modules():
+    """Build the GPyTorch classes on first use (keeps torch out of ``import explorer.surrogate``)."""
+    global _TORCH
+    if _TORCH is not None:
+        return _TORCH
+    import gpytorch
+    import torch
+    from gpytorch.constraints import Positive
+    from gpytorch.priors import LogNormalPrior
+
+    def positive_log():
+        return Positive(transform=torch.exp, inv_transform=torch.log)
+
+    def lognormal_with_mode(mode, sd_log):
+        """LogNormal whose mode (= MAP with no data) is ``mode``: loc = log(mode) + sd^2."""
+        return LogNormalPrior(math.log(mode) + sd_log**2, sd_log)
+
+    class FeatureMap(torch.nn.Module):
+        """The torch mirror of ``_raw_basis``/``_kernel_inputs``/amplitude (fixed buffers)."""
+
+        def __init__(self, features, amp_floor):
+            super().__init__()
+            for name in ("axis_length", "basis_transform", "basis_prior_precision", "amplitude_coef",
+                         "log_lo", "log_span"):
+                self.register_buffer(name, torch.as_tensor(features[name], dtype=torch.float64))
+            self.amp_floor = float(amp_floor)
+            self.n_terms = int(self.basis_transform.shape[0])
+
+        def raw_basis(self, dims):
+            u = dims / self.axis_length
+            u1, u2, u3 = u[..., 0], u[..., 1], u[..., 2]
+            cols = [torch.ones_like(u1), u1 * u2 * u3, u1 * u2, u1 * u3, u2 * u3, u1, u2, u3]
+            return torch.stack(cols, dim=-1)
+
+        def basis(self, dims):
+            return self.raw_basis(dims) @ self.basis_transform
+
+        def amplitude(self, dims):
+            return (self.raw_basis(dims) @ self.amplitude_coef).clamp_min(self.amp_floor)
+
+        def kernel_inputs(self, dims):
+            return (torch.log(dims) - self.log_lo) / self.log_span
+
+    class RelativeResidualKernel(gpytorch.kernels.Kernel):
+        """``sigma_f^2 s(x) s(x') Matern52(z(x), z(x'))`` on raw dims."""
+
+        def __init__(self, feature_map):
+            super().__init__()
+            self.feature_map = feature_map
+            self.scaled = gpytorch.kernels.ScaleKernel(
+                gpytorch.kernels.MaternKernel(
+                    nu=2.5, ard_num_dims=3, lengthscale_prior=lognormal_with_mode(*_LENGTHSCALE_PRIOR),
+                    lengthscale_constraint=positive_log()),
+                outputscale_prior=lognormal_with_mode(*_OUTPUTSCALE_PRIOR),
+                outputscale_constraint=positive_log())
+
+        def forward(self, x1, x2, diag=False, **params):
+            fm = self.feature_map
+            k = self.scaled.forward(fm.kernel_inputs(x1), fm.kernel_inputs(x2), diag=diag)
+            s1, s2 = fm.amplitude(x1), fm.amplitude(x2)
+            if diag:
+                return s1 * k * s2
+            return s1.unsqueeze(-1) * k * s2.unsqueeze(-2)
+
+    class RelativeNuggetNoise(gpytorch.likelihoods.noise_models.Noise):
+        """Known per-point variance plus a learnt relative nugget ``rho_nug^2 y_i^2``."""
+
+        def __init__(self, fixed_var, y_ref):
+            super().__init__()
+            self.register_buffer("fixed_var", fixed_var)
+            self.register_buffer("y_ref_sq", y_ref * y_ref)
+            self.register_parameter("raw_nugget", torch.nn.Parameter(torch.zeros((), dtype=torch.float64)))
+            self.register_constraint("raw_nugget", positive_log())
+            self.register_prior("nugget_prior", lognormal_with_mode(*_NUGGET_PRIOR),
+                                lambda m: m.nugget, lambda m, v: m._set_nugget(v))
+            self._set_nugget(torch.tensor(_NUGGET_PRIOR[0], dtype=torch.float64))
+
+        @property
+        def nugget(self):
+            return self.raw_nugget_constraint.transform(self.raw_nugget)
+
+        def _set_nugget(self, value):
+            value = torch.as_tensor(value, dtype=torch.float64)
+            self.initialize(raw_nugget=self.raw_nugget_constraint.inverse_transform(value))
+
+        def forward(self, *params, shape=None, **kwargs):
+            from linear_operator.operators import DiagLinearOperator
+            return DiagLinearOperator(self.fixed_var + self.nugget * self.y_ref_sq)
+
+    class RelativeNuggetLikelihood(gpytorch.likelihoods._GaussianLikelihoodBase):
+        def __init__(self, fixed_var, y_ref):
+            super().__init__(noise_covar=RelativeNuggetNoise(fixed_var, y_ref))
+
+    class BasisMean(gpytorch.means.Mean):
+        """``h(x)^T beta`` with ``beta`` fixed (set to ``beta_bar`` after fitting)."""
+
+        def __init__(self, feature_map, beta):
+            super().__init__()
+            self.feature_map = feature_map
+            self.register_buffer("beta", beta)
+
+        def forward(self, x):
+            return self.feature_map.basis(x) @ self.beta
+
+    class ExplicitBasisGP(gpytorch.models.ExactGP):
+        def __init__(self, train_x, train_y, likelihood, feature_map, beta=None):
+            super().__init__(train_x, train_y, likelihood)
+            beta = torch.zeros(feature_map.n_terms, dtype=torch.float64) if beta is None else beta
+            self.mean_module = BasisMean(feature_map, beta)
+            self.covar_module = RelativeResidualKernel(feature_map)
+
+        def forward(self, x):
+            return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+    class RestrictedMarginalLogLikelihood(gpytorch.mlls.MarginalLogLikelihood):
+        """Restricted (beta integrated out, flat prior) log marginal likelihood + log priors, / n."""
+
+        def forward(self, function_dist, target, *params, **kwargs):
+            return self.restricted_log_likelihood()
+
+        def restricted_log_likelihood(self, with_priors=True):
+            model = self.model
+            x = model.train_inputs[0]
+            y = model.train_targets
+            n = y.shape[-1]
+            k_y = model.covar_module(x).to_dense() + self.likelihood.noise_covar(x).to_dense()
+            chol = torch.linalg.cholesky(k_y)
+            h = model.covar_module.feature_map.basis(x)
+            ly = torch.linalg.solve_triangular(chol, y.unsqueeze(-1), upper=False).squeeze(-1)
+            lh = torch.linalg.solve_triangular(chol, h, upper=False)
+            prior_precision = model.covar_module.feature_map.basis_prior_precision
+            chol_a = torch.linalg.cholesky(lh.T @ lh + prior_precision)
+            c = torch.linalg.solve_triangular(chol_a, (lh.T @ ly).unsqueeze(-1), upper=False).squeeze(-1)
+            n_flat = 2  # improper directions; the prior's own normaliser is a constant
+            value = (-0.5 * (ly @ ly - c @ c) - torch.log(torch.diagonal(chol)).sum()
+                     - torch.log(torch.diagonal(chol_a)).sum() - 0.5 * (n - n_flat) * math.log(2 * math.pi))
+            if with_priors:
+                for _name, module, prior, closure, _setter in self.named_priors():
+                    value = value + prior.log_prob(closure(module)).sum()
+            return value / n
+
+        def compute_custom_loss(self, **kwargs):
+            return -self.restricted_log_likelihood()
+
+    _TORCH = {
+        "torch": torch, "gpytorch": gpytorch, "FeatureMap": FeatureMap,
+        "ExplicitBasisGP": ExplicitBasisGP, "RelativeNuggetLikelihood": RelativeNuggetLikelihood,
+        "RestrictedMarginalLogLikelihood": RestrictedMarginalLogLikelihood,
+    }
+    return _TORCH
+
+
+_TORCH = None
+
+#: Starting points of the ML-II optimisation (lengthscale, relative residual sd, nugget sd).
+_STARTS = ((0.5, 0.005, 0.001), (2.0, 0.03, 0.001))
+
+
+def _fit_hyperparameters(dims, y_s, fixed_var_s, features, amp_floor):
+    """Maximise the restricted marginal likelihood (+ priors) with ``fit_gpytorch_mll``.
+
+    Runs from each of ``_STARTS`` and keeps the best; returns ``(hyperparameters, value)``.
+    """
+    t = _torch_modules()
+    torch = t["torch"]
+    x = torch.as_tensor(dims, dtype=torch.float64)
+    y = torch.as_tensor(y_s, dtype=torch.float64)
+    fixed = torch.as_tensor(fixed_var_s, dtype=torch.float64)
+    best = None
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: threads only add overhead
+    try:
+        for start in _STARTS:
+            fitted = _fit_from_start(t, x, y, fixed, features, amp_floor, *start)
+            if fitted is not None and (best is None or fitted[0] > best[0]):
+                best = fitted
+    finally:
+        torch.set_num_threads(threads)
+    if best is None:
+        raise RuntimeError("fitting the surrogate's hyperparameters failed from every start")
+    return best[1], best[0]
+
+
+def _fit_from_start(t, x, y, fixed, features, amp_floor, lengthscale, residual_sd, nugget_sd):
+    """One ML-II run: ``(restricted log-likelihood + log priors, hyperparameters)``, None on failure."""
+    import warnings
+
+    from botorch.fit import fit_gpytorch_mll
+
+    torch = t["torch"]
+    feature_map = t["FeatureMap"](features, amp_floor)
+    likelihood = t["RelativeNuggetLikelihood"](fixed, y)
+    gp = t["ExplicitBasisGP"](x, y, likelihood, feature_map)
+    gp.covar_module.scaled.base_kernel.lengthscale = torch.full((1, 3), lengthscale, dtype=torch.float64)
+    gp.covar_module.scaled.outputscale = torch.tensor(residual_sd**2, dtype=torch.float64)
+    likelihood.noise_covar._set_nugget(nugget_sd**2)
+    mll = t["RestrictedMarginalLogLikelihood"](likelihood, gp)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fit_gpytorch_mll(mll, max_attempts=1)
+        with torch.no_grad():
+            value = float(mll.restricted_log_likelihood()) * y.shape[0]
+    except Exception:  # a failed start (e.g. not PSD): the caller tries the next one
+        return None
+    if not math.isfinite(value):
+        return None
+    scaled = gp.covar_module.scaled
+    return value, {
+        "lengthscale": scaled.base_kernel.lengthscale.detach().reshape(-1).numpy().copy(),
+        "outputscale": float(scaled.outputscale.detach()),
+        "relative_nugget_var": float(likelihood.noise_covar.nugget.detach()),
+    }
+
+
+def _torch_posterior(model: MemoryModel, shapes):
+    """The posterior of ``model`` recomputed by GPyTorch (for tests): mean (bytes), latent cov (bytes^2).
+
+    Rebuilds an ``ExactGP`` from the exported training data and hyperparameters
+    with the mean ``h(x)^T beta_bar`` and a ``FixedNoiseGaussianLikelihood``;
+    GPyTorch's posterior variance (beta known) is then completed with the
+    explicit-basis term ``R^T A^{-1} R`` computed in torch.
+    """
+    t = _torch_modules()
+    torch, gpytorch = t["torch"], t["gpytorch"]
+    a = model._a
+    scale = model._bytes_scale
+    features = {name: a[name] for name in ("axis_length", "basis_transform", "basis_prior_precision",
+                                           "amplitude_coef", "log_lo", "log_span")}
+    feature_map = t["FeatureMap"](features, model._amp_floor)
+    x = torch.as_tensor(a["train_dims"], dtype=torch.float64)
+    y = torch.as_tensor(a["train_bytes"] / scale, dtype=torch.float64)
+    noise = torch.as_tensor(a["train_noise_var"] / scale**2, dtype=torch.float64)
+    with gpytorch.settings.min_fixed_noise(float_value=1e-30, double_value=1e-30, half_value=1e-30):
+        likelihood = gpytorch.likelihoods.FixedNoiseGaussianLikelihood(noise=noise)
+        gp = t["ExplicitBasisGP"](x, y, likelihood, feature_map,
+                                  beta=torch.as_tensor(a["beta"], dtype=torch.float64))
+        gp.covar_module.scaled.base_kernel.lengthscale = torch.as_tensor(a["lengthscale"]).reshape(1, 3)
+        gp.covar_module.scaled.outputscale = torch.tensor(model._outputscale, dtype=torch.float64)
+        gp.eval()
+        xs = torch.as_tensor(_as_dims(shapes), dtype=torch.float64)
+        with torch.no_grad(), gpytorch.settings.fast_pred_var(False), gpytorch.settings.max_cholesky_size(10**6):
+            post = gp(xs)
+            mean = post.mean
+            cov = post.covariance_matrix
+            # Explicit-basis term: R = h_* - H K_y^{-1} k_*, cov += R^T A^{-1} R.
+            k_y = gp.covar_module(x).to_dense() + torch.diag(noise)
+            k_star = gp.covar_module(x, xs).to_dense()
+            h = feature_map.basis(x)
+            h_star = feature_map.basis(xs)
+            r = h_star.T - h.T @ torch.linalg.solve(k_y, k_star)
+            a_mat = h.T @ torch.linalg.solve(k_y, h) + feature_map.basis_prior_precision
+            cov = cov + r.T @ torch.linalg.solve(a_mat, r)
+    return mean.numpy() * scale, cov.numpy() * scale**2

@@ -1,0 +1,283 @@
+"""The surrogate on synthetic truths (pure math: no profiling, no subprocess but one)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+from explorer import surrogate
+from explorer.paths import model_path
+from explorer.surrogate import MemoryModel, ModelNotFoundError, fit, load_model
+
+MiB = 2**20
+HALO = (2, 2, 2)
+CV = 0.005  # run-to-run coefficient of variation of the synthetic truth
+
+
+def gst_like_truth(shapes, halo=HALO, bytes_per_voxel=240.0, constant=5 * MiB):
+    """240 bytes per voxel of the halo-padded block + 5 MiB: volume, face, edge and constant terms."""
+    d = np.asarray(shapes, dtype=np.float64).reshape(-1, 3)
+    padded = (d[:, 0] + 2 * halo[0]) * (d[:, 1] + 2 * halo[1]) * (d[:, 2] + 2 * halo[2])
+    return bytes_per_voxel * padded + constant
+
+
+def log_uniform_shapes(rng, n, lo, hi):
+    return np.rint(np.exp(rng.uniform(np.log(lo), np.log(hi), size=(n, 3)))).astype(np.int64)
+
+
+def space_filling_shapes(n, lo=16, hi=200, seed=0):
+    from scipy.stats import qmc
+
+    u = qmc.Sobol(d=3, scramble=True, seed=seed).random_base2(int(np.ceil(np.log2(n))))[:n]
+    return np.rint(np.exp(np.log(lo) + u * (np.log(hi) - np.log(lo)))).astype(np.int64)
+
+
+def profile(truth, shapes, rng, repeats):
+    """Mean of ``repeats`` noisy runs per shape (multiplicative noise) and the variance of that mean."""
+    means, variances = [], []
+    for shape, r in zip(shapes, repeats):
+        runs = truth(shape)[0] * (1.0 + CV * rng.standard_normal(int(r)))
+        means.append(runs.mean())
+        variances.append(runs.var(ddof=1) / r if r > 1 else 0.0)
+    return np.array(means), np.array(variances)
+
+
+def fit_synthetic(n, seed, truth=gst_like_truth):
+    rng = np.random.default_rng(seed)
+    shapes = space_filling_shapes(n, seed=seed)
+    repeats = rng.integers(1, 4, size=n)
+    peak, var = profile(truth, shapes, rng, repeats)
+    model = fit("gst3d", shapes, peak, var, np.zeros(n, dtype=bool), halo=HALO, n_repeats=repeats)
+    return model, shapes
+
+
+def held_out_shapes(rng, train_shapes, m=300):
+    """Log-uniform shapes up to 8x the largest training volume, plus that largest shape doubled per axis."""
+    volumes = np.prod(train_shapes.astype(np.float64), axis=1)
+    largest = train_shapes[np.argmax(volumes)]
+    shapes = log_uniform_shapes(rng, 4 * m, 16, 2 * train_shapes.max())
+    shapes = shapes[np.prod(shapes.astype(np.float64), axis=1) <= 8 * volumes.max()][:m]
+    return np.vstack([shapes, 2 * largest])
+
+
+@pytest.fixture(scope="module")
+def model15():
+    return fit_synthetic(15, seed=0)
+
+
+@pytest.mark.parametrize("n", [10, 15])
+def test_accuracy_and_coverage_on_a_polynomial_truth(n):
+    errors, covered, ratios = [], [], []
+    for seed in range(4):
+        model, train = fit_synthetic(n, seed)
+        rng = np.random.default_rng(100 + seed)
+        test = held_out_shapes(rng, train)
+        truth = gst_like_truth(test)
+        new_run = truth * (1.0 + CV * rng.standard_normal(len(truth)))
+        mean, upper = model.predict_many(test, confidence=0.99)
+        errors.append(np.abs(mean - truth) / truth)
+        covered.append(upper >= new_run)
+        ratios.append(upper / truth)
+    mape = float(np.mean(np.concatenate(errors)))
+    coverage = float(np.mean(np.concatenate(covered)))
+    median_ratio = float(np.median(np.concatenate(ratios)))
+    print(f"\nn={n}: MAPE {mape:.4f}  coverage(99%) {coverage:.3f}  median upper/true {median_ratio:.3f}")
+    assert mape <= 0.02
+    assert coverage >= 0.97  # nominal 0.99; slack for sampling and 4 fits
+    assert median_ratio <= 1.10
+
+
+def test_bound_widens_when_extrapolating(model15):
+    model, train = model15
+    largest = train[np.argmax(np.prod(train.astype(np.float64), axis=1))]
+    inside = np.rint(largest * 0.6).astype(np.int64)
+    beyond = [largest * 2, largest * 3]  # 8x and 27x the largest profiled volume
+    width = []
+    for shape in [inside, largest, *beyond]:
+        mean, upper = model.predict(shape)
+        width.append((upper - mean) / mean)
+    assert width[2] > 1.2 * width[1]
+    assert width[3] > width[2] > width[0]
+
+
+def test_numpy_predictor_equals_gpytorch_posterior(model15):
+    model, _ = model15
+    rng = np.random.default_rng(5)
+    a = log_uniform_shapes(rng, 20, 8, 600)
+    b = log_uniform_shapes(rng, 15, 8, 600)
+    torch_mean, torch_cov = surrogate._torch_posterior(model, np.vstack([a, b]))
+    mean, var = model.latent_moments(a)
+    np.testing.assert_allclose(mean, torch_mean[:20], rtol=1e-6)
+    np.testing.assert_allclose(var, np.diag(torch_cov)[:20], rtol=1e-6)
+    cross = model.posterior_cov(a, b)
+    scale = np.sqrt(np.outer(var, np.diag(torch_cov)[20:]))
+    assert np.max(np.abs(cross - torch_cov[:20, 20:]) / scale) < 1e-6
+
+
+def test_lower_bounds_raise_the_prediction_where_exact_data_predict_less():
+    rng = np.random.default_rng(3)
+    shapes = space_filling_shapes(12, hi=150, seed=3)
+    peak, var = profile(gst_like_truth, shapes, rng, np.full(12, 2))
+    exceeded = np.array([[300, 300, 300]])
+    exact_only = fit("gst3d", shapes, peak, var, np.zeros(12, dtype=bool), n_repeats=np.full(12, 2))
+    before, _ = exact_only.predict(exceeded[0])
+    high = 1.5 * gst_like_truth(exceeded)[0]
+    assert before < high
+    with_bound = fit("gst3d", np.vstack([shapes, exceeded]), np.append(peak, high), np.append(var, 0.0),
+                     np.append(np.zeros(12, dtype=bool), True), n_repeats=np.append(np.full(12, 2), 1))
+    after, _ = with_bound.predict(exceeded[0])
+    assert after > before + 0.8 * (high - before)
+    assert with_bound.info["n_lower_bounds_used"] == 1
+    np.testing.assert_array_equal(with_bound.exceeded_shapes, exceeded)
+    # A bound the exact data already clear is kept on the model but leaves the fit alone.
+    low = 0.5 * before
+    cleared = fit("gst3d", np.vstack([shapes, exceeded]), np.append(peak, low), np.append(var, 0.0),
+                  np.append(np.zeros(12, dtype=bool), True), n_repeats=np.append(np.full(12, 2), 1))
+    assert cleared.info["n_lower_bounds_used"] == 0
+    assert cleared.predict(exceeded[0]) == pytest.approx(exact_only.predict(exceeded[0]), rel=1e-9)
+    assert cleared.n_observations == 13
+
+
+def test_few_points_give_a_wide_but_finite_bound():
+    """An initial design of 5 profiles: all eight basis terms, priors keep the bound honest."""
+    rng = np.random.default_rng(4)
+    shapes = space_filling_shapes(5, seed=4)
+    peak, var = profile(gst_like_truth, shapes, rng, np.full(5, 2))
+    model = fit("gst3d", shapes, peak, var, np.zeros(5, dtype=bool), n_repeats=np.full(5, 2))
+    test = log_uniform_shapes(rng, 200, 16, 200)
+    mean, upper = model.predict_many(test)
+    assert np.all(np.isfinite(upper))
+    assert np.mean(upper >= gst_like_truth(test)) >= 0.97
+
+
+def test_upper_bound_is_latent_plus_t_tailed_run_noise(model15):
+    from scipy.stats import norm, t
+
+    model, _ = model15
+    shape = (100, 120, 90)
+    mean_g, var_g = model.latent_moments(shape)
+    run_noise = model.noise_var(shape)
+    dof = model.hyperparameters["run_noise_dof"]
+    for confidence in (0.9, 0.99):
+        z, t_q = norm.ppf(confidence), t.ppf(confidence, dof)
+        mean, upper = model.predict(shape, confidence)
+        assert mean == pytest.approx(mean_g[0], rel=1e-12)
+        expected = mean_g[0] + z * np.sqrt(var_g[0] + (t_q / z) ** 2 * run_noise[0])
+        assert upper == pytest.approx(expected, rel=1e-4)
+
+
+def test_calibration_formula(model15):
+    model, _ = model15
+    shape = (100, 120, 90)
+    z = 1.6448536269514722  # 95 %
+    m, upper0 = model.predict(shape, confidence=0.95)
+    v = ((upper0 - m) / z) ** 2
+    calibrated = model.with_calibration(1.2, 0.01)
+    mean, upper = calibrated.predict(shape, confidence=0.95)
+    assert mean == pytest.approx(1.2 * m, rel=1e-12)
+    expected_var = 1.2**2 * v + m**2 * 0.01 + v * 0.01
+    assert upper == pytest.approx(mean + z * np.sqrt(expected_var), rel=1e-9)
+    assert model.calibration == (1.0, 0.0)  # the original is untouched
+    with pytest.raises(ValueError):
+        model.with_calibration(0.0, 0.0)
+
+
+def test_predict_matches_predict_many_and_validates(model15):
+    model, _ = model15
+    shapes = np.array([[64, 64, 64], [10, 300, 20]])
+    mean, upper = model.predict_many(shapes, confidence=0.9)
+    assert model.predict(shapes[1], confidence=0.9) == (pytest.approx(mean[1]), pytest.approx(upper[1]))
+    assert np.all(upper > mean)
+    np.testing.assert_allclose(model.predictive_var(shapes),
+                               model.latent_moments(shapes)[1] + model.noise_var(shapes))
+    with pytest.raises(ValueError):
+        model.predict((64, 64, 64), confidence=1.0)
+    with pytest.raises(ValueError):
+        model.predict((64, 64))
+
+
+def test_physical_coefficients_are_recovered():
+    model, _ = fit_synthetic(30, seed=2)
+    coef = model.coefficients
+    assert coef["volume"] == pytest.approx(240.0, rel=0.02)
+    padded_face = 240.0 * 2 * HALO[0]  # 960 bytes per face sample
+    for name in ("face12", "face13", "face23"):
+        assert coef[name] == pytest.approx(padded_face, rel=0.5)
+
+
+def test_save_load_round_trip(tmp_path, model15):
+    model, _ = model15
+    calibrated = model.with_calibration(1.1, 0.002)
+    path = calibrated.save(tmp_path / "m.npz")
+    with np.load(path, allow_pickle=False) as data:  # no pickles inside
+        assert "meta" in data.files
+    loaded = MemoryModel.load(path)
+    shapes = log_uniform_shapes(np.random.default_rng(9), 50, 8, 800)
+    for a, b in zip(calibrated.predict_many(shapes), loaded.predict_many(shapes)):
+        np.testing.assert_array_equal(a, b)
+    assert (loaded.operator, loaded.halo, loaded.n_observations) == ("gst3d", HALO, 15)
+    assert loaded.calibration == (1.1, 0.002)
+    assert loaded.info == calibrated.info
+
+
+def test_load_model_is_cached_by_mtime(tmp_path, model15):
+    model, _ = model15
+    path = model.save(model_path("gst3d", tmp_path))
+    old_mtime = path.stat().st_mtime_ns
+    first = load_model("gst3d", tmp_path)
+    assert load_model("gst3d", tmp_path) is first
+    t0 = time.perf_counter()
+    for _ in range(100):
+        load_model("gst3d", tmp_path)
+    warm = (time.perf_counter() - t0) / 100
+    print(f"\nwarm load_model: {warm * 1e6:.1f} us")
+    model.with_calibration(1.3, 0.0).save(path)
+    os.utime(path, ns=(time.time_ns(), old_mtime + 10**9))  # a new mtime even on coarse clocks
+    assert load_model("gst3d", tmp_path).calibration == (1.3, 0.0)
+
+
+def test_model_not_found_names_the_command(tmp_path):
+    with pytest.raises(ModelNotFoundError) as err:
+        load_model("gst3d", tmp_path / "runs")
+    assert isinstance(err.value, LookupError)
+    assert str(err.value) == f"no explored model for 'gst3d' in {tmp_path / 'runs'}/ — run: explore gst3d"
+
+
+def test_load_model_does_not_import_torch(tmp_path, model15):
+    model, _ = model15
+    model.save(model_path("gst3d", tmp_path))
+    code = textwrap.dedent(f"""
+        import sys, time
+        t0 = time.perf_counter()
+        import explorer.surrogate as s
+        import explorer.acquisition
+        m = s.load_model("gst3d", {str(tmp_path)!r})
+        cold = time.perf_counter() - t0
+        m.predict((100, 100, 100))
+        t1 = time.perf_counter()
+        m.predict_many([[100, 100, 100]] * 2000)
+        many = time.perf_counter() - t1
+        assert "torch" not in sys.modules, "torch was imported"
+        print(f"{{cold:.3f}} {{many:.4f}}")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    cold, many = map(float, out.stdout.split())
+    print(f"\ncold import + load_model: {cold:.3f} s; predict_many(2000): {many * 1e3:.1f} ms")
+    assert cold < 1.0
+
+
+def test_fit_rejects_bad_input():
+    shapes = space_filling_shapes(4)
+    with pytest.raises(ValueError):
+        fit("x", shapes, np.ones(3), np.zeros(4), np.zeros(4, dtype=bool))
+    with pytest.raises(ValueError):
+        fit("x", shapes, np.ones(4), np.zeros(4), np.ones(4, dtype=bool))  # no exact profile
+    with pytest.raises(ValueError):
+        fit("x", shapes, -np.ones(4), np.zeros(4), np.zeros(4, dtype=bool))
