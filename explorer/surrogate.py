@@ -742,10 +742,14 @@ def _torch_modules():
     global _TORCH
     if _TORCH is not None:
         return _TORCH
-    import gpytorch
-    import torch
-    from gpytorch.constraints import Positive
-    from gpytorch.priors import LogNormalPrior
+    import warnings
+
+    with warnings.catch_warnings():  # gpytorch's import-time torch.jit deprecation notices
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import gpytorch
+        import torch
+        from gpytorch.constraints import Positive
+        from gpytorch.priors import LogNormalPrior
 
     def positive_log():
         return Positive(transform=torch.exp, inv_transform=torch.log)

@@ -1,0 +1,224 @@
+"""Acquisition on synthetic truths: candidates, designs, scoring, safety, batches, stopping."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from explorer import acquisition as acq
+from explorer.surrogate import fit
+
+MiB = 2**20
+GiB = 2**30
+CV = 0.005
+
+
+def truth(shapes):
+    """gst3d-like: 240 bytes per voxel of the (n + 4)-padded block + 5 MiB."""
+    d = np.asarray(shapes, dtype=np.float64).reshape(-1, 3)
+    return 240.0 * (d[:, 0] + 4) * (d[:, 1] + 4) * (d[:, 2] + 4) + 5 * MiB
+
+
+def measure(shapes, rng, repeats=2):
+    """Mean of ``repeats`` noisy runs and the variance of that mean."""
+    runs = truth(shapes)[:, None] * (1.0 + CV * rng.standard_normal((len(shapes), repeats)))
+    return runs.mean(1), runs.var(1, ddof=1) / repeats
+
+
+def fit_truth(shapes, seed=0, lower_bound=None, values=None):
+    shapes = np.asarray(shapes)
+    rng = np.random.default_rng(seed)
+    peak, var = measure(shapes, rng)
+    lower = np.zeros(len(shapes), dtype=bool) if lower_bound is None else lower_bound
+    if values is not None:
+        peak = np.where(lower, values, peak)
+    return fit("gst3d", shapes, peak, var, lower, halo=(2, 2, 2), n_repeats=np.full(len(shapes), 2))
+
+
+@pytest.fixture(scope="module")
+def model():
+    shapes = np.vstack([acq.initial_design(6, max_input_bytes=16 * MiB),
+                        acq.candidate_shapes(8, min_dim=16, max_dim=200, seed=3)])
+    return fit_truth(shapes)
+
+
+@pytest.fixture(scope="module")
+def targets(model):
+    candidates = acq.candidate_shapes(2048, seed=1)
+    return candidates[acq.target_mask(model, candidates, 1.5 * GiB)]
+
+
+def test_candidate_shapes_are_seeded_log_space_filling():
+    a = acq.candidate_shapes(2000, min_dim=8, max_dim=2048, seed=0)
+    assert a.shape == (2000, 3) and a.dtype.kind == "i"
+    assert a.min() >= 8 and a.max() <= 2048
+    np.testing.assert_array_equal(a, acq.candidate_shapes(2000, seed=0))
+    assert not np.array_equal(a, acq.candidate_shapes(2000, seed=1))
+    # Uniform in log-dims: half of each axis below the geometric middle (128), each decade filled.
+    assert np.all(np.abs((a < 128).mean(0) - 0.5) < 0.03)
+    assert np.all(np.histogram(np.log(a[:, 0]), bins=8)[0] > 200)
+
+
+def test_initial_design_is_small_safe_and_spread():
+    cap = 64 * MiB
+    design = acq.initial_design(5, max_input_bytes=cap, min_dim=8)
+    assert design.shape == (5, 3)
+    assert len({tuple(s) for s in design}) == 5
+    volumes = np.prod(design.astype(np.float64), axis=1)
+    assert np.all(4 * volumes <= cap)
+    assert volumes.max() / volumes.min() > 100  # small to conservative
+    assert 4 * volumes.max() > 0.5 * cap
+    aspect = design.max(1) / design.min(1)
+    assert aspect.max() >= 2.5  # not all cubes
+    assert len({tuple(np.argsort(s)) for s in design}) >= 3  # the long axis varies
+    with pytest.raises(ValueError):
+        acq.initial_design(5, max_input_bytes=100, min_dim=8)
+
+
+def test_target_mask_is_task_memory_between_1_and_100_percent(model):
+    limit = 1.5 * GiB
+    shapes = acq.candidate_shapes(500, seed=4)
+    mean, upper = model.predict_many(shapes, 0.99)
+    task_mean = 4 * np.prod(shapes.astype(np.float64), axis=1) + mean
+    task_upper = 4 * np.prod(shapes.astype(np.float64), axis=1) + upper
+    mask = acq.target_mask(model, shapes, limit, 0.99)
+    np.testing.assert_array_equal(mask, (task_upper >= 0.01 * limit) & (task_mean <= limit))
+    assert 0 < mask.sum() < len(shapes)
+    assert acq.target_mask(model, [[300, 300, 300]], limit).tolist() == [False]  # 6.5 GB
+    assert acq.target_mask(model, [[100, 100, 100]], limit).tolist() == [True]  # ~270 MB
+
+
+def test_cost_model_defaults_fit_and_rescale():
+    default = acq.CostModel()
+    assert not default.fitted
+    assert default.predict([[100, 100, 100]])[0] == pytest.approx(1.0 + 5e-8 * 1e6)
+    rng = np.random.default_rng(0)
+    shapes = acq.candidate_shapes(20, min_dim=16, max_dim=400, seed=2)
+    seconds = (0.4 + 2e-8 * np.prod(shapes.astype(np.float64), axis=1)) * np.exp(0.02 * rng.standard_normal(20))
+    fitted = acq.CostModel.fit(shapes, seconds)
+    assert fitted.fitted
+    assert fitted.intercept_seconds == pytest.approx(0.4, rel=0.05)
+    assert fitted.seconds_per_voxel == pytest.approx(2e-8, rel=0.05)
+    one = acq.CostModel.fit(shapes[:1], [2 * default.predict(shapes[:1])[0]])
+    assert one.predict(shapes[:1])[0] == pytest.approx(2 * default.predict(shapes[:1])[0])
+    assert not acq.CostModel.fit(np.zeros((0, 3)), []).fitted
+
+
+def test_variance_reduction_matches_brute_force_refit(model, targets):
+    """IVR == the drop of sum_t var(t) / mean(t)^2 after conditioning on the candidate from scratch."""
+    candidates = acq.candidate_shapes(12, seed=7)
+    targets = targets[:100]
+    ivr = acq.integrated_variance_reduction(model, candidates, targets)
+    mean_t, var_t = model.latent_moments(targets)
+    brute = []
+    for c in candidates:
+        mean_c, _ = model.latent_moments(c)
+        after = model.with_observations([c], mean_c, model.noise_var([c]))
+        brute.append(np.sum((var_t - after.latent_moments(targets)[1]) / mean_t**2))
+    np.testing.assert_allclose(ivr, brute, rtol=1e-5)
+    assert ivr.max() > 10 * ivr.min()  # the score discriminates
+
+
+def test_scoring_2000_candidates_against_300_targets_is_fast(model, targets):
+    candidates = acq.candidate_shapes(2000, seed=5)
+    t300 = targets[np.linspace(0, len(targets) - 1, 300).astype(int)]
+    acq.integrated_variance_reduction(model, candidates[:10], t300)  # warm
+    t0 = time.perf_counter()
+    scores = acq.integrated_variance_reduction(model, candidates, t300)
+    elapsed = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    acq.propose(model, candidates, t300, acq.CostModel(), 8 * GiB, n=4)
+    elapsed_batch = time.perf_counter() - t0
+    print(f"\nIVR 2000 candidates x 300 targets: {elapsed * 1e3:.1f} ms; propose(n=4): {elapsed_batch * 1e3:.1f} ms")
+    assert scores.shape == (2000,) and np.all(np.isfinite(scores)) and np.all(scores >= 0)
+
+
+def test_safety_filter_excludes_shapes_over_the_cap(model, targets):
+    candidates = acq.candidate_shapes(2000, seed=5)
+    cost = acq.CostModel(1.0, 0.0)  # every profile costs the same: the score is the variance reduction
+
+    def task_upper(shapes):
+        shapes = np.array(shapes)
+        return 4 * np.prod(shapes.astype(float), axis=1) + model.predict_many(shapes)[1]
+
+    unconstrained = acq.propose(model, candidates, targets, cost, np.inf, n=3)
+    cap = 0.99 * task_upper(unconstrained).max()  # the largest of them is now unsafe
+    picks = acq.propose(model, candidates, targets, cost, cap, n=3)
+    assert len(picks) == 3
+    assert np.all(task_upper(picks) <= cap)
+    assert set(picks) != set(unconstrained)
+    assert acq.propose(model, candidates, targets, cost, 1.0, n=3) == []  # nothing fits in 1 byte
+
+
+def test_no_shape_at_or_above_an_exceeded_profile():
+    base = np.vstack([acq.initial_design(6, max_input_bytes=16 * MiB), acq.candidate_shapes(8, min_dim=16, max_dim=200, seed=3)])
+    exceeded = np.array([[150, 150, 150]])
+    model = fit_truth(np.vstack([base, exceeded]), lower_bound=np.append(np.zeros(len(base), bool), True),
+                      values=np.append(np.zeros(len(base)), 4 * GiB))
+    candidates = np.array([[150, 150, 150], [150, 151, 300], [600, 150, 150], [149, 600, 600], [60, 60, 60]])
+    safe = acq.safe_mask(model, candidates, np.inf)
+    np.testing.assert_array_equal(safe, [False, False, False, True, True])
+    targets = acq.candidate_shapes(200, min_dim=16, max_dim=300, seed=9)
+    picks = acq.propose(model, candidates, targets, acq.CostModel(), np.inf, n=5)
+    assert sorted(picks) == [(60, 60, 60), (149, 600, 600)]
+
+
+def test_batch_is_distinct_and_its_greedy_update_is_exact(model, targets):
+    candidates = acq.candidate_shapes(400, seed=6)
+    cost = acq.CostModel()
+    cap = 4 * GiB
+    picks = acq.propose(model, candidates, targets, cost, cap, n=4)
+    assert len(picks) == 4 and len(set(picks)) == 4
+    # Each pick and its score are those of the model conditioned from scratch on the
+    # previous picks (hyperparameters fixed): the rank-one updates are exact.
+    seconds = cost.predict(candidates)
+    safe = acq.safe_mask(model, candidates, cap)
+    index, scores = acq._greedy_batch(model, candidates, targets, seconds, safe, 4)
+    assert [tuple(candidates[j]) for j in index] == picks
+    conditioned = model
+    for k, j in enumerate(index):
+        score = acq.integrated_variance_reduction(conditioned, candidates, targets) / seconds
+        score[~safe] = -np.inf
+        score[index[:k]] = -np.inf
+        assert int(np.argmax(score)) == j
+        assert scores[k] == pytest.approx(score[j], rel=1e-6)
+        x = candidates[j : j + 1]
+        # The noise of a new run at x is the original model's (propose fixes it before picking).
+        conditioned = conditioned.with_observations(x, conditioned.latent_moments(x)[0], model.noise_var(x))
+
+
+def test_stopping_metric_decreases_as_points_are_added():
+    rng = np.random.default_rng(11)
+    limit, cap = 1.5 * GiB, 4 * GiB
+    candidates = acq.candidate_shapes(1024, seed=1)
+    task = 4 * np.prod(candidates.astype(np.float64), axis=1) + truth(candidates)
+    targets = candidates[(task >= 0.01 * limit) & (task <= limit)]
+    shapes = acq.initial_design(5, max_input_bytes=16 * MiB)
+    peaks, variances = measure(shapes, rng)
+    metric = []
+    for _ in range(6):
+        model = fit("gst3d", shapes, peaks, variances, np.zeros(len(shapes), bool), n_repeats=np.full(len(shapes), 2))
+        metric.append(float(np.max(acq.relative_half_width(model, targets))))
+        batch = np.array(acq.propose(model, candidates, targets, acq.CostModel(), cap, n=2))
+        p, v = measure(batch, rng)
+        shapes, peaks, variances = np.vstack([shapes, batch]), np.append(peaks, p), np.append(variances, v)
+    print("\nmax relative half-width by round:", " ".join(f"{m:.3f}" for m in metric))
+    assert metric[-1] < metric[0] / 10
+    assert metric[-1] <= acq.DEFAULT_TOLERANCE
+    assert acq.should_stop(model, targets) == (metric[-1] <= acq.DEFAULT_TOLERANCE)
+    # With hyperparameters fixed, every observation can only shrink the latent variance.
+    fixed = model
+    before = fixed.latent_moments(targets)[1]
+    for shape in candidates[:5]:
+        fixed = fixed.with_observations([shape], fixed.latent_moments(shape)[0], fixed.noise_var([shape]))
+        after = fixed.latent_moments(targets)[1]
+        assert np.all(after <= before * (1 + 1e-9))
+        before = after
+
+
+def test_relative_half_width_definition(model):
+    shapes = np.array([[64, 64, 64], [200, 30, 90]])
+    mean, upper = model.predict_many(shapes, 0.95)
+    np.testing.assert_allclose(acq.relative_half_width(model, shapes, 0.95), (upper - mean) / mean)
