@@ -5,16 +5,16 @@ What is modelled
 ``peak_bytes(n1, n2, n3)`` of ``operator.run(x)`` on a float32 block ``x`` of
 exactly that shape (the definition lives in ``ARCHITECTURE.md``).  The shape
 is the *block the operator runs on*: a Dask task on a chunk ``c`` of an
-operator with halo ``h`` runs on ``c + 2h`` along every axis that is not whole,
-so the caller (``explorer.chunking``) asks about ``c + 2h``.  ``halo`` is kept
-on the model as metadata for that caller.
+operator with halo ``h`` runs on the chunk plus its halos (at most ``c + 2h``
+per axis that is not whole), so the caller (``explorer.chunking``) asks about
+that block.  ``halo`` is kept on the model as metadata for that caller.
 
 The model (Rasmussen & Williams 2006, section 2.7, "explicit basis functions")
 -------------------------------------------------------------------------------
 .. math::
 
     y(x) = h(x)^\top \beta + f(x) + \varepsilon(x), \qquad
-    f \sim \mathcal{GP}(0, k), \qquad \beta \sim \text{flat prior}
+    f \sim \mathcal{GP}(0, k), \qquad \beta \sim \text{flat / vague Gaussian (below)}
 
 *Mean basis* ``h``: the multilinear polynomial in the dims,
 ``[1, V, n1 n2, n1 n3, n2 n3, n1, n2, n3]`` (``V = n1 n2 n3``), evaluated on
@@ -45,8 +45,9 @@ pseudo-rows is orthonormal; the posterior is invariant to this.
                \mathrm{Matern}_{5/2}\big(z(x), z(x'); \ell_1, \ell_2, \ell_3\big),
     \qquad z_i = \frac{\log n_i - \log n_i^{lo}}{\log n_i^{hi} - \log n_i^{lo}}
 
-where ``s(x) = h(x)^T gamma`` is a positive amplitude envelope (a
-non-negative least-squares fit of the basis to the data, relative weights):
+where ``s(x) = max(h(x)^T gamma, floor)`` is a positive amplitude envelope
+(``gamma >= 0``: a non-negative least-squares fit of the basis to the data with
+relative weights):
 ``sigma_f`` is then a *relative* deviation (1 % means "the truth departs from
 the polynomial by about 1 % of its value"), so small and large blocks get a
 residual of comparable relative size instead of one absolute output scale.
@@ -111,8 +112,10 @@ when a block is 8x larger than anything profiled.
 ``upper = mean + z * sqrt(var_g + (t_nu / z)^2 s^2)`` with ``z`` the one-sided
 normal quantile of ``confidence`` and ``t_nu`` the Student-t quantile with the
 noise estimate's ``nu`` degrees of freedom (Cornish-Fisher; the noise level is
-estimated from a handful of repeats, so its tail is a t's, not a normal's).  A multiplicative production *calibration* ``c ~ (c_mean, c_var)``,
-independent of the model, maps the isolated peak ``P`` to the in-worker peak
+estimated from a handful of repeats, so its tail is a t's, not a normal's).
+
+*Calibration* (a hook for production feedback): a multiplicative factor
+``c ~ (c_mean, c_var)``, independent of the model, maps the isolated peak ``P`` to the in-worker peak
 ``cP``: ``mean = c_mean * m``, ``var = c_mean^2 v + m^2 c_var + v c_var`` (the
 exact variance of a product of independent factors; the last term is
 second-order).
