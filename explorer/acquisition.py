@@ -153,6 +153,26 @@ def target_mask(model, shapes, memory_limit_bytes: float, confidence: float = 0.
     return (inp + upper >= low_fraction * memory_limit_bytes) & (inp + mean <= high_fraction * memory_limit_bytes)
 
 
+#: Largest aspect ratio of a block's non-whole axes that chunk sizing produces;
+#: the planner prefers compact chunks, so targets stay within this.
+MAX_BLOCK_ASPECT = 8.0
+
+
+def chunkable_mask(shapes, whole_axes=(), *, max_aspect: float = MAX_BLOCK_ASPECT) -> np.ndarray:
+    """Shapes a chunk plan can produce as a task's block.
+
+    On the axes that may be chunked, ``max(n) / min(n) <= max_aspect`` (plans
+    prefer compact chunks: halos cost surface); an axis that must stay whole
+    takes the volume's length, any length.
+    """
+    shapes = _shapes(shapes).astype(np.float64)
+    free = [axis for axis in range(shapes.shape[1]) if axis not in set(whole_axes)]
+    if len(free) < 2:
+        return np.ones(len(shapes), dtype=bool)
+    sub = shapes[:, free]
+    return sub.max(axis=1) <= max_aspect * sub.min(axis=1)
+
+
 class CostModel:
     """Predicted seconds of one profile: ``a + b V`` with ``a, b >= 0``.
 

@@ -151,14 +151,126 @@ def _cmd_profile(argv: list[str]) -> int:
     return 0 if m.status in ("ok", "exceeded") else EXIT_FAILURE
 
 
+# -- explore OPERATOR ------------------------------------------------------
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {text!r}") from None
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {text!r}")
+    return value
+
+
+def _add_store_options(parser):
+    parser.add_argument("--runs-dir", default=None,
+                        help="where studies, model fits and reports live (default: $EXPLORER_RUNS or ./runs)")
+
+
+def _cmd_explore(argv: list[str]) -> int:
+    parser = _Parser(
+        prog="explore",
+        description="Learn an operator's peak memory versus shape by Bayesian active learning: "
+                    "profile the most informative shape per second, refit, stop when the bound is tight.",
+    )
+    parser.add_argument("operator", type=_operator_name)
+    parser.add_argument("--budget", type=_positive_int, default=30,
+                        help="total isolated profiles in the store for this operator (default 30)")
+    parser.add_argument("--tolerance", type=_fraction, default=0.05,
+                        help="stop when the bound's relative half-width over the target region is below this (0.05)")
+    parser.add_argument("--confidence", type=_fraction, default=0.99, help="confidence of the upper bound (0.99)")
+    parser.add_argument("--memory-limit", type=_size, default=None,
+                        help="target worker memory the chunks will be sized for (default: min(4GiB, RAM/cores))")
+    parser.add_argument("--memory-cap", type=_size, default=None,
+                        help="cap on one profile's working memory (default: half this machine's memory)")
+    _add_store_options(parser)
+    parser.add_argument("--storage", default=None,
+                        help="an Optuna storage URL instead of the SQLite file (postgresql://..., journal:PATH)")
+    parser.add_argument("--jobs", type=_positive_int, default=1, help="profiles run in parallel")
+    parser.add_argument("--repeat", type=_positive_int, default=2, help="runs per profile (default 2)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true", help="print one JSON object last")
+    args = parser.parse_args(argv)
+
+    from explorer.explore import explore
+
+    def progress(step, budget):
+        peak = format_bytes(step.peak_bytes) if step.peak_bytes is not None else "-"
+        secs = f"{step.seconds:.2f} s" if step.seconds is not None else "-"
+        unc = f"{step.max_relative_uncertainty:.1%}" if step.max_relative_uncertainty is not None else "-"
+        print(f"[{step.index:>3}/{budget}] {format_shape(step.shape):>15}  {step.status:<8} peak {peak:>10}  "
+              f"{secs:>9}  uncertainty {unc}", file=sys.stderr, flush=True)
+
+    print(f"exploring {args.operator}: budget {args.budget} profiles, tolerance {args.tolerance:.1%}, "
+          f"confidence {args.confidence:.0%}", file=sys.stderr, flush=True)
+    result = explore(args.operator, budget=args.budget, tolerance=args.tolerance, confidence=args.confidence,
+                     memory_limit=args.memory_limit, memory_cap=args.memory_cap, runs_dir=args.runs_dir,
+                     storage=args.storage, jobs=args.jobs, repeat=args.repeat, seed=args.seed, progress=progress)
+    if args.json:
+        print(json.dumps(result.to_dict()))
+        return 0
+    print()
+    print(f"{'shape':>15} {'status':<9} {'peak_bytes':>11} {'bytes/voxel':>11} {'seconds':>8}")
+    for step in result.steps:
+        voxels = step.shape[0] * step.shape[1] * step.shape[2]
+        peak = format_bytes(step.peak_bytes) if step.peak_bytes is not None else "-"
+        per_voxel = f"{step.peak_bytes / voxels:.1f}" if step.peak_bytes is not None else "-"
+        secs = f"{step.seconds:.2f}" if step.seconds is not None else "-"
+        print(f"{format_shape(step.shape):>15} {step.status:<9} {peak:>11} {per_voxel:>11} {secs:>8}")
+    unc = result.max_relative_uncertainty
+    print(f"\n{result.operator}: {result.profiles} profiles in the store ({result.new_profiles} new), "
+          f"{result.seconds:.1f} s ({result.operator_seconds:.1f} s inside the operator)")
+    print(f"stopped: {result.stopped_because}")
+    if unc is not None:
+        print(f"max relative half-width of the {result.confidence:.0%} bound over the target region: {unc:.1%}")
+    if result.model_path:
+        print(f"model:  {result.model_path}")
+    if result.report_path:
+        print(f"report: {result.report_path}")
+    return 0
+
+
+# -- explore chunks --------------------------------------------------------
+def _cmd_chunks(argv: list[str]) -> int:
+    parser = _Parser(prog="explore chunks",
+                     description="The largest chunk shape whose worker footprint stays under the limit.")
+    parser.add_argument("operator", type=_operator_name)
+    parser.add_argument("--shape", type=_shape, required=True, help="the whole volume, like 800x600x1000")
+    parser.add_argument("--memory-limit", type=_size, required=True, help="per worker, like 4GiB")
+    parser.add_argument("--threads", type=_positive_int, default=1, help="threads per worker (default 1)")
+    parser.add_argument("--confidence", type=_fraction, default=0.99)
+    _add_store_options(parser)
+    parser.add_argument("--json", action="store_true", help="print the ChunkPlan as one JSON object")
+    args = parser.parse_args(argv)
+
+    from explorer.chunking import recommend_chunks
+
+    plan = recommend_chunks(args.operator, args.shape, args.memory_limit, threads_per_worker=args.threads,
+                            confidence=args.confidence, runs_dir=args.runs_dir)
+    if args.json:
+        print(json.dumps(plan.to_dict()))
+        return 0
+    print(f"operator        {plan.operator}")
+    print(f"volume          {format_shape(plan.shape)}")
+    print(f"chunks          {format_shape(plan.chunks)}  ({plan.n_tasks} tasks)")
+    print(f"worker memory   {format_bytes(plan.predicted_bytes)} predicted, {format_bytes(plan.upper_bytes)} "
+          f"at {plan.confidence:.0%} confidence, limit {format_bytes(plan.limit_bytes)} "
+          f"(pause at {plan.pause_fraction:.0%})")
+    print(f"threads/worker  {plan.threads_per_worker}")
+    return 0
+
+
 COMMANDS = {
     "operators": _cmd_operators,
     "profile": _cmd_profile,
+    "chunks": _cmd_chunks,
+    "explore": _cmd_explore,
 }
 
-USAGE = """usage: explore OPERATOR [options]        explore an operator's memory (see explore OPERATOR --help)
-       explore operators                 list operators
-       explore profile OPERATOR SHAPE    profile one shape
+USAGE = """usage: explore OPERATOR [options]                 learn an operator's peak memory (explore OPERATOR --help)
+       explore operators                          list operators
+       explore profile OPERATOR SHAPE             profile one shape in an isolated child
+       explore chunks OPERATOR --shape S --memory-limit L   safe chunks for a volume
 """
 
 
@@ -169,20 +281,10 @@ def _dispatch(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE, end="")
         return 0 if argv else EXIT_USAGE
-    command = COMMANDS.get(argv[0])
+    command = COMMANDS.get(argv[0]) if argv[0] != "explore" else None
     if command is not None:
         return command(argv[1:])
-    if "explore" in COMMANDS:
-        return COMMANDS["explore"](argv)
-    _operator_name_or_fail(argv[0])
-    raise CLIError(f"explore: unknown command {argv[0]!r}")
-
-
-def _operator_name_or_fail(text: str) -> None:
-    try:
-        _operator_name(text)
-    except argparse.ArgumentTypeError as exc:
-        raise CLIError(f"explore: {exc}") from None
+    return _cmd_explore(argv)
 
 
 def main(argv: list[str] | None = None) -> int:

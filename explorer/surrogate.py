@@ -144,6 +144,7 @@ import json
 import math
 import os
 import time
+import threading
 from functools import lru_cache
 from pathlib import Path
 from statistics import NormalDist
@@ -740,11 +741,25 @@ def _posterior_arrays(dims, y_s, noise_var_s, features, amp_floor, hyper):
 # ---- torch / gpytorch part (imported lazily) -------------------------------------------
 
 
+_TORCH_LOCK = threading.Lock()
+
+
+def warm_up() -> None:
+    """Import torch, GPyTorch and BoTorch now (seconds), e.g. in a thread while profiles run."""
+    _torch_modules()
+    import botorch.fit  # noqa: F401
+
+
 def _torch_modules():
     """Build the GPyTorch classes on first use (keeps torch out of ``import explorer.surrogate``)."""
+    with _TORCH_LOCK:
+        if _TORCH is None:
+            _build_torch_modules()
+    return _TORCH
+
+
+def _build_torch_modules():
     global _TORCH
-    if _TORCH is not None:
-        return _TORCH
     import warnings
 
     with warnings.catch_warnings():  # gpytorch's import-time torch.jit deprecation notices

@@ -1,0 +1,280 @@
+"""The learning loop: profile, persist, refit, pick the next shapes, stop.
+
+::
+
+    design ─► profile (isolated child) ─► store (at once) ─► fit surrogate
+      ▲                                                        │
+      └──────── propose (variance reduction per second, safe) ◄┘   until the bound is
+                                                                   tight or the budget spent
+
+``budget`` counts the operator's isolated profiles in the store, so running
+again resumes where the last run stopped (or was killed).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+
+import numpy as np
+import psutil
+
+import operators
+from explorer import paths
+from explorer.profiling import EXCEEDED, OK, Profiler, default_memory_cap
+from explorer.store import SOURCE_PROFILE, Record, Store
+from explorer.units import parse_size
+
+#: Default target worker memory: what a LocalCluster worker gets here, at most 4 GiB.
+DEFAULT_LIMIT_CAP = 4 * 2**30
+#: Profiles of the space-filling start.
+N_INITIAL = 5
+#: Input bytes of the largest start shape, as a share of the target memory.
+INITIAL_INPUT_SHARE = 1 / 256
+#: Seconds per profile outside the operator before the loop has measured its own.
+DEFAULT_LOOP_OVERHEAD = 0.3
+#: Number of candidate shapes scored at each step, and of target shapes.
+N_CANDIDATES = 2048
+N_TARGETS = 384
+
+
+def default_memory_limit() -> int:
+    total = psutil.virtual_memory().total
+    return int(min(DEFAULT_LIMIT_CAP, total / max(1, os.cpu_count() or 1)))
+
+
+@dataclass
+class Step:
+    """One profile as the loop saw it (for progress and the report)."""
+
+    index: int
+    shape: tuple[int, ...]
+    status: str
+    peak_bytes: float | None
+    seconds: float | None
+    max_relative_uncertainty: float | None
+
+
+@dataclass
+class ExploreResult:
+    operator: str
+    profiles: int
+    new_profiles: int
+    stopped_because: str
+    seconds: float
+    operator_seconds: float
+    max_relative_uncertainty: float | None
+    tolerance: float
+    confidence: float
+    memory_limit_bytes: int
+    model_path: str | None
+    report_path: str | None
+    steps: list[Step] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {
+            "operator": self.operator,
+            "profiles": self.profiles,
+            "new_profiles": self.new_profiles,
+            "stopped_because": self.stopped_because,
+            "seconds": round(self.seconds, 3),
+            "operator_seconds": round(self.operator_seconds, 3),
+            "max_relative_uncertainty": self.max_relative_uncertainty,
+            "tolerance": self.tolerance,
+            "confidence": self.confidence,
+            "memory_limit_bytes": self.memory_limit_bytes,
+            "model_path": self.model_path,
+            "report_path": self.report_path,
+        }
+
+
+def training_data(records: list[Record], dtype_itemsize: int = 4):
+    """Arrays ``(shapes, peak_bytes, noise_var, lower_bound, n_repeats)`` for
+    :func:`explorer.surrogate.fit` from stored isolated profiles.
+
+    The value of a profile is the mean of its repeats; its noise variance is
+    the variance of that mean, ``s^2 / n`` (0 for a single run: the surrogate
+    applies its own floor).  ``exceeded`` profiles enter as lower bounds.
+    """
+    shapes, values, noise, lower, n_repeats = [], [], [], [], []
+    for r in records:
+        if r.source != SOURCE_PROFILE or r.peak_bytes is None or r.status not in (OK, EXCEEDED):
+            continue
+        repeats = np.asarray(r.repeats or [r.peak_bytes], dtype=float)
+        shapes.append(r.shape)
+        n_repeats.append(len(repeats))
+        if r.status == OK:
+            values.append(repeats.mean())
+            noise.append(repeats.var(ddof=1) / len(repeats) if len(repeats) > 1 else 0.0)
+            lower.append(False)
+        else:
+            values.append(float(r.peak_bytes))
+            noise.append(0.0)
+            lower.append(True)
+    return (np.asarray(shapes, dtype=np.int64).reshape(-1, 3), np.asarray(values, dtype=float),
+            np.asarray(noise, dtype=float), np.asarray(lower, dtype=bool), np.asarray(n_repeats, dtype=int))
+
+
+def profile_cost_model(records: list[Record], repeat: int, loop_overhead: list[float]):
+    """Seconds one more profile costs the loop: ``overhead + repeat * (a + b V)``.
+
+    ``a + b V`` is fitted to the operator seconds of stored profiles; the
+    overhead is the median time per profile the loop spent outside the operator
+    (refit, scoring, forking), measured in this run: a tiny profile is not free.
+    """
+    from explorer.acquisition import CostModel
+
+    ok = [r for r in records if r.status == OK and r.seconds]
+    run_cost = CostModel.fit(np.asarray([r.shape for r in ok]).reshape(-1, 3), np.asarray([r.seconds for r in ok]))
+    overhead = float(np.median(loop_overhead[1:])) if len(loop_overhead) > 1 else DEFAULT_LOOP_OVERHEAD
+    return CostModel(overhead + repeat * run_cost.intercept_seconds, repeat * run_cost.seconds_per_voxel,
+                     fitted=run_cost.fitted)
+
+
+def explore(
+    operator: str,
+    *,
+    budget: int = 30,
+    tolerance: float = 0.05,
+    confidence: float = 0.99,
+    memory_limit=None,
+    memory_cap=None,
+    runs_dir=None,
+    storage: str | None = None,
+    jobs: int = 1,
+    repeat: int = 2,
+    seed: int = 0,
+    progress=None,
+    report: bool = True,
+) -> ExploreResult:
+    """Explore ``operator``'s peak memory until the bound is tight or ``budget`` profiles exist.
+
+    ``progress(step: Step, total_budget)`` is called after every profile.
+    """
+    from explorer import acquisition, surrogate
+
+    started = time.perf_counter()
+    op = operators.get(operator)
+    limit = default_memory_limit() if memory_limit is None else parse_size(memory_limit)
+    cap = default_memory_cap() if memory_cap is None else parse_size(memory_cap)
+    if budget < 1 or jobs < 1:
+        raise ValueError("budget and jobs must be >= 1")
+    if not 0 < tolerance < 1 or not 0.5 < confidence < 1:
+        raise ValueError("tolerance must be in (0, 1) and confidence in (0.5, 1)")
+
+    # torch, gpytorch and botorch take seconds to import: do it while the first profiles run
+    warm_up = threading.Thread(target=surrogate.warm_up, daemon=True)
+    warm_up.start()
+    store = Store(runs_dir, storage)
+    records = [r for r in store.records(op.name) if r.source == SOURCE_PROFILE]
+    steps: list[Step] = []
+    operator_seconds = 0.0
+    candidates = acquisition.candidate_shapes(N_CANDIDATES, seed=seed)
+    chunkable = acquisition.chunkable_mask(candidates, op.whole_axes)
+    cost_model = acquisition.CostModel(DEFAULT_LOOP_OVERHEAD + repeat * 0.01, repeat * 5e-8)
+    model, metric, stopped_because = None, None, None
+    profilers = [Profiler(gpu=False) for _ in range(jobs)]
+
+    loop_overhead = []  # seconds per profile the loop spends outside the operator
+
+    def run_batch(shapes):
+        nonlocal operator_seconds, last_batch_end
+        spent_before = operator_seconds
+        with ThreadPoolExecutor(max_workers=len(shapes)) as pool:
+            futures = {pool.submit(profilers[i].profile, op.name, tuple(int(n) for n in s),
+                                   repeat=repeat, memory_cap=cap, timeout=timeout_for(s)): s
+                       for i, s in enumerate(shapes)}
+            for future in as_completed(futures):
+                m = future.result()
+                store.add_measurement(m)  # at once: nothing finished is lost
+                operator_seconds += sum(r.get("seconds") or 0.0 for r in m.repeats)
+                record = Record(shape=m.shape, peak_bytes=m.peak_bytes, status=m.status, source=SOURCE_PROFILE,
+                                repeats=[r["peak_bytes"] for r in m.repeats if r.get("peak_bytes") is not None],
+                                seconds=m.seconds, input_bytes=m.input_bytes)
+                records.append(record)
+                steps.append(Step(len(records), m.shape, m.status, m.peak_bytes, m.seconds, metric))
+                if progress:
+                    progress(steps[-1], budget)
+        now = time.perf_counter()
+        loop_overhead.append(max(0.0, (now - last_batch_end) - (operator_seconds - spent_before) / len(shapes)))
+        last_batch_end = now
+
+    def timeout_for(shape):
+        predicted = cost_model.predict(np.asarray([shape]))[0] if cost_model.fitted else None
+        return None if predicted is None else max(60.0, 20 * float(predicted))
+
+    last_batch_end = time.perf_counter()
+    try:
+        # 1. a small space-filling start (skipped for what the store already has)
+        n_ok = sum(r.status == OK for r in records)
+        if n_ok < N_INITIAL:
+            design = acquisition.initial_design(N_INITIAL, max_input_bytes=limit * INITIAL_INPUT_SHARE, seed=seed)
+            have = {r.shape for r in records}
+            todo = [tuple(int(n) for n in s) for s in design if tuple(int(n) for n in s) not in have]
+            todo = todo[: max(0, min(N_INITIAL - n_ok, budget - len(records)))]
+            for i in range(0, len(todo), jobs):
+                run_batch(todo[i:i + jobs])
+
+        # 2. refit, stop or propose, profile, repeat
+        while True:
+            shapes, values, noise, lower, n_repeats = training_data(records)
+            if len(np.unique(shapes[~lower].prod(axis=1))) < 2:
+                stopped_because = "too few successful profiles to fit a model (see the errors above)"
+                break
+            model = surrogate.fit(op.name, shapes, values, noise, lower, halo=op.halo, n_repeats=n_repeats)
+            cost_model = profile_cost_model(records, repeat, loop_overhead)
+            target_shapes = candidates[acquisition.target_mask(model, candidates, limit, confidence)
+                                       & chunkable]
+            if len(target_shapes) > N_TARGETS:
+                target_shapes = target_shapes[np.linspace(0, len(target_shapes) - 1, N_TARGETS).astype(int)]
+            if len(target_shapes) == 0:
+                stopped_because = "no candidate shape falls in the target region; check --memory-limit"
+                break
+            metric = float(np.max(acquisition.relative_half_width(model, target_shapes, confidence)))
+            if steps:
+                steps[-1].max_relative_uncertainty = metric
+            if metric <= tolerance:
+                stopped_because = (f"converged: the {confidence:.0%} bound's relative half-width is "
+                                   f"{metric:.1%} <= tolerance {tolerance:.1%} over the target region")
+                break
+            if len(records) >= budget:
+                stopped_because = f"budget of {budget} profiles spent (relative half-width {metric:.1%})"
+                break
+            batch = acquisition.propose(model, candidates, target_shapes, cost_model, cap,
+                                        n=min(jobs, budget - len(records)), confidence=confidence)
+            if not batch:
+                stopped_because = "no safe candidate left under the profiling memory cap"
+                break
+            run_batch(batch)
+    finally:
+        for profiler in profilers:
+            profiler.close()
+
+    model_file = report_file = None
+    if model is not None:
+        model_file = paths.model_path(op.name, runs_dir)
+        model_file.parent.mkdir(parents=True, exist_ok=True)
+        model.save(model_file)
+        if report:
+            from explorer.report import explore_report
+
+            report_file = explore_report(model, records, steps, paths.report_path(op.name, runs_dir),
+                                         confidence=confidence, memory_limit=limit, tolerance=tolerance)
+    return ExploreResult(
+        operator=op.name,
+        profiles=len(records),
+        new_profiles=len(steps),
+        stopped_because=stopped_because or "interrupted",
+        seconds=time.perf_counter() - started,
+        operator_seconds=operator_seconds,
+        max_relative_uncertainty=metric,
+        tolerance=tolerance,
+        confidence=confidence,
+        memory_limit_bytes=limit,
+        model_path=str(model_file) if model_file else None,
+        report_path=str(report_file) if report_file else None,
+        steps=steps,
+    )
