@@ -1,0 +1,117 @@
+"""The learning loop end to end: real profiles, a real SQLite store, a real fit."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from explorer import load_model, recommend_chunks
+from explorer.explore import explore
+from explorer.store import Store
+
+OPERATOR = "first_derivative"  # cheap: a few ms per profile
+LIMIT = "64MiB"
+
+
+@pytest.fixture(scope="module")
+def explored(tmp_path_factory):
+    runs = tmp_path_factory.mktemp("runs")
+    seen = []
+    result = explore(OPERATOR, budget=9, memory_limit=LIMIT, runs_dir=runs, progress=lambda s, b: seen.append(s))
+    return runs, result, seen
+
+
+def test_explore_profiles_persists_fits_and_reports(explored):
+    runs, result, seen = explored
+    assert result.profiles == result.new_profiles == len(seen) <= 9
+    assert result.stopped_because.startswith(("converged", "budget"))
+    assert result.max_relative_uncertainty is not None and result.max_relative_uncertainty > 0
+    records = Store(runs).records(OPERATOR)
+    assert len(records) == result.profiles and all(r.status == "ok" for r in records)
+    assert len({r.shape for r in records}) == len(records)  # never the same shape twice
+    assert os.path.getsize(result.report_path) > 10_000
+    model = load_model(OPERATOR, runs)
+    assert model.n_observations == result.profiles
+
+
+def test_model_predicts_a_fresh_profile(explored):
+    """The fitted bound holds on a shape the loop never profiled."""
+    from explorer.profiling import profile
+
+    runs, _, _ = explored
+    model = load_model(OPERATOR, runs)
+    shape = (150, 90, 300)
+    truth = profile(OPERATOR, shape, repeat=1).peak_bytes
+    mean, upper = model.predict(shape)
+    assert abs(mean - truth) / truth < 0.05
+    assert upper >= truth
+
+
+def test_resume_continues_from_the_store(explored, tmp_path):
+    runs, first, _ = explored
+    again = explore(OPERATOR, budget=first.profiles + 2, tolerance=1e-6, memory_limit=LIMIT, runs_dir=runs,
+                    report=False)
+    assert again.profiles == first.profiles + 2 and again.new_profiles == 2
+    assert again.stopped_because.startswith("budget")
+
+
+def test_recommend_chunks_uses_the_explored_model(explored):
+    runs, _, _ = explored
+    plan = recommend_chunks(OPERATOR, (400, 300, 500), "512MiB", runs_dir=runs)
+    assert plan.upper_bytes <= 0.8 * 512 * 2**20 + 1
+    assert sum(plan.dask_chunks[0]) == 400 and plan.chunks[2] >= 3
+
+
+def run_cli(*args, timeout=180):
+    return subprocess.run([sys.executable, "-m", "explorer.cli", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_cli_json_last_and_chunks(explored):
+    runs, result, _ = explored
+    out = run_cli(OPERATOR, "--budget", str(result.profiles), "--memory-limit", LIMIT, "--runs-dir", str(runs),
+                  "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout.strip().splitlines()[-1])
+    for key in ("operator", "profiles", "stopped_because", "seconds", "max_relative_uncertainty"):
+        assert key in data
+    assert data["profiles"] == len(Store(runs).records(OPERATOR)) >= result.profiles
+    assert data["stopped_because"].startswith(("converged", "budget"))
+    chunks = run_cli("chunks", OPERATOR, "--shape", "400x300x500", "--memory-limit", "512MiB",
+                     "--runs-dir", str(runs), "--json")
+    assert chunks.returncode == 0, chunks.stderr
+    plan = json.loads(chunks.stdout)
+    for key in ("chunks", "predicted_bytes", "upper_bytes", "limit_bytes", "confidence", "n_tasks"):
+        assert key in plan
+
+
+def test_chunks_without_a_model_names_the_command(tmp_path):
+    out = run_cli("chunks", "gst3d", "--shape", "100x100x100", "--memory-limit", "1GiB", "--runs-dir",
+                  str(tmp_path))
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "explore gst3d" in out.stderr
+
+
+def test_sigkill_loses_no_finished_profile_and_resume_goes_on(tmp_path):
+    args = [sys.executable, "-m", "explorer.cli", OPERATOR, "--budget", "40", "--tolerance", "0.000001",
+            "--memory-limit", LIMIT, "--runs-dir", str(tmp_path)]
+    proc = subprocess.Popen(args, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    reported = 0
+    deadline = time.monotonic() + 120
+    while reported < 7 and time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if line.startswith("["):
+            reported = int(line[1:].split("/")[0])
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    records = Store(tmp_path).records(OPERATOR)
+    assert len(records) >= reported >= 7
+    assert all(r.status == "ok" and r.peak_bytes > 0 and len(r.repeats) == 2 for r in records)
+    resumed = explore(OPERATOR, budget=len(records) + 1, tolerance=1e-6, memory_limit=LIMIT, runs_dir=tmp_path,
+                      report=False)
+    assert resumed.new_profiles == 1 and resumed.profiles == len(records) + 1
