@@ -26,6 +26,8 @@ import time
 import traceback
 
 import numpy as np
+import scipy.ndimage  # noqa: F401  (preloaded: children fork with it)
+import scipy.signal  # noqa: F401
 
 import operators
 from explorer.highwater import PeakMeter, read_status, release_free_heap

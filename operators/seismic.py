@@ -23,7 +23,6 @@ from typing import ClassVar
 
 import numpy as np
 from scipy import ndimage
-from scipy.signal import hilbert
 
 from operators.base import Operator, Shape, register
 
@@ -68,6 +67,8 @@ def analytic_signal(block: np.ndarray) -> np.ndarray:
     doubled, transformed back.  It treats each trace as one period of a
     periodic signal, so values near the trace ends carry wrap-around effects.
     """
+    from scipy.signal import hilbert  # here, not at import: scipy.signal takes ~1 s to import
+
     return hilbert(_float32_volume(block), axis=-1)
 
 
