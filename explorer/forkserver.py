@@ -30,7 +30,7 @@ import scipy.ndimage  # noqa: F401  (preloaded: children fork with it)
 import scipy.signal  # noqa: F401
 
 import operators
-from explorer.highwater import PeakMeter, read_status, release_free_heap
+from explorer.highwater import PeakMeter, fix_mmap_threshold, read_status, release_free_heap
 from explorer.plugins import load_plugins
 
 OK, EXCEEDED, TIMEOUT, ERROR = "ok", "exceeded", "timeout", "error"
@@ -131,6 +131,7 @@ def _run_child(request: dict, x: np.ndarray) -> dict:
     sys.stdout.flush()
     # Frozen objects are skipped by the child's collections: no copy-on-write
     # storm over the server's heap (it cost 0.1 s per child before).
+    release_free_heap()  # the child must not inherit garbage as resident memory
     gc.freeze()
     server_rss = read_status()["VmRSS"]
     pid = os.fork()
@@ -205,6 +206,7 @@ class _VolumeCache:
 
 def serve(stdin, stdout) -> None:
     cache = _VolumeCache()
+    x = None
     for line in stdin:
         if not line.strip():
             continue
@@ -212,6 +214,7 @@ def serve(stdin, stdout) -> None:
         if request.get("cmd") == "exit":
             break
         try:
+            x = None  # drop this loop's reference before the cache builds a new volume
             x = cache.get(request["shape"], request.get("dtype", "float32"), int(request.get("seed", 0)))
             started = time.perf_counter()
             reply = _run_child(request, x)
@@ -224,6 +227,7 @@ def serve(stdin, stdout) -> None:
 
 
 def main() -> None:
+    fix_mmap_threshold()
     load_plugins()
     stdout = sys.stdout
     sys.stdout = sys.stderr  # stray prints must not corrupt the protocol

@@ -53,16 +53,38 @@ def is_supported() -> bool:
 
 _libc = None
 
+#: glibc's ``mallopt`` parameter number for the mmap threshold.
+_M_MMAP_THRESHOLD = -3
+#: glibc's initial mmap threshold: allocations above it are mmapped and returned on free.
+MMAP_THRESHOLD_BYTES = 128 * 1024
 
-def release_free_heap() -> None:
-    """Return freed heap pages to the kernel (glibc ``malloc_trim(0)``), so the
-    RSS before a measurement holds no garbage a later allocation could reuse."""
+
+def _load_libc():
     global _libc
     if _libc is None:
         name = ctypes.util.find_library("c")
         _libc = ctypes.CDLL(name) if name else False
-    if _libc and hasattr(_libc, "malloc_trim"):
-        _libc.malloc_trim(0)
+    return _libc
+
+
+def fix_mmap_threshold(threshold: int = MMAP_THRESHOLD_BYTES) -> bool:
+    """Pin glibc's mmap threshold (it otherwise grows after each large free).
+
+    With the dynamic threshold a process's allocation pattern, and so an
+    operator's peak, depends on what the process freed before: a profile would
+    carry its server's history.  Pinned at glibc's initial 128 KiB, every large
+    array is mmapped and returned to the kernel when freed, in every child alike.
+    """
+    libc = _load_libc()
+    return bool(libc and hasattr(libc, "mallopt") and libc.mallopt(_M_MMAP_THRESHOLD, int(threshold)))
+
+
+def release_free_heap() -> None:
+    """Return freed heap pages to the kernel (glibc ``malloc_trim(0)``), so the
+    RSS before a measurement holds no garbage a later allocation could reuse."""
+    libc = _load_libc()
+    if libc and hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
 
 
 class PeakMeter:

@@ -113,3 +113,12 @@ def test_profiling_server_never_imports_torch():
 def test_module_level_profile_uses_a_shared_server():
     m = profile("first_derivative", (16, 16, 32))
     assert m.status == "ok" and m.peak_bytes > 0
+
+
+def test_a_profile_does_not_depend_on_what_the_server_did_before(profiler):
+    """The server's allocator history (a big volume built and freed) must not
+    change a later profile of the same shape."""
+    first = profiler.profile("instantaneous_frequency", (48, 48, 64)).peak_bytes
+    profiler.profile("envelope", (160, 160, 160))
+    again = profiler.profile("instantaneous_frequency", (48, 48, 64)).peak_bytes
+    assert abs(again - first) <= 64 * 1024, (first, again)
