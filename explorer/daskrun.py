@@ -89,7 +89,21 @@ REPLAN_MAX_DONE_FRACTION = 0.5
 
 @dataclass
 class RunResult:
-    """What a production run did (``to_dict()`` is its JSON)."""
+    """What a production run did (``to_dict()`` is its JSON; the module docstring says how
+    each figure is measured).
+
+    ``status``: ``"ok"``; ``"failed"`` (workers lost, to memory or otherwise, or the
+    cluster stalled: ``advice`` says what to change); ``"error"`` (bad input, no model,
+    no plan fits, a task raised).  ``error`` is one line.  ``chunks`` is one chunk shape
+    (the first block's; axes the operator needs whole are whole), ``n_tasks`` the number
+    of operator tasks (output blocks), ``plan`` the ``ChunkPlan`` dict when
+    ``chunks_source == "model"``.  ``workers`` lists the worker addresses seen, in the
+    order of ``worker_peak_bytes`` and ``worker_hwm_bytes``.  ``observations_recorded``
+    and ``tasks_over_bound`` (``None`` without a model to compare with) come from
+    ``explorer.live``; ``calibration`` is the one saved at the end (or ``None``);
+    ``replanned_from`` the chunk shapes abandoned for a recalibrated plan; ``warnings``
+    one line each, for the run's output.
+    """
 
     operator: str
     input: str
@@ -678,7 +692,12 @@ def _finish(result, client, op, shape, limit, threads, confidence, runs_dir, mon
     elif result.status == FAILED and result.advice is None:
         remedy = _suggestion(op.name, shape, limit, threads, confidence, runs_dir).split(": ", 1)[1]
         if "paused" in (result.error or ""):
-            result.advice = f"the workers' memory stayed above the pause threshold: {remedy}"
+            from explorer.chunking import DEFAULT_WORKER_BASELINE_BYTES, worker_pause_fraction
+
+            result.advice = (
+                f"the workers' memory stayed above their pause threshold ({worker_pause_fraction():.0%} of "
+                f"{format_bytes(limit)}) with no task finishing: raise --memory-limit (an idle worker alone "
+                f"takes about {format_bytes(DEFAULT_WORKER_BASELINE_BYTES)}), or {remedy}")
         else:
             result.advice = ("workers died without their nanny reporting a memory kill (check the worker "
                              f"logs); if they ran out of memory: {remedy}")

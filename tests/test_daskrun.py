@@ -118,6 +118,20 @@ def test_a_worker_lost_to_memory_fails_the_run_with_advice_and_no_hang(tmp_path)
     assert not any(p.name.startswith("out.zarr.partial") for p in tmp_path.iterdir())
 
 
+def test_workers_paused_for_good_end_the_run_instead_of_hanging(tmp_path):
+    """100 MB per worker: pause at 80 MB, below what an idle worker process holds, so no
+    task ever starts; the run is given up after ``stall_seconds``."""
+    source = tmp_path / "small.sgy"
+    operators.write_segy(source, operators.synthetic_volume((24, 24, 24), seed=0))
+    with ThreadPoolExecutor(1) as pool:
+        r = pool.submit(run, OPERATOR, source, tmp_path / "out.zarr", chunks="12x12x24", workers=1,
+                        memory_limit="100MB", refine=False, stall_seconds=2).result(timeout=60)
+    assert r.status == "failed", r.to_dict()
+    assert "paused" in r.error and "\n" not in r.error
+    assert "raise --memory-limit" in r.advice
+    assert not any(p.name.startswith("out.zarr") for p in tmp_path.iterdir())
+
+
 # --------------------------------------------------------------------------- existing cluster
 
 
