@@ -12,6 +12,12 @@ restarts it when its RSS passes ``distributed.worker.memory.terminate``, 95% of
 own memory limit and threads are what the plan is made for, and the output path must be
 reachable from the workers.
 
+Output.  ``.zarr``: the tasks store their blocks in parallel (``da.store``, zarr 3, one
+zarr chunk per Dask block, no locks) into ``<output>.partial``, renamed when complete.
+``.sgy``: the same into ``<output>.partial.zarr``, then ``operators.write_segy`` converts
+it in this process a slab of inlines at a time (at most 256 MiB), so the operator runs in
+parallel and only the conversion is sequential.
+
 Chunks.  ``"model"`` (default): ``explorer.chunking.recommend_chunks`` for the workers'
 memory limit and threads.  ``"auto"``: Dask's, sized by input bytes only.  ``"AxBxC"``
 or a tuple: those.  Axes the operator needs whole are read whole either way.
@@ -59,7 +65,6 @@ tasks would write into the same zarr chunks).  Otherwise the run carries on.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import shutil
 import threading
@@ -69,6 +74,7 @@ from pathlib import Path
 
 import numpy as np
 
+from explorer.live import MAX_OVER_BOUND_WARNINGS
 from explorer.units import format_bytes, format_shape, parse_shape, parse_size
 
 __all__ = ["RunResult", "run"]
@@ -707,6 +713,10 @@ def _finish(result, client, op, shape, limit, threads, confidence, runs_dir, mon
         result.observations_recorded = observer.recorded
         result.tasks_over_bound = observer.tasks_over_bound if model is not None else None
         result.warnings.extend(observer.warnings)
+        if observer.tasks_over_bound > MAX_OVER_BOUND_WARNINGS:
+            worst = max(o.peak_bytes / o.upper_bytes for o in observer.over_bound)
+            result.warnings.append(f"{observer.tasks_over_bound} tasks exceeded their bound in all "
+                                   f"(the worst by {worst - 1:.0%}); the first {MAX_OVER_BOUND_WARNINGS} are above")
         result.warnings.extend(observer.errors)
         if observer.recorded and model is not None:
             try:

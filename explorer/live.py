@@ -105,6 +105,8 @@ CALIBRATION_FILE = "calibration.json"
 #: The applied calibration never shrinks an isolated prediction: an in-worker peak below
 #: the isolated one usually means the task reused free heap that Dask still counts in RSS.
 MIN_APPLIED_RATIO = 1.0
+#: Tasks over the bound warned about one by one; later ones are only counted.
+MAX_OVER_BOUND_WARNINGS = 5
 #: CPU niceness of the thread that writes observations to the store (see ``_lower_this_threads_priority``).
 WRITER_NICE = 19
 #: Prior on the spread of the ratio (relative sd) and its weight in pseudo-observations,
@@ -509,6 +511,10 @@ class Observer:
         if o.peak_bytes > upper:
             o.over_bound = True
             self.over_bound.append(o)
+            if len(self.over_bound) > MAX_OVER_BOUND_WARNINGS:
+                if self.on_over_bound is not None:
+                    self.on_over_bound(o)
+                return
             self._warn(
                 f"{self.operator}: a task on block {'x'.join(map(str, o.shape))} took "
                 f"{_fmt(o.peak_bytes)} > its {self.confidence:.0%} bound {_fmt(upper)} "
