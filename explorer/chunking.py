@@ -346,8 +346,15 @@ def plan_chunks(
     baseline_bytes: int = DEFAULT_WORKER_BASELINE_BYTES,
     min_chunk: int = DEFAULT_MIN_CHUNK,
     operator: str | None = None,
+    workers: int = 1,
 ) -> ChunkPlan:
     """The chunks with the fewest tasks whose upper worker footprint fits (module docstring).
+
+    ``workers``: the cluster's workers.  With ``C = workers * threads_per_worker > 1``
+    tasks run ``C`` at a time, and the first key becomes the wall time of the work,
+    ``ceil(n_tasks / C) * prod(block)`` (waves of tasks, each as long as its block),
+    so that one worker is not left idle with a single large chunk; fewest tasks then
+    breaks ties.
 
     ``predict(block_shapes, confidence=confidence) -> (mean, upper)`` gives the
     isolated task's ``peak_bytes`` for ``(m, ndim)`` int64 block shapes; it is called
@@ -374,6 +381,9 @@ def plan_chunks(
         raise ValueError(f"threads_per_worker must be >= 1, got {threads_per_worker}")
     if int(min_chunk) < 1:
         raise ValueError(f"min_chunk must be >= 1, got {min_chunk}")
+    if int(workers) < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    concurrency = int(workers) * threads
     budget = math.floor(pause_fraction * limit_bytes)
     footprint = functools.partial(
         worker_footprint,
@@ -424,7 +434,7 @@ def plan_chunks(
     _predict_rows(predict, blocks, probe_rows, confidence, footprint, mean_peak, upper_peak, upper_total)
     probe_fits = probe_rows[upper_total[probe_rows] <= budget]
     rest = ~probe
-    if probe_fits.size:
+    if probe_fits.size and concurrency == 1:  # the pruning argument holds for "fewest tasks" only
         rest &= n_tasks <= n_tasks[probe_fits].min()
     _predict_rows(predict, blocks, np.flatnonzero(rest), confidence, footprint, mean_peak, upper_peak, upper_total)
     n_predicted = int(probe.sum() + rest.sum())
@@ -443,7 +453,11 @@ def plan_chunks(
             f"{format_bytes(limit_bytes)} = {format_bytes(budget)}; {advice}"
         )
 
-    # 1. fewest tasks; the remaining keys only order the (few) candidates tied on it.
+    # 1. fewest tasks (with C > 1: least wall time, ceil(n / C) waves of prod(block), then
+    #    fewest tasks); the remaining keys only order the (few) candidates tied on it.
+    if concurrency > 1:
+        wall = -(-n_tasks // concurrency) * _samples(blocks).astype(np.float64)
+        fits &= wall <= wall[fits].min() * (1 + 1e-9)
     tied = np.flatnonzero(fits & (n_tasks == n_tasks[fits].min()))
     tied_chunks = chunks[tied]
     n_chunks = -(-np.asarray(shape) // tied_chunks)
@@ -563,12 +577,15 @@ def recommend_chunks(
     threads_per_worker: int = 1,
     confidence: float = 0.99,
     runs_dir=None,
+    workers: int = 1,
 ) -> ChunkPlan:
     """The largest safe chunks for ``operator`` on a float32 volume of ``shape``.
 
     ``shape``: a tuple or ``"800x600x1000"``; ``memory_limit``: bytes or ``"4GiB"``
-    (a Dask worker's ``memory_limit``).  Halo and whole axes come from the operator
-    registry, ``peak_bytes`` from the saved model (``explorer.surrogate.load_model``),
+    (a Dask worker's ``memory_limit``); ``workers``: how many such workers share the work
+    (see :func:`plan_chunks`).  Halo and whole axes come from the operator
+    registry, ``peak_bytes`` from the saved model (``explorer.surrogate.load_model``) under
+    its production calibration (``explorer.calibration``) when runs have taught one,
     the pause fraction from Dask's config.  Raises ``KeyError`` for an unknown
     operator, ``ModelNotFoundError`` (a ``LookupError`` naming the ``explore``
     command to run) when no model is saved, :class:`ChunkPlanError` when the limit
@@ -579,9 +596,10 @@ def recommend_chunks(
     import operators
 
     op = operators.get(operator)
-    from explorer.surrogate import load_model
+    from explorer.calibration import calibrated_model
 
-    model = load_model(operator, runs_dir=runs_dir)
+    # the isolated model under the production calibration learnt from past runs, if any
+    model = calibrated_model(operator, runs_dir=runs_dir)
     return plan_chunks(
         shape,
         op.halo,
@@ -594,4 +612,5 @@ def recommend_chunks(
         itemsize=INPUT_ITEMSIZE,
         output_itemsize=np.dtype(op.output_dtype).itemsize,
         operator=operator,
+        workers=workers,
     )

@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 from explorer.units import format_bytes, format_shape, parse_shape, parse_size
 
@@ -238,6 +239,8 @@ def _cmd_chunks(argv: list[str]) -> int:
     parser.add_argument("--shape", type=_shape, required=True, help="the whole volume, like 800x600x1000")
     parser.add_argument("--memory-limit", type=_size, required=True, help="per worker, like 4GiB")
     parser.add_argument("--threads", type=_positive_int, default=1, help="threads per worker (default 1)")
+    parser.add_argument("--workers", type=_positive_int, default=1,
+                        help="workers sharing the work: with more than one, the plan keeps them all busy")
     parser.add_argument("--confidence", type=_fraction, default=0.99)
     _add_store_options(parser)
     parser.add_argument("--json", action="store_true", help="print the ChunkPlan as one JSON object")
@@ -246,7 +249,7 @@ def _cmd_chunks(argv: list[str]) -> int:
     from explorer.chunking import recommend_chunks
 
     plan = recommend_chunks(args.operator, args.shape, args.memory_limit, threads_per_worker=args.threads,
-                            confidence=args.confidence, runs_dir=args.runs_dir)
+                            confidence=args.confidence, runs_dir=args.runs_dir, workers=args.workers)
     if args.json:
         print(json.dumps(plan.to_dict()))
         return 0
@@ -260,10 +263,117 @@ def _cmd_chunks(argv: list[str]) -> int:
     return 0
 
 
+# -- explore run -----------------------------------------------------------
+def _chunks_option(text: str):
+    if text in ("model", "auto"):
+        return text
+    try:
+        return parse_shape(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected model, auto or a shape like 120x120x120: {exc}") from None
+
+
+def _cmd_run(argv: list[str]) -> int:
+    parser = _Parser(prog="explore run",
+                     description="Run an operator on a SEG-Y volume on Dask with memory-safe chunks, "
+                                 "and learn from what the workers really used.")
+    parser.add_argument("operator", type=_operator_name)
+    parser.add_argument("input", help="a SEG-Y file with regular 3D geometry")
+    parser.add_argument("--output", required=True, help="PATH.zarr or PATH.sgy")
+    parser.add_argument("--memory-limit", type=_size, default=None,
+                        help="per worker, like 2GiB (default: this machine's memory / workers)")
+    parser.add_argument("--workers", type=_positive_int, default=2, help="LocalCluster workers (default 2)")
+    parser.add_argument("--threads", type=_positive_int, default=1, help="threads per worker (default 1)")
+    parser.add_argument("--scheduler", default=None, help="address of an existing cluster, e.g. tcp://host:8786")
+    parser.add_argument("--chunks", type=_chunks_option, default="model",
+                        help="model (default: explore's recommendation), auto (Dask's) or AxBxC")
+    parser.add_argument("--confidence", type=_fraction, default=0.99)
+    parser.add_argument("--refine", action=argparse.BooleanOptionalAction, default=True,
+                        help="observe every task's memory and refine the model (default: on)")
+    _add_store_options(parser)
+    parser.add_argument("--storage", default=None, help="an Optuna storage URL instead of the SQLite file")
+    parser.add_argument("--json", action="store_true", help="print one JSON object last")
+    args = parser.parse_args(argv)
+    if not os.path.exists(args.input):
+        raise CLIError(f"explore run: no such file: {args.input}")
+
+    from explorer.daskrun import run
+
+    state = {"last": 0.0}
+
+    def progress(done, total):
+        now = time.monotonic()
+        if done == total or now - state["last"] >= 1.0:
+            state["last"] = now
+            print(f"  {done}/{total} tasks ({done / max(total, 1):.0%})", file=sys.stderr, flush=True)
+
+    print(f"running {args.operator} on {args.input} -> {args.output}", file=sys.stderr, flush=True)
+    result = run(args.operator, args.input, args.output, memory_limit=args.memory_limit, workers=args.workers,
+                 threads_per_worker=args.threads, scheduler=args.scheduler, chunks=args.chunks,
+                 runs_dir=args.runs_dir, storage=args.storage, confidence=args.confidence, refine=args.refine,
+                 progress=progress)
+    for line in result.warnings:
+        print(f"warning: {line}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(result.to_dict()))
+    else:
+        print(f"status           {result.status}" + (f" ({result.error})" if result.error else ""))
+        if result.chunks:
+            print(f"chunks           {format_shape(result.chunks)} ({result.chunks_source}, {result.n_tasks} tasks)")
+        if result.seconds is not None:
+            print(f"seconds          {result.seconds:.1f}")
+        if result.worker_peak_bytes:
+            limit = result.memory_limit_bytes
+            peaks = ", ".join(format_bytes(p) + (f" ({p / limit:.0%})" if limit else "")
+                              for p in result.worker_peak_bytes)
+            print(f"worker peaks     {peaks} of {format_bytes(limit) if limit else '?'}")
+        print(f"workers lost     {result.workers_restarted}")
+        if result.refine:
+            over = "-" if result.tasks_over_bound is None else result.tasks_over_bound
+            print(f"observations     {result.observations_recorded} recorded, {over} over the bound")
+        if result.advice:
+            print(f"advice           {result.advice}")
+    return 0 if result.status == "ok" else EXIT_FAILURE
+
+
+# -- explore report --------------------------------------------------------
+def _cmd_report(argv: list[str]) -> int:
+    parser = _Parser(prog="explore report",
+                     description="Isolated profiles and production observations against the model.")
+    parser.add_argument("operator", type=_operator_name)
+    _add_store_options(parser)
+    parser.add_argument("--storage", default=None, help="an Optuna storage URL instead of the SQLite file")
+    parser.add_argument("--confidence", type=_fraction, default=0.99)
+    parser.add_argument("--json", action="store_true", help="print the table as JSON")
+    args = parser.parse_args(argv)
+
+    from explorer.report import operator_report
+
+    report = operator_report(args.operator, runs_dir=args.runs_dir, storage=args.storage,
+                             confidence=args.confidence)
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    print(f"{'source':<11} {'shape':>15} {'status':<9} {'measured':>11} {'mean':>11} {args.confidence:>5.0%} bound "
+          f"{'meas/mean':>9}")
+    for row in report["rows"]:
+        measured = format_bytes(row["peak_bytes"]) if row["peak_bytes"] is not None else "-"
+        ratio = f"{row['ratio']:.3f}" if row["ratio"] is not None else "-"
+        flag = "  OVER" if row["over_bound"] else ""
+        print(f"{row['source']:<11} {format_shape(row['shape']):>15} {row['status']:<9} {measured:>11} "
+              f"{format_bytes(row['mean_bytes']):>11} {format_bytes(row['upper_bytes']):>11} {ratio:>9}{flag}")
+    for line in report["summary"]:
+        print(line)
+    print(f"report: {report['report_path']}")
+    return 0
+
+
 COMMANDS = {
     "operators": _cmd_operators,
     "profile": _cmd_profile,
     "chunks": _cmd_chunks,
+    "run": _cmd_run,
+    "report": _cmd_report,
     "explore": _cmd_explore,
 }
 
@@ -271,6 +381,8 @@ USAGE = """usage: explore OPERATOR [options]                 learn an operator's
        explore operators                          list operators
        explore profile OPERATOR SHAPE             profile one shape in an isolated child
        explore chunks OPERATOR --shape S --memory-limit L   safe chunks for a volume
+       explore run OPERATOR INPUT.sgy --output PATH        production run on Dask
+       explore report OPERATOR                    profiles and production against the model
 """
 
 

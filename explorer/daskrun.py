@@ -454,7 +454,7 @@ def _plan(result, op, shape, limit, threads, chunks, confidence, runs_dir):
 
         try:
             plan = recommend_chunks(op.name, shape, limit, threads_per_worker=threads,
-                                    confidence=confidence, runs_dir=runs_dir)
+                                    confidence=confidence, runs_dir=runs_dir, workers=result.n_workers or 1)
         except (ChunkPlanError, ModelNotFoundError) as exc:
             raise _RunError(ERROR, str(exc)) from None
         result.plan, result.chunks_source = plan.to_dict(), "model"
@@ -645,7 +645,7 @@ def _replan(result, op, shape, limit, threads, confidence, runs_dir, observer):
                                    "under the recalibrated model: not re-planned")
             return None
         plan = recommend_chunks(op.name, shape, limit, threads_per_worker=threads, confidence=confidence,
-                                runs_dir=runs_dir)
+                                runs_dir=runs_dir, workers=result.n_workers or 1)
     except Exception as exc:
         result.warnings.append(f"re-planning failed, the run continues with its plan: {_one_line(exc)}")
         return None

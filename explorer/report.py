@@ -23,20 +23,12 @@ def _volume(shapes) -> np.ndarray:
     return shapes.prod(axis=1)
 
 
-def explore_report(model, records, steps, path, *, confidence=0.99, memory_limit=None, tolerance=None) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig, (ax, ax_unc) = plt.subplots(1, 2, figsize=(12, 4.8), gridspec_kw={"width_ratios": [3, 2]})
-
+def _peak_panel(ax, model, records, confidence, memory_limit, calibrated=None) -> None:
+    """Measured peaks against block volume with the model's mean and bound."""
     groups = {
         ("profile", "ok"): dict(marker="o", color="C0", label="isolated profile"),
         ("profile", "exceeded"): dict(marker="^", color="C3", label="exceeded cap (lower bound)"),
-        ("production", "ok"): dict(marker="x", color="C2", label="production task"),
+        ("production", "ok"): dict(marker="x", color="C2", label="production task (in a worker)"),
     }
     for (source, status), style in groups.items():
         chosen = [r for r in records if r.source == source and r.status == status and r.peak_bytes]
@@ -55,6 +47,10 @@ def explore_report(model, records, steps, path, *, confidence=0.99, memory_limit
         ax.plot(_volume(shapes), mean, style, color="k", lw=1.2, label=f"model mean, {label}")
         ax.fill_between(_volume(shapes), mean, upper, color="k", alpha=0.12,
                         label=f"{confidence:.0%} bound, {label}" if aspect == (1, 1, 1) else None)
+        if calibrated is not None and aspect == (1, 1, 1):
+            c_mean, c_upper = calibrated.predict_many(shapes, confidence=confidence)
+            ax.plot(_volume(shapes), c_upper, ":", color="C2", lw=1.5,
+                    label=f"in-worker {confidence:.0%} bound (calibrated)")
     if memory_limit:
         ax.axhspan(0.01 * memory_limit, memory_limit, color="C1", alpha=0.07,
                    label="target task memory (1-100% of limit)")
@@ -66,6 +62,32 @@ def explore_report(model, records, steps, path, *, confidence=0.99, memory_limit
     ax.legend(fontsize=7, loc="upper left")
     ax.grid(True, which="both", alpha=0.2)
 
+
+def _figure():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8), gridspec_kw={"width_ratios": [3, 2]})
+    return plt, fig, axes
+
+
+def _save(plt, fig, path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, path)  # never a half-written picture
+    return path
+
+
+def explore_report(model, records, steps, path, *, confidence=0.99, memory_limit=None, tolerance=None) -> Path:
+    """The picture ``explore`` leaves in ``runs/<operator>/report.png``."""
+    plt, fig, (ax, ax_unc) = _figure()
+    _peak_panel(ax, model, records, confidence, memory_limit)
     measured = [(s.index, s.max_relative_uncertainty) for s in steps if s.max_relative_uncertainty is not None]
     if measured:
         index, unc = zip(*measured)
@@ -80,10 +102,64 @@ def explore_report(model, records, steps, path, *, confidence=0.99, memory_limit
     ax_unc.set_ylabel("max relative half-width over target (%)")
     ax_unc.set_title("uncertainty of the bound")
     ax_unc.grid(True, which="both", alpha=0.2)
+    return _save(plt, fig, path)
 
-    fig.tight_layout()
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, path)  # never a half-written picture
-    return path
+
+def operator_report(operator: str, *, runs_dir=None, storage=None, confidence: float = 0.99) -> dict:
+    """Every stored observation of ``operator`` against the model, as a table and a picture.
+
+    Isolated profiles are compared with the isolated model; production tasks (peaks
+    inside a Dask worker) with the model under its production calibration, the one
+    ``recommend_chunks`` applies.  Writes ``runs/<operator>/report.png`` and returns
+    ``{"rows": [...], "summary": [...], "report_path": ...}``.
+    """
+    from explorer import paths
+    from explorer.calibration import calibrated_model
+    from explorer.store import SOURCE_PRODUCTION, Store
+    from explorer.surrogate import load_model
+
+    model = load_model(operator, runs_dir=runs_dir)
+    calibrated = calibrated_model(operator, runs_dir)
+    records = Store(runs_dir, storage).records(operator)
+    rows = []
+    for r in records:
+        against = calibrated if r.source == SOURCE_PRODUCTION else model
+        mean, upper = against.predict(r.shape, confidence)
+        measured = r.peak_bytes
+        rows.append({
+            "source": r.source, "shape": list(r.shape), "status": r.status, "peak_bytes": measured,
+            "mean_bytes": mean, "upper_bytes": upper,
+            "ratio": (measured / mean) if measured and r.status == "ok" else None,
+            "over_bound": bool(measured and r.status == "ok" and measured > upper),
+        })
+    summary = []
+    for source in sorted({row["source"] for row in rows}):
+        chosen = [row for row in rows if row["source"] == source and row["ratio"] is not None]
+        if not chosen:
+            continue
+        errors = np.abs(np.array([row["ratio"] for row in chosen]) - 1)
+        over = sum(row["over_bound"] for row in chosen)
+        summary.append(f"{source}: {len(chosen)} observations, mean absolute error {errors.mean():.1%}, "
+                       f"{over} over the {confidence:.0%} bound")
+    if calibrated is not model:
+        summary.append(f"production calibration: in-worker peak = {calibrated.calibration[0]:.3f} "
+                       f"(sd {calibrated.calibration[1] ** 0.5:.3f}) x isolated peak")
+
+    plt, fig, (ax, ax_ratio) = _figure()
+    _peak_panel(ax, model, records, confidence, None, calibrated=calibrated if calibrated is not model else None)
+    for source, style in (("profile", dict(marker="o", color="C0")), ("production", dict(marker="x", color="C2"))):
+        chosen = [(row["shape"], row["peak_bytes"]) for row in rows
+                  if row["source"] == source and row["ratio"] is not None]
+        if chosen:
+            shapes, measured = zip(*chosen)
+            isolated_mean, _ = model.predict_many(np.asarray(shapes), confidence)
+            ax_ratio.scatter(_volume(shapes), np.asarray(measured) / isolated_mean, s=22, label=source, **style)
+    ax_ratio.axhline(1.0, color="k", lw=1)
+    ax_ratio.set_xscale("log")
+    ax_ratio.set_xlabel("block volume (voxels)")
+    ax_ratio.set_ylabel("measured / isolated model mean")
+    ax_ratio.set_title("where production departs from isolation")
+    ax_ratio.legend(fontsize=8)
+    ax_ratio.grid(True, which="both", alpha=0.2)
+    path = _save(plt, fig, paths.report_path(operator, runs_dir))
+    return {"operator": operator, "rows": rows, "summary": summary, "report_path": str(path)}

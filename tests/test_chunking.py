@@ -507,3 +507,14 @@ def test_benchmark_plan_and_recommend_times(fake_world):
     plan, times = timed(lambda: recommend_chunks("fake", "800x600x1000", "4GiB"))
     print(f"recommend_chunks (fake registry and model): first {times[0] * 1e3:.2f} ms, warm median {np.median(times[1:]) * 1e3:.2f} ms")
     assert isinstance(plan.footprint, WorkerFootprint)
+
+
+def test_a_cluster_of_several_workers_gets_at_least_one_task_each():
+    """One big chunk fits, but on 2 workers it would leave one idle: the plan splits
+    the work into waves that keep every worker busy."""
+    predict = lambda blocks, confidence=0.99: (240.0 * np.prod(blocks, axis=1),) * 2  # noqa: E731
+    alone = plan_chunks((160, 160, 160), (5, 5, 5), (), predict, 8 * 2**30)
+    pair = plan_chunks((160, 160, 160), (5, 5, 5), (), predict, 8 * 2**30, workers=2)
+    assert alone.n_tasks == 1
+    assert pair.n_tasks >= 2 and pair.n_tasks % 2 == 0
+    assert pair.upper_bytes <= alone.upper_bytes

@@ -170,7 +170,8 @@ def test_model_chunks_follow_recommend_chunks_and_refine_the_calibration(cluster
 
     r = run(OPERATOR, segy, tmp_path / "out.zarr", scheduler=cluster.scheduler_address, runs_dir=model_runs)
     assert r.status == "ok", r.error
-    plan = recommend_chunks(OPERATOR, VOLUME, LIMIT, threads_per_worker=1, runs_dir=model_runs)
+    plan = recommend_chunks(OPERATOR, VOLUME, LIMIT, threads_per_worker=1, runs_dir=model_runs,
+                            workers=r.n_workers)
     assert r.chunks_source == "model" and r.plan["chunks"] == list(plan.chunks) == r.chunks
     assert r.observations_recorded == r.n_tasks
     assert isinstance(r.tasks_over_bound, int)
@@ -201,43 +202,31 @@ def test_bad_input_ends_as_one_line_errors(cluster, segy, tmp_path):
 # --------------------------------------------------------------------------- re-planning
 
 
-@pytest.fixture
-def calibrated_recommend_chunks(monkeypatch, model_runs, tmp_path):
-    """``recommend_chunks`` applying the saved calibration, as it must for refinement to
-    widen plans: the real one if it already does, else a wrapper that does."""
+def test_recommend_chunks_applies_the_saved_calibration(model_runs, tmp_path):
+    """A production calibration (in-worker peaks 3x the isolated ones) makes plans smaller."""
     import shutil
 
     from explorer import chunking, live
-    from explorer.units import parse_size
 
     probe = tmp_path / "probe-runs"
     shutil.copytree(model_runs, probe)
-    before = chunking.recommend_chunks(OPERATOR, (96, 96, 96), "250MB", runs_dir=probe).n_tasks
+    before = chunking.recommend_chunks(OPERATOR, (96, 96, 96), "250MB", runs_dir=probe)
     live.calibration_path(OPERATOR, probe).write_text(json.dumps({"mean": 3.0, "var": 0.0}))
-    if chunking.recommend_chunks(OPERATOR, (96, 96, 96), "250MB", runs_dir=probe).n_tasks > before:
-        return chunking.recommend_chunks
-
-    def recommend(operator, shape, memory_limit, *, threads_per_worker=1, confidence=0.99, runs_dir=None):
-        op = operators.get(operator)
-        model = live.calibrated_model(operator, runs_dir)
-        return chunking.plan_chunks(shape, op.halo, op.whole_axes, model.predict_many, parse_size(memory_limit),
-                                    threads_per_worker=threads_per_worker, confidence=confidence,
-                                    pause_fraction=chunking.worker_pause_fraction(), operator=operator)
-
-    monkeypatch.setattr(chunking, "recommend_chunks", recommend)
-    return recommend
+    after = chunking.recommend_chunks(OPERATOR, (96, 96, 96), "250MB", runs_dir=probe)
+    assert after.n_tasks > before.n_tasks
 
 
 @pytest.mark.skipif(not is_supported(), reason="needs Linux /proc/self/clear_refs")
 def test_a_task_over_the_bound_early_restarts_the_run_with_the_recalibrated_plan(
-        model_runs, calibrated_recommend_chunks, tmp_path):
+        model_runs, tmp_path):
     from explorer import live
+    from explorer.chunking import recommend_chunks
 
     runs = model_runs
     # A calibration that under-predicts by 15%: the first plan is too large, its tasks exceed the bound.
     live.calibration_path(OPERATOR, runs).write_text(json.dumps({"mean": 0.85, "var": 0.0}))
     shape, limit = (96, 96, 96), "250MB"
-    first = calibrated_recommend_chunks(OPERATOR, shape, limit, runs_dir=runs)
+    first = recommend_chunks(OPERATOR, shape, limit, runs_dir=runs)
     assert first.n_tasks >= 3
     source = tmp_path / "in.sgy"
     volume = operators.synthetic_volume(shape, seed=4)
@@ -251,10 +240,10 @@ def test_a_task_over_the_bound_early_restarts_the_run_with_the_recalibrated_plan
     assert r.calibration["mean"] > 0.85
     # the saved calibration now covers what was seen, and the next plan is the widened one
     assert live.load_calibration(OPERATOR, runs) == (r.calibration["mean"], r.calibration["var"])
-    assert calibrated_recommend_chunks(OPERATOR, shape, limit, runs_dir=runs).upper_bytes >= first.upper_bytes
+    assert recommend_chunks(OPERATOR, shape, limit, runs_dir=runs).upper_bytes >= first.upper_bytes
     assert_equal_to_numpy(zarr.open_array(str(tmp_path / "out.zarr"), mode="r")[:],
                           operators.get(OPERATOR).run(volume))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.sgy", "model-runs", "out.zarr", "probe-runs"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.sgy", "model-runs", "out.zarr"]  # no partial output left
     from explorer.store import Store
 
     records = Store(runs).records(OPERATOR, source="production")

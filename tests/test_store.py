@@ -6,7 +6,6 @@ import subprocess
 import sys
 import time
 
-import pytest
 
 from explorer.profiling import Measurement
 from explorer.store import SOURCE_PRODUCTION, Store, study_name
