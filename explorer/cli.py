@@ -307,11 +307,14 @@ def _cmd_run(argv: list[str]) -> int:
             state["last"] = now
             print(f"  {done}/{total} tasks ({done / max(total, 1):.0%})", file=sys.stderr, flush=True)
 
-    print(f"running {args.operator} on {args.input} -> {args.output}", file=sys.stderr, flush=True)
     result = run(args.operator, args.input, args.output, memory_limit=args.memory_limit, workers=args.workers,
                  threads_per_worker=args.threads, scheduler=args.scheduler, chunks=args.chunks,
                  runs_dir=args.runs_dir, storage=args.storage, confidence=args.confidence, refine=args.refine,
                  progress=progress)
+    if result.status == "error":  # bad input, no model, no plan fits: one line, like any CLI error
+        if args.json:
+            print(json.dumps(result.to_dict()))
+        raise CLIError(f"explore run: {result.error}")
     for line in result.warnings:
         print(f"warning: {line}", file=sys.stderr)
     if args.json:

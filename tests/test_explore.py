@@ -114,3 +114,44 @@ def test_sigkill_loses_no_finished_profile_and_resume_goes_on(tmp_path):
     resumed = explore(OPERATOR, budget=len(records) + 1, tolerance=1e-6, memory_limit=LIMIT, runs_dir=tmp_path,
                       report=False)
     assert resumed.new_profiles == 1 and resumed.profiles == len(records) + 1
+
+
+def test_cli_run_then_report_learn_from_production(explored, tmp_path):
+    """explore run on a real SEG-Y and a real LocalCluster, then explore report."""
+    import operators
+
+    runs, _, _ = explored
+    source = tmp_path / "in.sgy"
+    operators.write_segy(source, operators.synthetic_volume((48, 40, 64), seed=3))
+    out = run_cli("run", OPERATOR, str(source), "--output", str(tmp_path / "out.zarr"), "--memory-limit", "400MiB",
+                  "--workers", "1", "--runs-dir", str(runs), "--json", timeout=300)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout.strip().splitlines()[-1])
+    for key in ("chunks", "seconds", "worker_peak_bytes", "workers_restarted", "status", "observations_recorded",
+                "tasks_over_bound"):
+        assert key in data
+    assert data["status"] == "ok" and data["workers_restarted"] == 0 and len(data["worker_peak_bytes"]) == 1
+    assert data["observations_recorded"] == data["n_tasks"] >= 1
+    production = Store(runs).records(OPERATOR, source="production")
+    assert len(production) == data["observations_recorded"]
+
+    report = run_cli("report", OPERATOR, "--runs-dir", str(runs), "--json")
+    assert report.returncode == 0, report.stderr
+    rows = json.loads(report.stdout)["rows"]
+    assert {row["source"] for row in rows} == {"profile", "production"}
+    assert os.path.getsize(runs / OPERATOR / "report.png") > 10_000
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["run", OPERATOR, "/no/such/file.sgy", "--output", "x.zarr"], "no such file"),
+    (["run", OPERATOR, "tests/data/xtgeo_ex1_missing_traces_75x71x26_unknownprov.segy", "--output", "x.zarr",
+      "--chunks", "auto"], "no regular 3D grid"),
+    (["run", OPERATOR, "in.sgy", "--output", "x.zarr", "--chunks", "10x10"], "has 2 axes"),
+    (["run", OPERATOR, "in.sgy"], "--output"),
+    (["report", "nosuchop"], "unknown operator"),
+])
+def test_cli_run_bad_input_is_one_line(args, fragment, tmp_path):
+    out = run_cli(*args)
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0], out.stderr
