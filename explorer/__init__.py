@@ -3,7 +3,7 @@
 The public surface is four functions::
 
     profile(operator, shape, ...)            -> Measurement    (explorer.profiling)
-    explore(operator, budget=..., ...)       -> ExploreResult  (explorer.explore)
+    explore(operator, budget=..., ...)       -> ExploreResult  (explorer.exploration)
     load_model(operator, runs_dir=None)      -> MemoryModel    (explorer.surrogate)
     recommend_chunks(operator, shape, memory_limit, ...) -> ChunkPlan (explorer.chunking)
 
@@ -18,7 +18,7 @@ import importlib
 _PUBLIC = {
     "profile": "explorer.profiling",
     "Measurement": "explorer.profiling",
-    "explore": "explorer.explore",
+    "explore": "explorer.exploration",
     "load_model": "explorer.surrogate",
     "MemoryModel": "explorer.surrogate",
     "recommend_chunks": "explorer.chunking",

@@ -193,7 +193,7 @@ def _cmd_explore(argv: list[str]) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
     args = parser.parse_args(argv)
 
-    from explorer.explore import explore
+    from explorer.exploration import explore
 
     def progress(step, budget):
         peak = format_bytes(step.peak_bytes) if step.peak_bytes is not None else "-"

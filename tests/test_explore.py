@@ -10,7 +10,7 @@ import time
 import pytest
 
 from explorer import load_model, recommend_chunks
-from explorer.explore import explore
+from explorer.exploration import explore
 from explorer.store import Store
 
 OPERATOR = "first_derivative"  # cheap: a few ms per profile
