@@ -324,12 +324,7 @@ def run(
             raise
         result.status, result.error = ERROR, _one_line(exc)
     finally:
-        for closing in (client, cluster):
-            if closing is not None:
-                try:
-                    closing.close()
-                except Exception:
-                    pass
+        _close_quietly(client, cluster)
     result.wall_seconds = time.perf_counter() - wall_started
     return result
 

@@ -416,3 +416,12 @@ def test_eigen_solver_degenerate_cases():
     vec /= np.linalg.norm(vec)
     np.testing.assert_allclose(lam, 2.0, rtol=1e-7)
     np.testing.assert_allclose(a[0] @ vec, 2.0 * vec, atol=1e-6)
+
+
+def test_gaussian_torch_form_equals_the_numpy_form_on_the_cpu():
+    """The torch form that GPU profiling runs, checked where it can be: on the CPU."""
+    torch = pytest.importorskip("torch")
+    op = operators.get("gaussian")
+    x = np.random.default_rng(5).standard_normal((21, 18, 40)).astype(np.float32)
+    y = op.run_torch(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(y, op.run(x), rtol=1e-5, atol=2e-6)

@@ -122,3 +122,15 @@ def test_a_profile_does_not_depend_on_what_the_server_did_before(profiler):
     profiler.profile("envelope", (160, 160, 160))
     again = profiler.profile("instantaneous_frequency", (48, 48, 64)).peak_bytes
     assert abs(again - first) <= 64 * 1024, (first, again)
+
+
+def test_without_a_gpu_the_gpu_path_is_skipped_and_says_so():
+    from explorer.profiling import gpu_available
+
+    available, note = gpu_available()
+    if available:
+        pytest.skip(f"a GPU is present ({note}): the GPU path runs instead")
+    with Profiler() as p:  # gpu=None: use one if there is one
+        m = p.profile("gaussian", (24, 24, 24))
+    assert m.status == "ok" and not p.gpu
+    assert m.gpu["note"].startswith("no GPU") and "not recorded" in m.gpu["note"]
