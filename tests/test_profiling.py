@@ -121,7 +121,8 @@ def test_a_profile_does_not_depend_on_what_the_server_did_before(profiler):
     first = profiler.profile("instantaneous_frequency", (48, 48, 64)).peak_bytes
     profiler.profile("envelope", (160, 160, 160))
     again = profiler.profile("instantaneous_frequency", (48, 48, 64)).peak_bytes
-    assert abs(again - first) <= 64 * 1024, (first, again)
+    # allocator noise is a few hundred KiB; an inherited mmap threshold shifted this peak by 2 MiB
+    assert abs(again - first) <= 512 * 1024, (first, again)
 
 
 def test_without_a_gpu_the_gpu_path_is_skipped_and_says_so():
