@@ -583,7 +583,10 @@ def _store(result, client, op, input_path, partial, chunk, monitor, progress, st
                 status = f.status
                 if status == "finished":
                     done += 1
-                elif status in ("error", "cancelled", "lost") and failed is None:
+                # "lost" is not an end: a finished block whose worker died (e.g. killed for
+                # memory while running another task) is recomputed by the scheduler, and the
+                # future finishes again (or errs, e.g. KilledWorker).
+                elif status in ("error", "cancelled") and failed is None:
                     failed = f
             if done != reported:
                 reported = done
