@@ -1,0 +1,567 @@
+"""Benchmark of chunk sizing (issue 4): Dask's auto chunks, the prototype's rule, a manual
+grid of chunk shapes and ours, side by side, on synthetic SEG-Y volumes where Dask's
+auto chunks kill workers.
+
+    python scripts/bench_chunks.py [--scenarios gst3d:256:1.5GiB,envelope:320:640MiB,semblance:320:512MiB]
+        [--cache runs/bench] [--repeat 3] [--budget 30] [--proto-edges 50,200] [--no-refine-run]
+
+Every run is ``explorer.daskrun.run(op, <input>.sgy, <tmp>/out.zarr, workers=2,
+threads_per_worker=1, memory_limit=L, allowed_failures=1, stall_seconds=60)`` on its own
+fresh ``LocalCluster``, with ``refine=False`` unless said otherwise.  Per scenario
+(operator, cube volume, per-worker limit ``L``):
+
+* **auto**: ``chunks="auto"`` (Dask's ``array.chunk-size``, 128 MiB of input per chunk;
+  the samples axis whole, as ``operators.read_segy`` asks).
+* **prototype**: cubes of edge ``floor(cbrt(0.8 L / b))``, ``b`` the slope of an ordinary
+  least-squares line ``peak = a + b V`` fitted to isolated profiles
+  (``explorer.profiling.Profiler``, one run each) of the 8 corner shapes of a 4x4x4 grid
+  whose edges span ``--proto-edges`` (the prototype's grid spanned 100..400; the corners
+  carry the fit of a line in ``V``).  As in the prototype's data, ``peak`` is the profiled
+  process's peak RSS (interpreter and input included: ``process_peak_bytes``).  The rule
+  ignores the intercept, halos, threads and Dask's own memory, by design.  Axes the
+  operator needs whole are read whole (daskrun does this for every explicit shape).
+* **grid**: cubes of edge ``ceil(N/k)`` for ``k = 1, 2, 3, 4, 6`` and one slab
+  ``(ceil(N/4), N, N)``; a shape equal (after whole axes) to auto's or the prototype's
+  is not run again, its row says so.  Every grid shape runs once; those that ended ok
+  without a restart in at most 1.5x the fastest one's time (at most three) are the oracle
+  candidates and run again up to ``--repeat`` times, interleaved with ours; the **oracle**
+  is the candidate with the lowest median ``seconds`` (all candidates have as many runs).
+* **ours**: ``chunks="model"``: ``recommend_chunks(op, shape, L, workers=2)`` on the
+  model of ``explore(op, budget=--budget, memory_limit=L)`` (isolated profiles only) in
+  the scenario's own runs directory ``<cache>/chunks/runs-<op>-<L bytes>`` (reused when its
+  model exists: the profiles and exploration seconds are those of the run that made it),
+  ``--repeat`` runs with ``refine=False``; then once with ``refine=True`` (observation,
+  calibration, possible re-plan) on a throw-away copy of that directory, so the
+  benchmark's model stays isolated-only from one invocation to the next.
+
+Per run: status, ``seconds`` (daskrun's: graph submitted to output complete), tasks, chunk
+shape, worker peak (max over workers of the sampled RSS, ``worker_peak_bytes``), worker
+HWM (max of the exact ``VmHWM``, ``worker_hwm_bytes``; none for a worker that died),
+utilisation = max(peak, HWM) / L, workers restarted, memory kills, and the 1-minute
+load average when the run started (2 cores here: timing is only comparable at equal load).
+Repeated methods show the median seconds and every run's seconds; peaks are the max
+over their runs, restarts and kills the sum.
+
+Targets (issue 4): ours never loses a worker in any scenario; its median ``seconds``
+<= 1.10 x the oracle's; its worker peak <= L.
+
+Scenarios (defaults), chosen so that ``chunks="auto"`` is killed, measured here with
+2 workers x 8 GiB (HWM of the worker running the single auto chunk):
+
+* gst3d 256^3 at 1.5 GiB.  The field notes' 240^3 at 1.5 GiB is no longer killed:
+  this gst3d (closed-form 3x3 eigen-solver) takes ~90 B/voxel, not 240, and 240^3 in one
+  auto chunk peaked at 1.30 GiB < 95% of 1.5 GiB (status ok).  256^3 (64 MiB, one auto
+  chunk) peaks ~1.6 GiB: killed.
+* envelope 320^3 at 640 MiB and semblance 320^3 at 512 MiB.  Auto caps a chunk at 128 MiB
+  of input, so an operator of 13-16 B/voxel peaks at most ~0.6-0.8 GiB per worker under
+  auto, however large the volume: only limits below that are killed (no larger volume on
+  this 24 GiB machine changes it).  320^3 (125 MiB) is one auto chunk, HWM 781 MiB
+  (envelope) and 630 MiB (semblance): 1.28x and 1.30x the terminate threshold (95% of L).
+  Small workers, but the ratio task/limit is the one of many-worker nodes (24 GiB / 32).
+
+Inputs are written once (``operators.write_segy(path, operators.synthetic_volume(shape))``)
+to ``<cache>/chunks/`` and reused; prototype profiles are cached there too.  Prints a
+Markdown table and verdicts per scenario, a summary and the machine line; progress on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import operators  # noqa: E402
+from explorer.daskrun import run  # noqa: E402
+from explorer.units import format_bytes, format_shape, parse_shape, parse_size  # noqa: E402
+from machine import machine_line  # noqa: E402
+
+WORKERS = 2
+THREADS = 1
+#: The prototype's rule sizes a chunk's peak to this share of the limit.
+PROTOTYPE_SHARE = 0.8
+#: Grid cubes: edge ceil(N / k).  The slab: ceil(N / SLAB_K) inlines, whole otherwise.
+GRID_K = (1, 2, 3, 4, 6)
+SLAB_K = 4
+#: Oracle candidates: the grid shapes (at most ORACLE_CANDIDATES) whose first run took at most
+#: ORACLE_WINDOW x the fastest first run; they are repeated to --repeat runs, like ours.
+ORACLE_CANDIDATES = 3
+ORACLE_WINDOW = 1.5
+#: Ours' wall-time target against the oracle.
+WALL_TARGET = 1.10
+STALL_SECONDS = 60.0
+DEFAULT_SCENARIOS = "gst3d:256:1.5GiB,envelope:320:640MiB,semblance:320:512MiB"
+
+STARTED = time.perf_counter()
+
+
+def log(line: str) -> None:
+    print(f"[{time.perf_counter() - STARTED:7.1f} s] {line}", file=sys.stderr, flush=True)
+
+
+def mib(n) -> str:
+    return "—" if n is None else f"{n / 2**20:,.0f} MiB"
+
+
+# --------------------------------------------------------------------------- runs
+
+
+@dataclass
+class Run:
+    """One ``daskrun.run`` and the load average when it started."""
+
+    result: object
+    load: float
+
+    @property
+    def ok(self) -> bool:
+        r = self.result
+        return r.status == "ok" and r.workers_restarted == 0 and r.memory_kills == 0
+
+    @property
+    def peak(self) -> int | None:
+        return max(self.result.worker_peak_bytes, default=None)
+
+    @property
+    def hwm(self) -> int | None:
+        values = [v for v in self.result.worker_hwm_bytes if v is not None]
+        return max(values, default=None)
+
+
+@dataclass
+class Method:
+    """A row of the table: one chunking method and its runs."""
+
+    name: str
+    chunks: object  # what was asked for ("auto", "model" or a shape)
+    kind: str  # auto, prototype, grid, ours
+    runs: list[Run] = field(default_factory=list)
+    same_as: str | None = None  # not run: same chunks as that method
+    note: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.runs) and all(r.ok for r in self.runs)
+
+    @property
+    def seconds(self) -> float | None:
+        values = [r.result.seconds for r in self.runs if r.result.seconds is not None]
+        return statistics.median(values) if values else None
+
+    @property
+    def peak(self) -> int | None:
+        return max((r.peak for r in self.runs if r.peak is not None), default=None)
+
+    @property
+    def hwm(self) -> int | None:
+        return max((r.hwm for r in self.runs if r.hwm is not None), default=None)
+
+    @property
+    def restarts(self) -> int:
+        return sum(r.result.workers_restarted for r in self.runs)
+
+    @property
+    def kills(self) -> int:
+        return sum(r.result.memory_kills for r in self.runs)
+
+    @property
+    def status(self) -> str:
+        statuses = [r.result.status for r in self.runs]
+        bad = [s for s in statuses if s != "ok"]
+        return bad[0] if bad else "ok"
+
+
+def one_run(tag: str, op: str, source: Path, out: Path, limit: int, chunks, *, refine: bool,
+            runs_dir: Path) -> Run:
+    load = os.getloadavg()[0]
+    r = run(op, source, out, chunks=chunks, workers=WORKERS, threads_per_worker=THREADS, memory_limit=limit,
+            refine=refine, runs_dir=runs_dir, allowed_failures=1, stall_seconds=STALL_SECONDS)
+    one = Run(r, load)
+    seconds = f"{r.seconds:.1f} s" if r.seconds is not None else "—"
+    log(f"{tag}: {r.status} {format_shape(r.chunks or [])} x{r.n_tasks} in {seconds} (wall {r.wall_seconds:.1f} s), "
+        f"peak {mib(one.peak)}, HWM {mib(one.hwm)}, restarts {r.workers_restarted}, kills {r.memory_kills}, "
+        f"load {load:.2f}" + (f" | {r.error}" if r.error else ""))
+    return one
+
+
+# --------------------------------------------------------------------------- inputs and baselines
+
+
+def ensure_input(cache: Path, shape) -> Path:
+    path = cache / f"synthetic-{format_shape(shape)}.sgy"
+    if not path.exists():
+        started = time.perf_counter()
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        operators.write_segy(tmp, operators.synthetic_volume(shape))
+        os.replace(tmp, path)
+        log(f"wrote {path} in {time.perf_counter() - started:.1f} s")
+    return path
+
+
+def normalise(op, shape, chunk) -> tuple[int, ...]:
+    """The chunk daskrun runs: whole axes whole, every axis at most the volume's."""
+    return tuple(int(n) if axis in op.whole_axes else min(int(c), int(n))
+                 for axis, (n, c) in enumerate(zip(shape, chunk)))
+
+
+def auto_chunks(source: Path) -> tuple[int, ...]:
+    x = operators.read_segy(source, chunks="auto")
+    return tuple(int(c[0]) for c in x.chunks)
+
+
+class PrototypeProfiles:
+    """Isolated profiles for the prototype's regression, cached in a JSON file by study name."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.data = json.loads(path.read_text()) if path.exists() else {}
+        self.profiler = None
+
+    def get(self, op: str, shape) -> dict:
+        from explorer.store import study_name
+
+        key = study_name(op)
+        entry = self.data.setdefault(key, {}).get(format_shape(shape))
+        if entry is None:
+            if self.profiler is None:
+                from explorer.profiling import Profiler
+
+                self.profiler = Profiler(gpu=False)
+            m = self.profiler.profile(op, shape, repeat=1)
+            entry = {"status": m.status, "process_peak_bytes": m.process_peak_bytes, "peak_bytes": m.peak_bytes,
+                     "seconds": m.seconds}
+            self.data[key][format_shape(shape)] = entry
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            tmp.write_text(json.dumps(self.data, indent=1))
+            os.replace(tmp, self.path)
+            log(f"prototype profile {op} {format_shape(shape)}: {m.status}, process peak "
+                f"{mib(m.process_peak_bytes)}, {m.seconds or 0:.2f} s")
+        return entry
+
+    def close(self) -> None:
+        if self.profiler is not None:
+            self.profiler.close()
+
+
+def prototype_rule(op: str, limit: int, edges, profiles: PrototypeProfiles):
+    """``(edge, bytes_per_voxel, intercept, n_profiles)`` of the prototype's rule."""
+    shapes = list(itertools.product(edges, repeat=3))
+    volumes, peaks = [], []
+    for shape in shapes:
+        entry = profiles.get(op, shape)
+        if entry["status"] == "ok" and entry["process_peak_bytes"]:
+            volumes.append(math.prod(shape))
+            peaks.append(float(entry["process_peak_bytes"]))
+    slope, intercept = np.polyfit(np.asarray(volumes, float), np.asarray(peaks), 1)
+    edge = max(1, math.floor((PROTOTYPE_SHARE * limit / slope) ** (1 / 3)))
+    return edge, float(slope), float(intercept), len(volumes)
+
+
+def ensure_model(op: str, limit: int, runs_dir: Path, budget: int) -> dict:
+    """Explore ``op`` into ``runs_dir`` unless its model is there; the exploration's summary."""
+    from explorer import paths
+
+    summary_path = runs_dir / "explore.json"
+    if paths.model_path(op, runs_dir).exists() and summary_path.exists():
+        summary = json.loads(summary_path.read_text())
+        summary["reused"] = True
+        return summary
+    from explorer import explore
+
+    log(f"exploring {op} (budget {budget}, memory limit {format_bytes(limit)}) into {runs_dir}")
+
+    def progress(step, total):
+        peak = mib(step.peak_bytes) if step.peak_bytes is not None else "—"
+        log(f"  explore {op} {step.index}/{total}: {format_shape(step.shape)} {step.status} peak {peak}")
+
+    result = explore(op, budget=budget, memory_limit=limit, runs_dir=runs_dir, progress=progress, report=False)
+    summary = result.to_dict()
+    summary["budget"] = budget
+    summary_path.write_text(json.dumps(summary, indent=1))
+    summary["reused"] = False
+    return summary
+
+
+# --------------------------------------------------------------------------- one scenario
+
+
+@dataclass
+class Scenario:
+    op: str
+    shape: tuple[int, int, int]
+    limit: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.op} {format_shape(self.shape)} @ {format_bytes(self.limit)}"
+
+
+@dataclass
+class Outcome:
+    scenario: Scenario
+    methods: list[Method]
+    oracle: Method | None
+    ours: Method
+    ours_refine: Method | None
+    auto: Method
+    explore: dict
+    seconds: float
+    verdicts: list[tuple[str, bool, str]]
+
+
+def run_scenario(sc: Scenario, args, cache: Path, tmp: Path, profiles: PrototypeProfiles) -> Outcome:
+    started = time.perf_counter()
+    op = operators.get(sc.op)
+    source = ensure_input(cache, sc.shape)
+    out = tmp / "out.zarr"
+    runs_dir = cache / f"runs-{sc.op}-{sc.limit}"
+    scratch_runs = tmp / "scratch-runs"  # runs=... of the methods that use no model
+    tag = sc.op
+
+    explored = ensure_model(sc.op, sc.limit, runs_dir, args.budget)
+    from explorer.calibration import calibration_path
+
+    if calibration_path(sc.op, runs_dir).exists():
+        raise SystemExit(f"{calibration_path(sc.op, runs_dir)} exists: the benchmark's model must be isolated-only")
+
+    edge, bpv, intercept, n_profiles = prototype_rule(sc.op, sc.limit, args.proto_edges, profiles)
+    auto_chunk = normalise(op, sc.shape, auto_chunks(source))
+    proto_chunk = normalise(op, sc.shape, (edge,) * 3)
+
+    auto = Method("auto", "auto", "auto")
+    proto = Method(f"prototype (edge {edge})", (edge,) * 3, "prototype",
+                   note=f"b = {bpv:.1f} B/voxel from {n_profiles} profiles")
+    grid: list[Method] = []
+    seen = {auto_chunk: "auto"}
+    seen.setdefault(proto_chunk, proto.name)
+    for k in GRID_K:
+        chunk = tuple(-(-n // k) for n in sc.shape)
+        grid.append(Method(f"grid N/{k}", chunk, "grid"))
+    grid.append(Method(f"grid slab N/{SLAB_K}", (-(-sc.shape[0] // SLAB_K),) + tuple(sc.shape[1:]), "grid"))
+    ours = Method("ours (refine=False)", "model", "ours")
+    ours_refine = Method("ours (refine=True)", "model", "ours") if args.refine_run else None
+
+    def go(method: Method, refine: bool = False, runs=None):
+        method.runs.append(one_run(f"{tag} {method.name}", sc.op, source, out, sc.limit, method.chunks,
+                                   refine=refine, runs_dir=runs or scratch_runs))
+
+    go(ours, runs=runs_dir)
+    go(auto)
+    if proto_chunk == auto_chunk:
+        proto.same_as = "auto"
+        proto.runs = auto.runs
+    else:
+        go(proto)
+    for method in grid:
+        chunk = normalise(op, sc.shape, method.chunks)
+        if chunk in seen:
+            method.same_as = seen[chunk]
+            method.runs = auto.runs if method.same_as == "auto" else proto.runs
+            continue
+        seen[chunk] = method.name
+        go(method)
+    # The fastest grid shapes, repeated in turn with ours.
+    survived = sorted((m for m in grid if m.same_as is None and m.ok), key=lambda m: m.seconds)
+    candidates = [m for m in survived if m.seconds <= ORACLE_WINDOW * survived[0].seconds][:ORACLE_CANDIDATES]
+    for m in survived:
+        if m not in candidates:
+            m.note = f"first run > {ORACLE_WINDOW:g} x the fastest: not an oracle candidate"
+    for rep in range(1, args.repeat):
+        order = [ours] + candidates if rep % 2 else candidates + [ours]
+        for method in order:
+            go(method, runs=runs_dir if method is ours else None)
+    # The oracle: the lowest median among the candidates, all with the same number of runs.
+    oracle = min((m for m in candidates if m.ok), key=lambda m: m.seconds, default=None)
+    if ours_refine is not None:
+        copy = tmp / f"runs-refine-{sc.op}"
+        shutil.rmtree(copy, ignore_errors=True)
+        shutil.copytree(runs_dir, copy)
+        go(ours_refine, refine=True, runs=copy)
+        shutil.rmtree(copy, ignore_errors=True)
+
+    methods = [auto, proto] + grid + [ours] + ([ours_refine] if ours_refine else [])
+    verdicts = verdicts_for(sc, ours, ours_refine, oracle, auto)
+    return Outcome(sc, methods, oracle, ours, ours_refine, auto, explored, time.perf_counter() - started, verdicts)
+
+
+def verdicts_for(sc: Scenario, ours: Method, ours_refine: Method | None, oracle: Method | None, auto: Method):
+    mine = ours.runs + (ours_refine.runs if ours_refine else [])
+    lost = [r for r in mine if not r.ok]
+    out = [("ours never lost a worker", not lost,
+            f"{len(mine)} runs, statuses {', '.join(r.result.status for r in mine)}, "
+            f"{sum(r.result.workers_restarted for r in mine)} restarts, {sum(r.result.memory_kills for r in mine)} memory kills")]
+    if oracle is None or ours.seconds is None:
+        out.append((f"ours wall <= {WALL_TARGET:.2f} x oracle", False, "no oracle (no grid shape survived) or no time"))
+    else:
+        ratio = ours.seconds / oracle.seconds
+        out.append((f"ours wall <= {WALL_TARGET:.2f} x oracle", ratio <= WALL_TARGET,
+                    f"ours {ours.seconds:.2f} s (median of {len(ours.runs)}) / oracle {oracle.name} "
+                    f"{format_shape(oracle.runs[0].result.chunks)} {oracle.seconds:.2f} s (median of "
+                    f"{len(oracle.runs)}) = {ratio:.3f}"))
+    peaks = [max(v for v in (r.peak, r.hwm) if v is not None) for r in mine if r.peak is not None or r.hwm is not None]
+    top = max(peaks, default=None)
+    out.append(("ours worker peak <= limit", top is not None and top <= sc.limit,
+                f"max over ours' runs of max(peak, HWM) {mib(top)} = "
+                f"{(top or 0) / sc.limit:.0%} of {format_bytes(sc.limit)}"))
+    out.append(("(scenario check) auto lost a worker", not auto.ok,
+                f"auto: {auto.status}, {auto.restarts} restarts, {auto.kills} memory kills"))
+    return out
+
+
+# --------------------------------------------------------------------------- printing
+
+
+def print_outcome(o: Outcome) -> None:
+    sc = o.scenario
+    op = operators.get(sc.op)
+    nbytes = math.prod(sc.shape) * 4
+    p = print
+    p(f"\n### {sc.op}: {format_shape(sc.shape)} float32 ({format_bytes(nbytes)}), "
+      f"{WORKERS} workers x {THREADS} thread x {format_bytes(sc.limit)}\n")
+    p(f"halo {list(op.halo)}, whole axes {list(op.whole_axes)}. Scenario time {o.seconds:.0f} s.\n")
+    p("| method | chunks | tasks | status | seconds | worker peak | worker HWM | utilisation | restarts | "
+      "memory kills | load | note |")
+    p("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for m in o.methods:
+        if not m.runs:
+            continue
+        r0 = m.runs[0].result
+        if m.same_as:
+            p(f"| {m.name} | {format_shape(r0.chunks or [])} | | | | | | | | | | same chunks as {m.same_as}: not run again |")
+            continue
+        secs = m.seconds
+        seconds = "—" if secs is None else f"{secs:.2f}"
+        if len(m.runs) > 1:
+            seconds += " (n=" + str(len(m.runs)) + ": " + ", ".join(f"{r.result.seconds:.2f}" for r in m.runs
+                                                                     if r.result.seconds is not None) + ")"
+        if m.status != "ok":
+            seconds += " until failure"
+        top = max((v for v in (m.peak, m.hwm) if v is not None), default=None)
+        util = "—" if top is None else f"{'>= ' if m.hwm is None else ''}{top / sc.limit:.0%}"
+        loads = "/".join(f"{r.load:.1f}" for r in m.runs)
+        marks = []
+        if m is o.oracle:
+            marks.append("**oracle**")
+        if m.note:
+            marks.append(m.note)
+        if m.kind == "ours" and r0.plan:
+            plan = r0.plan
+            marks.append(f"plan block {format_shape(plan['block'])}, predicted {mib(plan['predicted_bytes'])}, "
+                         f"upper {mib(plan['upper_bytes'])} <= budget {mib(plan['budget_bytes'])}")
+        if m is o.ours_refine:
+            r = r0
+            marks.append(f"{r.observations_recorded} observations, {r.tasks_over_bound} tasks over bound"
+                         + (f", re-planned from {r.replanned_from}" if r.replanned_from else ""))
+        if m.status != "ok" and r0.error:
+            marks.append(r0.error[:90] + ("..." if len(r0.error) > 90 else ""))
+        p(f"| {m.name} | {format_shape(r0.chunks or [])} | {r0.n_tasks if r0.n_tasks is not None else '—'} | "
+          f"{m.status} | {seconds} | {mib(m.peak)} | {mib(m.hwm)} | {util} | {m.restarts} | {m.kills} | {loads} | "
+          f"{'; '.join(marks)} |")
+    e = o.explore
+    p(f"\nOurs' model: explore({sc.op}, budget={e.get('budget')}, memory_limit={format_bytes(sc.limit)}): "
+      f"{e.get('profiles')} isolated profiles, {e.get('seconds', 0):.0f} s of exploration "
+      f"({e.get('operator_seconds', 0):.0f} s in the operator), {e.get('stopped_because')}"
+      f"{' (reused from an earlier invocation)' if e.get('reused') else ''}.  No production calibration.")
+    p("Utilisation = max(peak, HWM) / limit; '>=' when every HWM was lost with its worker (sampled peak only).\n")
+    for name, passed, detail in o.verdicts:
+        p(f"- {'PASS' if passed else 'FAIL'} {name}: {detail}")
+
+
+def print_summary(outcomes: list[Outcome]) -> None:
+    p = print
+    p("\n### Summary\n")
+    p("| scenario | auto | prototype | oracle | ours (refine=False) | ours / oracle | ours utilisation | "
+      "ours lost a worker |")
+    p("|---|---|---|---|---|---|---|---|")
+    for o in outcomes:
+        def cell(m: Method | None) -> str:
+            if m is None:
+                return "—"
+            if m.same_as:
+                return f"= {m.same_as}"
+            r0 = m.runs[0].result
+            s = f"{m.seconds:.1f} s" if m.seconds is not None else "—"
+            return f"{m.status} {format_shape(r0.chunks or [])}, {s}, {m.restarts} restarts"
+        proto = next(m for m in o.methods if m.kind == "prototype")
+        top = max((v for r in o.ours.runs + (o.ours_refine.runs if o.ours_refine else [])
+                   for v in (r.peak, r.hwm) if v is not None), default=None)
+        ratio = (o.ours.seconds / o.oracle.seconds) if o.oracle and o.ours.seconds else None
+        lost = any(not r.ok for r in o.ours.runs + (o.ours_refine.runs if o.ours_refine else []))
+        p(f"| {o.scenario.name} | {cell(o.auto)} | {cell(proto)} | {cell(o.oracle)} | {cell(o.ours)} | "
+          f"{'—' if ratio is None else f'{ratio:.3f}'} | {'—' if top is None else f'{top / o.scenario.limit:.0%}'} | "
+          f"{'yes' if lost else 'no'} |")
+    every = [v for o in outcomes for v in o.verdicts if not v[0].startswith("(")]
+    p(f"\nTargets met: {sum(v[1] for v in every)} of {len(every)} "
+      f"({', '.join(f'{o.scenario.op}: ' + '/'.join('PASS' if v[1] else 'FAIL' for v in o.verdicts if not v[0].startswith('(')) for o in outcomes)}).")
+
+
+# --------------------------------------------------------------------------- main
+
+
+def parse_scenario(text: str) -> Scenario:
+    try:
+        op, shape, limit = text.split(":")
+    except ValueError:
+        raise SystemExit(f"--scenarios: {text!r} is not OPERATOR:SHAPE:LIMIT") from None
+    shape = parse_shape(shape if "x" in shape else f"{shape}x{shape}x{shape}")
+    operators.get(op)
+    return Scenario(op, shape, parse_size(limit))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scenarios", default=DEFAULT_SCENARIOS,
+                        help="comma-separated OPERATOR:EDGE_OR_SHAPE:LIMIT (default %(default)s)")
+    parser.add_argument("--cache", default="runs/bench", help="inputs, profiles and runs dirs go to CACHE/chunks")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of ours and of the oracle candidates")
+    parser.add_argument("--budget", type=int, default=30, help="explore budget (profiles) for ours' model")
+    parser.add_argument("--proto-edges", default="50,200",
+                        help="min,max edge of the prototype's 4x4x4 grid; its 8 corners are profiled")
+    parser.add_argument("--no-refine-run", dest="refine_run", action="store_false",
+                        help="skip ours with refine=True")
+    args = parser.parse_args()
+    args.proto_edges = [int(e) for e in args.proto_edges.split(",")]
+    if len(args.proto_edges) != 2:
+        raise SystemExit("--proto-edges: two edges, min,max")
+    scenarios = [parse_scenario(s) for s in args.scenarios.split(",") if s]
+    cache = Path(args.cache) / "chunks"
+    cache.mkdir(parents=True, exist_ok=True)
+
+    load = os.getloadavg()
+    print("## Chunk sizing: auto, the prototype's rule, a manual grid, ours\n")
+    print(f"Load average at start: {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} (1/5/15 min) on "
+          f"{os.cpu_count()} cores.  {WORKERS} workers x {THREADS} thread, LocalCluster, allowed_failures=1, "
+          f"stall guard {STALL_SECONDS:g} s; repeats {args.repeat}.", flush=True)
+    profiles = PrototypeProfiles(cache / "prototype-profiles.json")
+    outcomes = []
+    tmp = Path(tempfile.mkdtemp(prefix="bench-chunks-"))
+    try:
+        for sc in scenarios:
+            log(f"scenario {sc.name}")
+            outcome = run_scenario(sc, args, cache, tmp, profiles)
+            outcomes.append(outcome)
+            print_outcome(outcome)
+            sys.stdout.flush()
+    finally:
+        profiles.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+    print_summary(outcomes)
+    end = os.getloadavg()
+    print(f"\nBenchmark wall time {time.perf_counter() - STARTED:.0f} s.  Load average at end: "
+          f"{end[0]:.2f} / {end[1]:.2f} / {end[2]:.2f}.")
+    print(f"Machine: {machine_line()}")
+
+
+if __name__ == "__main__":
+    main()
