@@ -341,7 +341,7 @@ def run_scenario(sc: Scenario, args, cache: Path, tmp: Path, profiles: Prototype
 
     auto = Method("auto", "auto", "auto")
     proto = Method(f"prototype (edge {edge})", (edge,) * 3, "prototype",
-                   note=f"b = {bpv:.1f} B/voxel from {n_profiles} profiles")
+                   note=f"peak = a + b V: b = {bpv:.1f} B/voxel, a = {mib(intercept)}, {n_profiles} profiles")
     grid: list[Method] = []
     seen = {auto_chunk: "auto"}
     seen.setdefault(proto_chunk, proto.name)

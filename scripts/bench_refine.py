@@ -46,6 +46,7 @@ import argparse
 import math
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -70,10 +71,10 @@ HOLDS = 1e-9
 def fixed_block_bound(op, block, runs_dir) -> tuple[float, float, int]:
     """``(mean, upper)`` of the calibrated model's ``peak_bytes`` at ``block`` and that
     block's worker footprint with the upper bound."""
+    import numpy as np
+
     from explorer.calibration import calibrated_model
     from explorer.chunking import worker_footprint
-
-    import numpy as np
 
     mean, upper = calibrated_model(op.name, runs_dir).predict(tuple(block), CONFIDENCE)
     total = worker_footprint(block, float(upper), threads_per_worker=THREADS,
@@ -230,6 +231,11 @@ def main() -> None:
         off, on = measured["median"][name]
         p(f"| {name} | {off:.3f} | {on:.3f} | {100 * (on / off - 1):+.1f}% |")
     off, on = measured["median"]["seconds"]
+    pairs = [statistics.median([x["seconds"] for x in measured["runs"] if x["rep"] == rep and x["refine"]])
+             / statistics.median([x["seconds"] for x in measured["runs"] if x["rep"] == rep and not x["refine"]])
+             for rep in range(args.overhead_repeat)]
+    p(f"\nPer pair (adjacent runs, same load), refine / no-refine seconds: "
+      f"{', '.join(f'{q:.3f}' for q in pairs)}; median {statistics.median(pairs):.3f}.")
     p(f"\n- {'PASS' if on / off - 1 <= OVERHEAD_TARGET else 'FAIL'} observation slows a run by <= "
       f"{OVERHEAD_TARGET:.0%}: median seconds {on:.3f} / {off:.3f} = {on / off:.3f} "
       f"({measured['runs'][0]['tasks']} tasks, {args.overhead_repeat} runs each)")
