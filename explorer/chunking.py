@@ -47,15 +47,21 @@ rechunk).  A whole axis has the one candidate ``N``.  A candidate fits when
 fraction of its memory limit).  Footprints are evaluated vectorised, never one shape
 at a time: candidates whose footprint exceeds the budget even with ``peak = 0`` are
 dropped, a probe sub-grid (6 lengths per axis) is predicted, and then only the rest
-with no more tasks than the probe's best fit (which cannot change the answer).
+no slower than the probe's fastest fit (which cannot change the answer).
 Among the candidates that fit the plan is, in order:
 
-1. fewest tasks ``prod(ceil(N_i / c_i))`` (largest chunks);
+1. with one slot (one worker, one thread): fewest tasks ``n = prod(ceil(N_i / c_i))``,
+   the largest chunks.  With ``C = workers * threads > 1`` slots: fastest by
+   :func:`plan_seconds`, the wall-time bound ``(n / C + 1 - 1 / C) * (o + s prod(b))``
+   (``o`` the Dask overhead of a chunk's graph tasks), all plans within 5%
+   (:data:`SECONDS_TIE_FRACTION`) of the fastest tied: enough chunks per slot that
+   none idles through the tail, not so many that the overhead ``n o`` wins;
 2. most even: smallest padding fraction ``(prod(k_i c_i) - prod(N_i)) / prod(N_i)``,
    the share of the task grid past the array's end (0 when each axis divides evenly);
 3. most compact: smallest aspect ratio ``max(c_i) / min(c_i)`` over non-whole axes
    (halos cost surface; a cube has the least surface per volume);
-4. smallest upper footprint, then longer chunks on later axes (the samples axis of a
+4. fewest tasks (this only matters with several slots);
+5. smallest upper footprint, then longer chunks on later axes (the samples axis of a
    seismic volume is contiguous on disk), so the choice is deterministic.
 """
 
@@ -75,6 +81,9 @@ __all__ = [
     "ChunkPlanError",
     "WorkerFootprint",
     "plan_chunks",
+    "plan_seconds",
+    "run_seconds_per_voxel",
+    "graph_tasks_per_chunk",
     "recommend_chunks",
     "worker_footprint",
     "worker_pause_fraction",
@@ -106,6 +115,30 @@ PREDICT_BATCH_ROWS = 1024
 PROBE_VALUES_PER_AXIS = 6
 #: The input block is float32 (ARCHITECTURE.md: peak_bytes is beyond the float32 input).
 INPUT_ITEMSIZE = 4
+#: Seconds of overhead per Dask graph task (scheduling, messages, small transfers).
+#: A measured default: :func:`plan_seconds` fitted to the grid runs of
+#: ``scripts/bench_chunks.py`` (2 workers x 1 thread, 2 to 216 chunks, 3 to 24 graph
+#: tasks per chunk) gave 2.0 ms (gst3d, envelope, semblance; all runs within 9%) and,
+#: refitted by the script itself with a start-up term, 2.6 and 3.0 ms (four operators,
+#: RMS error 7.6% and 5.9%).  Dask's best-practice pages quote "up to 1 ms" per task
+#: for the scheduler alone.
+DEFAULT_GRAPH_TASK_SECONDS = 0.002
+#: Seconds per voxel of a chunk's block in a Dask run (read, operator, store), for a
+#: model without profiled timings.  The first fit gave 82 ns (envelope), 94 ns
+#: (semblance) and 337 ns (gst3d).
+DEFAULT_SECONDS_PER_VOXEL = 1e-7
+#: Seconds per voxel a run spends beyond the operator itself: reading the SEG-Y block,
+#: slicing and storing the output.  The same fit's per-voxel seconds less the
+#: operator's profiled ``b`` (``explorer.exploration.operator_run_cost``): 82 - 21 =
+#: 61 ns (envelope), 94 - 41 = 53 ns (semblance).
+RUN_IO_SECONDS_PER_VOXEL = 6e-8
+#: With several slots, plans whose predicted seconds are within this fraction of the
+#: fastest count as tied, and evenness, compactness and fewer tasks decide among them:
+#: fitted to ``scripts/bench_chunks.py``'s runs the time model's RMS error is 6-8%, so
+#: it does not resolve smaller differences.  (With 2% and fewer tasks first, it took 4
+#: chunks of 160x320x160 for gaussian 320^3 over 8 cubes of 160^3 predicted 2% faster;
+#: measured, 1.3x slower.)
+SECONDS_TIE_FRACTION = 0.05
 #: Dask's documented default of ``distributed.worker.memory.pause`` if distributed is absent.
 FALLBACK_PAUSE_FRACTION = 0.8
 
@@ -211,6 +244,78 @@ def _plain(x):
     return x.tolist() if isinstance(x, np.ndarray) else x
 
 
+# --------------------------------------------------------------------------- the time model
+
+def run_seconds_per_voxel(operator_seconds_per_voxel: float | None) -> float:
+    """Seconds per block voxel in a Dask run: the operator's profiled ``b`` plus the run's I/O.
+
+    ``s = b + RUN_IO_SECONDS_PER_VOXEL``; :data:`DEFAULT_SECONDS_PER_VOXEL` when the
+    model carries no profiled ``b`` (saved before timings were kept, or never timed).
+    """
+    if operator_seconds_per_voxel is None or not math.isfinite(operator_seconds_per_voxel) \
+            or operator_seconds_per_voxel < 0:
+        return DEFAULT_SECONDS_PER_VOXEL
+    return float(operator_seconds_per_voxel) + RUN_IO_SECONDS_PER_VOXEL
+
+
+def graph_tasks_per_chunk(chunk_counts, halo) -> np.ndarray:
+    """Dask graph tasks per chunk of the run: read, operator and store, plus the overlap.
+
+    ``map_overlap`` (``boundary="none"``) slices each neighbour a chunk borders on an
+    axis with a halo and more than one chunk, then concatenates and trims.  Along an
+    axis of ``k > 1`` chunks a chunk gathers ``(3k - 2) / k`` pieces on average (edge
+    chunks have one neighbour), so::
+
+        pieces = prod_i ((3 k_i - 2) / k_i  if h_i > 0 and k_i > 1  else 1)
+        tasks  = 3 + (pieces + 2  if pieces > 1  else 0)
+
+    (checked against ``len(graph) / n_chunks`` of the operators' Dask forms: 2.1 + 1
+    for envelope, 12.1 + 1 and 16.7 + 1 for gst3d on 2^3 and 3^3 chunks).
+    ``chunk_counts``: ``(ndim,)`` or ``(m, ndim)`` chunks per axis.
+    """
+    k = np.asarray(chunk_counts, dtype=np.float64)
+    halo = np.asarray(halo)
+    per_axis = np.where((halo > 0) & (k > 1), (3.0 * k - 2.0) / np.maximum(k, 1.0), 1.0)
+    pieces = np.prod(per_axis, axis=-1)
+    return 3.0 + np.where(pieces > 1.0, pieces + 2.0, 0.0)
+
+
+def plan_seconds(
+    n_tasks,
+    block_samples,
+    slots: int,
+    *,
+    tasks_per_chunk=3.0,
+    seconds_per_voxel: float = DEFAULT_SECONDS_PER_VOXEL,
+    graph_task_seconds: float = DEFAULT_GRAPH_TASK_SECONDS,
+):
+    """Predicted wall time of ``n_tasks`` chunks' work on blocks of ``block_samples`` voxels.
+
+    Graham's bound for greedy list scheduling on ``C = slots`` workers x threads, which
+    is how Dask hands out ready tasks::
+
+        seconds = (n / C + 1 - 1 / C) * chunk_seconds
+        chunk_seconds = graph_task_seconds * tasks_per_chunk + seconds_per_voxel * prod(b)
+
+    ``n / C`` chunks of work per slot, plus the tail: up to one chunk's time during
+    which the other slots have run out of work.  It assumes nothing about durations
+    being equal, which they are not (a worker's first task is cold, I/O varies).  With
+    one slot it is ``n * chunk_seconds``: the fewest, largest chunks.  With several,
+    large chunks leave slots idle in the tail and small ones pay the overhead ``n``
+    times; for a fixed volume the optimum is near ``n = sqrt(C * work / overhead)``.
+    ``tasks_per_chunk``: :func:`graph_tasks_per_chunk`.  Scalars or arrays (broadcast).
+    """
+    slots = int(slots)
+    if slots < 1:
+        raise ValueError(f"slots must be >= 1, got {slots}")
+    if seconds_per_voxel < 0 or graph_task_seconds < 0:
+        raise ValueError("seconds_per_voxel and graph_task_seconds must be non-negative")
+    n = np.asarray(n_tasks, dtype=np.float64)
+    chunk_seconds = (graph_task_seconds * np.asarray(tasks_per_chunk, dtype=np.float64)
+                     + seconds_per_voxel * np.asarray(block_samples, dtype=np.float64))
+    return (n / slots + 1.0 - 1.0 / slots) * chunk_seconds
+
+
 # --------------------------------------------------------------------------- the plan
 
 
@@ -241,6 +346,12 @@ class ChunkPlan:
     footprint: WorkerFootprint = field(repr=False)
     #: Candidate chunk shapes whose footprint was predicted.
     n_candidates: int = 0
+    #: ``workers * threads_per_worker``: the tasks that run at once in the time model.
+    slots: int = 1
+    #: :func:`plan_seconds` of the plan: the time model's wall seconds (a ranking, not a promise).
+    predicted_seconds: float | None = None
+    #: The time model's seconds per block voxel.
+    seconds_per_voxel: float | None = None
 
     @property
     def budget_bytes(self) -> int:
@@ -272,6 +383,9 @@ class ChunkPlan:
             "threads_per_worker": self.threads_per_worker,
             "footprint": self.footprint.to_dict(),
             "n_candidates": self.n_candidates,
+            "slots": self.slots,
+            "predicted_seconds": self.predicted_seconds,
+            "seconds_per_voxel": self.seconds_per_voxel,
         }
 
 
@@ -347,14 +461,18 @@ def plan_chunks(
     min_chunk: int = DEFAULT_MIN_CHUNK,
     operator: str | None = None,
     workers: int = 1,
+    seconds_per_voxel: float = DEFAULT_SECONDS_PER_VOXEL,
+    graph_task_seconds: float = DEFAULT_GRAPH_TASK_SECONDS,
 ) -> ChunkPlan:
-    """The chunks with the fewest tasks whose upper worker footprint fits (module docstring).
+    """The fastest chunks whose upper worker footprint fits (module docstring).
 
-    ``workers``: the cluster's workers.  With ``C = workers * threads_per_worker > 1``
-    tasks run ``C`` at a time, and the first key becomes the wall time of the work,
-    ``ceil(n_tasks / C) * prod(block)`` (waves of tasks, each as long as its block),
-    so that one worker is not left idle with a single large chunk; fewest tasks then
-    breaks ties.
+    ``workers``: the cluster's workers; tasks run ``C = workers * threads_per_worker``
+    at a time.  With one slot the first key is the fewest tasks; with several it is
+    :func:`plan_seconds` with ``C`` slots and the given ``seconds_per_voxel`` and
+    ``graph_task_seconds``, which splits the work into enough tasks that no slot idles
+    through a long tail, and not so many that the per-task overhead dominates; plans
+    within :data:`SECONDS_TIE_FRACTION` of the fastest are tied.  ``predicted_seconds``
+    is reported either way.
 
     ``predict(block_shapes, confidence=confidence) -> (mean, upper)`` gives the
     isolated task's ``peak_bytes`` for ``(m, ndim)`` int64 block shapes; it is called
@@ -416,12 +534,22 @@ def plan_chunks(
     chunks = np.stack([c[g] for c, g in zip(axis_chunks, grid)], axis=1)
     blocks = np.stack([b[g] for b, g in zip(axis_block, grid)], axis=1)
     n_tasks = n_tasks[keep]
+    chunk_counts = -(-np.asarray(shape) // chunks)
+    seconds = plan_seconds(n_tasks, _samples(blocks), concurrency,
+                           tasks_per_chunk=graph_tasks_per_chunk(chunk_counts, halo),
+                           seconds_per_voxel=seconds_per_voxel, graph_task_seconds=graph_task_seconds)
+    # The first key: with one slot, fewest tasks (exactly); with several, the time model,
+    # within the tie fraction.  Both are known before any prediction.
+    if concurrency == 1:
+        first_key, tie = n_tasks.astype(np.float64), 1.0
+    else:
+        first_key, tie = seconds, 1.0 + SECONDS_TIE_FRACTION
 
     # Predict in two passes over disjoint rows.  Pass 1, a probe: a sub-grid of at most
-    # PROBE_VALUES_PER_AXIS lengths per axis.  A probe fit with n tasks rules out every
-    # candidate with more than n tasks, whatever the predictor (the plan minimises tasks),
-    # so pass 2 predicts only the rest with at most n tasks: the plan is the one an
-    # exhaustive evaluation would give, for about half the rows (measured).
+    # PROBE_VALUES_PER_AXIS lengths per axis.  The first key needs no predictor, so a
+    # probe that fits with key k rules out every candidate above k (x the tie fraction),
+    # and pass 2 predicts only the rest: the plan is the one an exhaustive evaluation
+    # would give, for a fraction of the rows.
     unknown = np.iinfo(np.int64).max
     mean_peak = np.full(len(blocks), np.inf)
     upper_peak = np.full(len(blocks), np.inf)
@@ -434,8 +562,8 @@ def plan_chunks(
     _predict_rows(predict, blocks, probe_rows, confidence, footprint, mean_peak, upper_peak, upper_total)
     probe_fits = probe_rows[upper_total[probe_rows] <= budget]
     rest = ~probe
-    if probe_fits.size and concurrency == 1:  # the pruning argument holds for "fewest tasks" only
-        rest &= n_tasks <= n_tasks[probe_fits].min()
+    if probe_fits.size:
+        rest &= first_key <= first_key[probe_fits].min() * tie
     _predict_rows(predict, blocks, np.flatnonzero(rest), confidence, footprint, mean_peak, upper_peak, upper_total)
     n_predicted = int(probe.sum() + rest.sum())
     fits = upper_total <= budget
@@ -453,12 +581,9 @@ def plan_chunks(
             f"{format_bytes(limit_bytes)} = {format_bytes(budget)}; {advice}"
         )
 
-    # 1. fewest tasks (with C > 1: least wall time, ceil(n / C) waves of prod(block), then
-    #    fewest tasks); the remaining keys only order the (few) candidates tied on it.
-    if concurrency > 1:
-        wall = -(-n_tasks // concurrency) * _samples(blocks).astype(np.float64)
-        fits &= wall <= wall[fits].min() * (1 + 1e-9)
-    tied = np.flatnonzero(fits & (n_tasks == n_tasks[fits].min()))
+    # 1. the first key (fewest tasks; or, with several slots, least predicted seconds within
+    #    the tie fraction: the model ranks, it is no stopwatch); the rest order the tied.
+    tied = np.flatnonzero(fits & (first_key <= first_key[fits].min() * tie))
     tied_chunks = chunks[tied]
     n_chunks = -(-np.asarray(shape) // tied_chunks)
     # 2. evenness: the share of the task grid past the array's end.
@@ -467,9 +592,10 @@ def plan_chunks(
     # 3. compactness: aspect ratio over the non-whole axes.
     free = [i for i in range(ndim) if i not in whole] or list(range(ndim))
     aspect = tied_chunks[:, free].max(axis=1) / tied_chunks[:, free].min(axis=1)
-    # 4. smaller upper footprint, then longer chunks on later axes.  (np.lexsort: last key first.)
+    # 4. fewest tasks, 5. smaller upper footprint, then longer chunks on later axes.
+    #    (np.lexsort: last key first.)
     later_axes_longer = [-tied_chunks[:, i] for i in range(ndim)]
-    index = tied[np.lexsort(later_axes_longer + [upper_total[tied], aspect, padding_fraction])[0]]
+    index = tied[np.lexsort(later_axes_longer + [upper_total[tied], n_tasks[tied], aspect, padding_fraction])[0]]
 
     chunk = tuple(int(c) for c in chunks[index])
     block = tuple(int(b) for b in blocks[index])
@@ -491,6 +617,9 @@ def plan_chunks(
         threads_per_worker=threads,
         footprint=bound,
         n_candidates=n_predicted,
+        slots=concurrency,
+        predicted_seconds=float(seconds[index]),
+        seconds_per_voxel=float(seconds_per_voxel),
     )
 
 
@@ -586,7 +715,8 @@ def recommend_chunks(
     (see :func:`plan_chunks`).  Halo and whole axes come from the operator
     registry, ``peak_bytes`` from the saved model (``explorer.surrogate.load_model``) under
     its production calibration (``explorer.calibration``) when runs have taught one,
-    the pause fraction from Dask's config.  Raises ``KeyError`` for an unknown
+    the pause fraction from Dask's config, the time model's seconds per voxel from
+    the operator's profiled speed (:func:`run_seconds_per_voxel`).  Raises ``KeyError`` for an unknown
     operator, ``ModelNotFoundError`` (a ``LookupError`` naming the ``explore``
     command to run) when no model is saved, :class:`ChunkPlanError` when the limit
     is too small, ``ValueError`` for a malformed shape or size.
@@ -613,4 +743,5 @@ def recommend_chunks(
         output_itemsize=np.dtype(op.output_dtype).itemsize,
         operator=operator,
         workers=workers,
+        seconds_per_voxel=run_seconds_per_voxel(model.info.get("seconds_per_voxel")),
     )

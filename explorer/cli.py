@@ -234,13 +234,13 @@ def _cmd_explore(argv: list[str]) -> int:
 # -- explore chunks --------------------------------------------------------
 def _cmd_chunks(argv: list[str]) -> int:
     parser = _Parser(prog="explore chunks",
-                     description="The largest chunk shape whose worker footprint stays under the limit.")
+                     description="The fastest chunk shape whose worker footprint stays under the limit.")
     parser.add_argument("operator", type=_operator_name)
     parser.add_argument("--shape", type=_shape, required=True, help="the whole volume, like 800x600x1000")
     parser.add_argument("--memory-limit", type=_size, required=True, help="per worker, like 4GiB")
     parser.add_argument("--threads", type=_positive_int, default=1, help="threads per worker (default 1)")
     parser.add_argument("--workers", type=_positive_int, default=1,
-                        help="workers sharing the work: with more than one, the plan keeps them all busy")
+                        help="workers sharing the work (default 1): the time model ranks shapes on workers x threads slots")
     parser.add_argument("--confidence", type=_fraction, default=0.99)
     _add_store_options(parser)
     parser.add_argument("--json", action="store_true", help="print the ChunkPlan as one JSON object")
@@ -260,6 +260,9 @@ def _cmd_chunks(argv: list[str]) -> int:
           f"at {plan.confidence:.0%} confidence, limit {format_bytes(plan.limit_bytes)} "
           f"(pause at {plan.pause_fraction:.0%})")
     print(f"threads/worker  {plan.threads_per_worker}")
+    if plan.predicted_seconds is not None:
+        print(f"time model      ~{plan.predicted_seconds:.3g} s on {plan.slots} slot(s) "
+              f"({plan.seconds_per_voxel * 1e9:.0f} ns/voxel; used to rank shapes, not a promise)")
     return 0
 
 

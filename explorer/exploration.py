@@ -122,17 +122,24 @@ def training_data(records: list[Record], dtype_itemsize: int = 4):
             np.asarray(noise, dtype=float), np.asarray(lower, dtype=bool), np.asarray(n_repeats, dtype=int))
 
 
+def operator_run_cost(records: list[Record]):
+    """``a + b V``: seconds of one ``operator.run`` on ``V`` voxels, fitted to the stored profiles."""
+    from explorer.acquisition import CostModel
+
+    ok = [r for r in records if r.source == SOURCE_PROFILE and r.status == OK and r.seconds]
+    return CostModel.fit(np.asarray([r.shape for r in ok]).reshape(-1, 3), np.asarray([r.seconds for r in ok]))
+
+
 def profile_cost_model(records: list[Record], repeat: int, loop_overhead: list[float]):
     """Seconds one more profile costs the loop: ``overhead + repeat * (a + b V)``.
 
-    ``a + b V`` is fitted to the operator seconds of stored profiles; the
-    overhead is the median time per profile the loop spent outside the operator
-    (refit, scoring, forking), measured in this run: a tiny profile is not free.
+    ``a + b V`` is :func:`operator_run_cost`; the overhead is the median time per
+    profile the loop spent outside the operator (refit, scoring, forking), measured
+    in this run: a tiny profile is not free.
     """
     from explorer.acquisition import CostModel
 
-    ok = [r for r in records if r.status == OK and r.seconds]
-    run_cost = CostModel.fit(np.asarray([r.shape for r in ok]).reshape(-1, 3), np.asarray([r.seconds for r in ok]))
+    run_cost = operator_run_cost(records)
     overhead = float(np.median(loop_overhead[1:])) if len(loop_overhead) > 1 else DEFAULT_LOOP_OVERHEAD
     return CostModel(overhead + repeat * run_cost.intercept_seconds, repeat * run_cost.seconds_per_voxel,
                      fitted=run_cost.fitted)
@@ -262,6 +269,9 @@ def explore(
     if model is not None:
         model_file = paths.model_path(op.name, runs_dir)
         model_file.parent.mkdir(parents=True, exist_ok=True)
+        run_cost = operator_run_cost(records)
+        if run_cost.fitted:  # the chunk planner's time model starts from the operator's own speed
+            model.info["seconds_per_voxel"] = run_cost.seconds_per_voxel
         model.save(model_file)
         if report:
             from explorer.report import explore_report

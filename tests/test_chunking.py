@@ -7,6 +7,7 @@ the module's code paths.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import subprocess
@@ -366,6 +367,7 @@ def test_plan_to_dict_is_json():
 class FakeModel:
     halo = HALO
     operator = "fake"
+    info: dict = {}
 
     def __init__(self):
         self.predict_many = Recorder()
@@ -518,3 +520,106 @@ def test_a_cluster_of_several_workers_gets_at_least_one_task_each():
     assert alone.n_tasks == 1
     assert pair.n_tasks >= 2 and pair.n_tasks % 2 == 0
     assert pair.upper_bytes <= alone.upper_bytes
+
+
+# --------------------------------------------------------------------------- the time model
+
+
+def test_plan_seconds_is_grahams_bound_with_per_task_overhead():
+    g, s = 0.002, 1e-7
+    chunk = g * 13 + s * 1e6  # one chunk: 13 graph tasks and a 1e6-voxel block
+    one_slot = chunking.plan_seconds(8, 1e6, 1, tasks_per_chunk=13, seconds_per_voxel=s, graph_task_seconds=g)
+    assert one_slot == pytest.approx(8 * chunk)
+    # 8 chunks on 2 slots: 4 each, plus half a chunk of tail (Graham: n/C + 1 - 1/C)
+    two = chunking.plan_seconds(8, 1e6, 2, tasks_per_chunk=13, seconds_per_voxel=s, graph_task_seconds=g)
+    assert two == pytest.approx(4.5 * chunk)
+    # arrays broadcast, one value per candidate
+    many = chunking.plan_seconds(np.array([1, 2, 4]), np.array([4e6, 2e6, 1e6]), 2, seconds_per_voxel=s,
+                                 graph_task_seconds=0.0)
+    assert many == pytest.approx([1.0 * 0.4, 1.5 * 0.2, 2.5 * 0.1])
+    with pytest.raises(ValueError):
+        chunking.plan_seconds(1, 1, 0)
+    with pytest.raises(ValueError):
+        chunking.plan_seconds(1, 1, 1, seconds_per_voxel=-1.0)
+
+
+@pytest.mark.parametrize("name,shape,chunks", [
+    ("envelope", (96, 96, 64), (48, 48, 64)),
+    ("envelope", (96, 96, 64), (32, 32, 64)),
+    ("gst3d", (96, 96, 96), (48, 48, 48)),
+    ("gst3d", (96, 96, 96), (32, 32, 32)),
+    ("semblance", (96, 96, 96), (32, 48, 96)),
+    ("first_derivative", (64, 64, 96), (64, 64, 32)),
+])
+def test_graph_tasks_per_chunk_counts_the_operators_dask_graphs(name, shape, chunks):
+    """The count the time model charges per chunk against Dask's own graph of the operator
+    (plus the store task a run adds per chunk)."""
+    import dask.array as da
+
+    import operators
+
+    op = operators.get(name)
+    x = da.zeros(shape, chunks=chunks, dtype="float32")
+    y = op.dask(x)
+    n_chunks = math.prod(len(c) for c in x.chunks)
+    per_chunk = len(dict(y.__dask_graph__())) / n_chunks + 1
+    counts = [len(c) for c in x.chunks]
+    assert chunking.graph_tasks_per_chunk(counts, op.halo) == pytest.approx(per_chunk, abs=1.0)
+
+
+def test_run_seconds_per_voxel_adds_the_runs_io_to_the_profiled_speed():
+    assert chunking.run_seconds_per_voxel(None) == chunking.DEFAULT_SECONDS_PER_VOXEL
+    assert chunking.run_seconds_per_voxel(float("nan")) == chunking.DEFAULT_SECONDS_PER_VOXEL
+    assert chunking.run_seconds_per_voxel(3e-7) == pytest.approx(3e-7 + chunking.RUN_IO_SECONDS_PER_VOXEL)
+
+
+def test_with_several_slots_heavy_work_gets_more_chunks_and_light_work_fewer():
+    """Memory allows one chunk.  On one slot the plan takes it; on two, a heavy operator
+    is split into several chunks per slot so the tail is short, while work too light to
+    pay for the per-task overhead stays in fewer chunks."""
+    shape, halo = (256, 256, 256), (5, 5, 5)
+    predict = lambda blocks, confidence=0.99: (240.0 * np.prod(blocks, axis=1),) * 2  # noqa: E731
+
+    def plan(**kwargs):
+        return plan_chunks(shape, halo, (), predict, 64 * GiB, **kwargs)
+
+    alone = plan(workers=1, seconds_per_voxel=1e-6)
+    heavy = plan(workers=2, seconds_per_voxel=1e-6)
+    light = plan(workers=2, seconds_per_voxel=1e-9)
+    assert alone.n_tasks == 1
+    assert heavy.n_tasks >= 4  # at least two chunks per slot
+    assert light.n_tasks < heavy.n_tasks
+    for p in (heavy, light):
+        assert p.slots == 2
+        expected = chunking.plan_seconds(p.n_tasks, math.prod(p.block), 2,
+                                         tasks_per_chunk=chunking.graph_tasks_per_chunk(
+                                             [len(c) for c in p.dask_chunks], halo),
+                                         seconds_per_voxel=p.seconds_per_voxel)
+        assert p.predicted_seconds == pytest.approx(float(expected))
+        assert p.to_dict()["predicted_seconds"] == p.predicted_seconds
+        assert plan(workers=2, seconds_per_voxel=p.seconds_per_voxel).chunks == p.chunks  # deterministic
+
+
+def test_the_fastest_plan_is_the_exhaustive_optimum():
+    """With several slots, the probe's pruning never changes the answer: a brute force
+    over the same candidates, one at a time, finds nothing that fits and is predicted
+    faster beyond the tie fraction.  (One slot: the fewest-tasks brute force above.)"""
+    shape, halo, limit = (300, 200, 250), (5, 5, 5), 2 * GiB
+    budget = math.floor(0.8 * limit)
+    cands = [chunking.axis_chunk_candidates(n, h, False, chunking.DEFAULT_MIN_CHUNK, 10**6)
+             for n, h in zip(shape, halo)]
+    for workers, s in ((2, 1e-7), (2, 4e-7), (4, 1e-7)):
+        plan = plan_chunks(shape, halo, (), predict, limit, workers=workers, seconds_per_voxel=s)
+        assert plan.upper_bytes <= budget
+        best = math.inf
+        for chunk in itertools.product(*cands):
+            counts = [-(-n // c) for n, c in zip(shape, chunk)]
+            block = [int(chunking.axis_blocks(n, [c], h)[0]) for n, c, h in zip(shape, chunk, halo)]
+            if worker_footprint(block, analytic_peak(block)[1]).total > budget:
+                continue
+            t = float(chunking.plan_seconds(math.prod(counts), math.prod(block), workers,
+                                            tasks_per_chunk=chunking.graph_tasks_per_chunk(counts, halo),
+                                            seconds_per_voxel=s))
+            best = min(best, t)
+        assert best < math.inf
+        assert best <= plan.predicted_seconds <= best * (1 + chunking.SECONDS_TIE_FRACTION) + 1e-12

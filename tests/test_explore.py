@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from explorer import load_model, recommend_chunks
@@ -36,6 +37,11 @@ def test_explore_profiles_persists_fits_and_reports(explored):
     assert os.path.getsize(result.report_path) > 10_000
     model = load_model(OPERATOR, runs)
     assert model.n_observations == result.profiles
+    # the planner's time model starts from the operator's own profiled speed: b of a + b V
+    seconds = np.array([r.seconds for r in records])
+    volume = np.array([np.prod(r.shape) for r in records], dtype=float)
+    b = model.info["seconds_per_voxel"]
+    assert 0 < b <= seconds.max() / volume[seconds.argmax()] * 2
 
 
 def test_model_predicts_a_fresh_profile(explored):
