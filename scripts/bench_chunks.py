@@ -2,8 +2,10 @@
 grid of chunk shapes and ours, side by side, on synthetic SEG-Y volumes where Dask's
 auto chunks kill workers.
 
-    python scripts/bench_chunks.py [--scenarios gst3d:256:1.5GiB,envelope:320:640MiB,semblance:320:512MiB]
+    python scripts/bench_chunks.py [--scenarios gst3d:256:1.5GiB,envelope:320:640MiB,semblance:320:512MiB,...]
         [--cache runs/bench] [--repeat 3] [--budget 30] [--proto-edges 50,200] [--no-refine-run]
+        [--json PATH]
+    python scripts/bench_chunks.py --refit RUNS.json [RUNS.json ...]
 
 Every run is ``explorer.daskrun.run(op, <input>.sgy, <tmp>/out.zarr, workers=2,
 threads_per_worker=1, memory_limit=L, allowed_failures=1, stall_seconds=60)`` on its own
@@ -58,6 +60,15 @@ Scenarios (defaults), chosen so that ``chunks="auto"`` is killed, measured here 
   this 24 GiB machine changes it).  320^3 (125 MiB) is one auto chunk, HWM 781 MiB
   (envelope) and 630 MiB (semblance): 1.28x and 1.30x the terminate threshold (95% of L).
   Small workers, but the ratio task/limit is the one of many-worker nodes (24 GiB / 32).
+* gaussian 320^3 at 384 MiB (auto: one chunk, killed): not in the fit that set the
+  planner's time constants (``explorer.chunking.DEFAULT_GRAPH_TASK_SECONDS`` and
+  ``RUN_IO_SECONDS_PER_VOXEL`` came from the grid runs of the three scenarios above).
+
+The time model (after the summary): ``explorer.chunking.plan_seconds`` fitted to every
+grid and ours shape that ended ok, one graph-task overhead for all operators and one
+seconds-per-voxel per operator, printed beside the planner's own (unfitted) prediction,
+so the constants in ``explorer.chunking`` can be checked; ``--json`` keeps every run and
+``--refit`` fits again from such files (several runs together) without running anything.
 
 Inputs are written once (``operators.write_segy(path, operators.synthetic_volume(shape))``)
 to ``<cache>/chunks/`` and reused; prototype profiles are cached there too.  Prints a
@@ -101,7 +112,7 @@ ORACLE_WINDOW = 1.5
 #: Ours' wall-time target against the oracle.
 WALL_TARGET = 1.10
 STALL_SECONDS = 60.0
-DEFAULT_SCENARIOS = "gst3d:256:1.5GiB,envelope:320:640MiB,semblance:320:512MiB"
+DEFAULT_SCENARIOS = "gst3d:256:1.5GiB,envelope:320:640MiB,semblance:320:512MiB,gaussian:320:384MiB"
 
 STARTED = time.perf_counter()
 
@@ -318,6 +329,7 @@ class Outcome:
     explore: dict
     seconds: float
     verdicts: list[tuple[str, bool, str]]
+    runs_dir: Path | None = None
 
 
 def run_scenario(sc: Scenario, args, cache: Path, tmp: Path, profiles: PrototypeProfiles) -> Outcome:
@@ -392,7 +404,8 @@ def run_scenario(sc: Scenario, args, cache: Path, tmp: Path, profiles: Prototype
 
     methods = [auto, proto] + grid + [ours] + ([ours_refine] if ours_refine else [])
     verdicts = verdicts_for(sc, ours, ours_refine, oracle, auto)
-    return Outcome(sc, methods, oracle, ours, ours_refine, auto, explored, time.perf_counter() - started, verdicts)
+    return Outcome(sc, methods, oracle, ours, ours_refine, auto, explored, time.perf_counter() - started, verdicts,
+                   runs_dir)
 
 
 def verdicts_for(sc: Scenario, ours: Method, ours_refine: Method | None, oracle: Method | None, auto: Method):
@@ -506,6 +519,123 @@ def print_summary(outcomes: list[Outcome]) -> None:
       f"({', '.join(f'{o.scenario.op}: ' + '/'.join('PASS' if v[1] else 'FAIL' for v in o.verdicts if not v[0].startswith('(')) for o in outcomes)}).")
 
 
+# --------------------------------------------------------------------------- the time model
+
+
+def run_records(outcomes: list[Outcome]) -> list[dict]:
+    """Every run of every method, JSON-ready: what ``--json`` writes and ``--refit`` reads."""
+    from explorer.surrogate import load_model
+
+    data = []
+    for o in outcomes:
+        profiled = load_model(o.scenario.op, runs_dir=o.runs_dir).info.get("seconds_per_voxel") if o.runs_dir else None
+        for m in o.methods:
+            if m.same_as:
+                continue
+            for r in m.runs:
+                res = r.result
+                data.append({"operator": o.scenario.op, "shape": list(o.scenario.shape),
+                             "limit_bytes": o.scenario.limit, "method": m.name, "kind": m.kind,
+                             "refine": m is o.ours_refine, "chunks": list(res.chunks or []),
+                             "n_tasks": res.n_tasks, "status": res.status, "seconds": res.seconds,
+                             "workers_restarted": res.workers_restarted, "memory_kills": res.memory_kills,
+                             "worker_peak_bytes": res.worker_peak_bytes, "worker_hwm_bytes": res.worker_hwm_bytes,
+                             "load": r.load, "oracle": m is o.oracle,
+                             "profiled_seconds_per_voxel": profiled})
+    return data
+
+
+@dataclass
+class TimedPlan:
+    """A chunk shape whose runs all ended ok without a restart, with the time model's inputs."""
+
+    op: str
+    name: str
+    chunks: tuple[int, ...]
+    n_tasks: int
+    block_samples: int
+    tasks_per_chunk: float
+    #: median over the runs
+    seconds: float
+    #: what the planner itself uses for this operator (profiled b + run I/O)
+    planner_seconds_per_voxel: float
+
+
+def timed_plans(records: list[dict]) -> list[TimedPlan]:
+    """The grid shapes and ours (refine=False) of ``records``, one per scenario and method."""
+    from explorer.chunking import axis_blocks, graph_tasks_per_chunk, run_seconds_per_voxel
+
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        if r["kind"] in ("grid", "ours") and not r.get("refine", r["method"].startswith("ours (refine=True")):
+            groups.setdefault((r["operator"], tuple(r["shape"]), r["limit_bytes"], r["method"]), []).append(r)
+    out = []
+    for (op_name, shape, _, name), runs in groups.items():
+        if any(r["status"] != "ok" or r["workers_restarted"] or r["seconds"] is None for r in runs):
+            continue
+        halo = operators.get(op_name).halo
+        chunks = tuple(int(c) for c in runs[0]["chunks"])
+        counts = [-(-n // c) for n, c in zip(shape, chunks)]
+        block = [int(axis_blocks(n, [c], h)[0]) for n, c, h in zip(shape, chunks, halo)]
+        out.append(TimedPlan(op_name, name, chunks, math.prod(counts), math.prod(block),
+                             float(graph_tasks_per_chunk(counts, halo)), statistics.median(r["seconds"] for r in runs),
+                             run_seconds_per_voxel(runs[0].get("profiled_seconds_per_voxel"))))
+    return out
+
+
+def print_time_model(records: list[dict]) -> None:
+    """Fit ``explorer.chunking.plan_seconds`` to the measured runs, beside the planner's own constants.
+
+    Least squares on relative errors: one ``graph_task_seconds`` shared by every
+    operator and one ``seconds_per_voxel`` per operator.  The planner's column uses
+    its defaults (``DEFAULT_GRAPH_TASK_SECONDS``, the operator's profiled b +
+    ``RUN_IO_SECONDS_PER_VOXEL``), scaled per operator to the measured median: a plan
+    depends only on how the model ranks shapes of one volume.
+    """
+    from scipy.optimize import least_squares
+
+    from explorer.chunking import DEFAULT_GRAPH_TASK_SECONDS, RUN_IO_SECONDS_PER_VOXEL, plan_seconds
+
+    plans = timed_plans(records)
+    ops = sorted({p.op for p in plans})
+    if len(plans) < len(ops) + 2:
+        return
+    index = np.array([ops.index(p.op) for p in plans])
+    measured = np.array([p.seconds for p in plans])
+
+    def model(p: TimedPlan, seconds_per_voxel: float, graph_task_seconds: float) -> float:
+        return float(plan_seconds(p.n_tasks, p.block_samples, WORKERS * THREADS, tasks_per_chunk=p.tasks_per_chunk,
+                                  seconds_per_voxel=seconds_per_voxel, graph_task_seconds=graph_task_seconds))
+
+    def fitted_seconds(params):
+        return np.array([model(p, params[1 + index[i]] * 1e-9, params[0] * 1e-3) for i, p in enumerate(plans)])
+
+    fit = least_squares(lambda x: fitted_seconds(x) / measured - 1.0, x0=[2.0] + [100.0] * len(ops),
+                        bounds=(0.0, np.inf))
+    fitted = fitted_seconds(fit.x)
+    planner = np.array([model(p, p.planner_seconds_per_voxel, DEFAULT_GRAPH_TASK_SECONDS) for p in plans])
+    scale = np.array([float(np.median((measured / planner)[index == index[i]])) for i in range(len(plans))])
+    error = fitted / measured - 1.0
+    p = print
+    p("\n### Time model: `plan_seconds` against the measured runs\n")
+    p(f"`(n / C + 1 - 1 / C) * (g * tasks_per_chunk + s * prod(block))` with C = {WORKERS * THREADS} slots, fitted "
+      f"by least squares on relative errors to the {len(plans)} grid and ours (refine=False) shapes whose runs all "
+      f"ended ok (median seconds): g = {fit.x[0]:.2f} ms per graph task (the planner's default: "
+      f"{DEFAULT_GRAPH_TASK_SECONDS * 1e3:g} ms), "
+      + ", ".join(f"s({op}) = {s:.0f} ns/voxel" for op, s in zip(ops, fit.x[1:]))
+      + f"; RMS error {float(np.sqrt(np.mean(error ** 2))):.1%}, worst {float(np.max(np.abs(error))):.1%}.  "
+      f"The planner's own s is the operator's profiled b + {RUN_IO_SECONDS_PER_VOXEL * 1e9:.0f} ns of run I/O; its "
+      "column is scaled per operator to the measured median, since a plan depends only on how the model ranks "
+      "the shapes of one volume.\n")
+    p("| operator | method | chunks | chunks x graph tasks | measured s | fitted s | error | planner (scaled) | "
+      "planner s/voxel |")
+    p("|---|---|---|---|---|---|---|---|---|")
+    for i, plan in enumerate(plans):
+        p(f"| {plan.op} | {plan.name} | {format_shape(plan.chunks)} | {plan.n_tasks} x {plan.tasks_per_chunk:.1f} | "
+          f"{plan.seconds:.2f} | {fitted[i]:.2f} | {error[i]:+.1%} | {planner[i] * scale[i]:.2f} | "
+          f"{plan.planner_seconds_per_voxel * 1e9:.0f} ns |")
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -530,7 +660,16 @@ def main() -> None:
                         help="min,max edge of the prototype's 4x4x4 grid; its 8 corners are profiled")
     parser.add_argument("--no-refine-run", dest="refine_run", action="store_false",
                         help="skip ours with refine=True")
+    parser.add_argument("--json", type=Path, default=None, help="also write every run to this JSON file")
+    parser.add_argument("--refit", type=Path, nargs="+", metavar="JSON",
+                        help="run nothing: print the time-model fit of runs written by --json")
     args = parser.parse_args()
+    if args.refit:
+        missing = [str(p) for p in args.refit if not p.is_file()]
+        if missing:
+            raise SystemExit(f"--refit: no such file: {', '.join(missing)}")
+        print_time_model([r for p in args.refit for r in json.loads(p.read_text())])
+        return
     args.proto_edges = [int(e) for e in args.proto_edges.split(",")]
     if len(args.proto_edges) != 2:
         raise SystemExit("--proto-edges: two edges, min,max")
@@ -557,6 +696,11 @@ def main() -> None:
         profiles.close()
         shutil.rmtree(tmp, ignore_errors=True)
     print_summary(outcomes)
+    records = run_records(outcomes)
+    print_time_model(records)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(records, indent=1))
     end = os.getloadavg()
     print(f"\nBenchmark wall time {time.perf_counter() - STARTED:.0f} s.  Load average at end: "
           f"{end[0]:.2f} / {end[1]:.2f} / {end[2]:.2f}.")
