@@ -13,7 +13,8 @@ one; never more than ``N``)::
     total = baseline_bytes                               # the worker process itself
           + T * (input_block_bytes + task_peak_bytes)    # task_bytes: T tasks running
           + T * waiting_input_bytes_per_thread           # held_bytes: blocks waiting ...
-          + T * held_output_bytes_per_thread             #   ... and outputs not yet released
+          + T * held_output_bytes_per_thread             #   ... outputs not yet released ...
+          + neighbour_chunk_bytes                        #   ... and chunks kept for halos
 
     input_block_bytes               = prod(b) * itemsize          (float32 input: 4)
     task_peak_bytes                 = peak_bytes(b)               (model mean, or its upper bound)
@@ -31,7 +32,17 @@ counted per thread because the scheduler keeps each thread fed:
 * one finished output per thread, sized ``b`` and not ``c``: ``map_overlap``'s trim
   is a slice, a *view* whose base is the operator's whole ``b``-shaped result
   (checked with dask 2026.8), so a finished output keeps ``prod(b) * output_itemsize``
-  alive until its consumer releases it.
+  alive until its consumer releases it;
+* the input chunks kept for their neighbours' halos (:func:`neighbour_chunks_held`):
+  with a halo along an axis of several chunks, a chunk read from the file stays
+  resident until every neighbouring block has sliced its halo from it, about two
+  layers of the chunk grid across the ``W`` workers::
+
+      neighbour_chunk_bytes = ceil(min(n, 2 prod(k_i, i > a)) / W) * prod(c) * itemsize
+
+  (``n`` chunks, ``k_i`` per axis, ``a`` the first axis with a halo and more than one
+  chunk; 0 without such an axis).  Measured in ``scripts/bench_chunks.py``: without
+  it, gaussian on 2^3 chunks of 160^3 reached 1.24x the bound (292 MiB against 237).
 
 The same function gives the mean footprint (``task_peak_bytes`` = model mean) and
 the bound (= model upper bound at the requested confidence); only that term differs.
@@ -82,6 +93,7 @@ __all__ = [
     "WorkerFootprint",
     "plan_chunks",
     "plan_seconds",
+    "neighbour_chunks_held",
     "run_seconds_per_voxel",
     "graph_tasks_per_chunk",
     "recommend_chunks",
@@ -160,7 +172,7 @@ class WorkerFootprint:
     Fields are ints for one block shape, int64 arrays when :func:`worker_footprint`
     is given many.  ``total = baseline_bytes + task_bytes + held_bytes`` with
     ``task_bytes = T * (input_block_bytes + task_peak_bytes)`` and
-    ``held_bytes = waiting_input_bytes + held_output_bytes``.
+    ``held_bytes = waiting_input_bytes + held_output_bytes + neighbour_chunk_bytes``.
     """
 
     threads_per_worker: int
@@ -174,6 +186,8 @@ class WorkerFootprint:
     waiting_input_bytes: int | np.ndarray
     #: Finished outputs not yet released: ``T * HELD_OUTPUTS_PER_THREAD * prod(b) * output_itemsize``.
     held_output_bytes: int | np.ndarray
+    #: Input chunks kept for neighbours' halos: ``neighbour_chunks_held * prod(c) * itemsize``.
+    neighbour_chunk_bytes: int | np.ndarray = 0
 
     @property
     def task_bytes(self) -> int | np.ndarray:
@@ -182,8 +196,8 @@ class WorkerFootprint:
 
     @property
     def held_bytes(self) -> int | np.ndarray:
-        """``waiting_input_bytes + held_output_bytes``: blocks resident between tasks."""
-        return self.waiting_input_bytes + self.held_output_bytes
+        """``waiting_input_bytes + held_output_bytes + neighbour_chunk_bytes``: resident between tasks."""
+        return self.waiting_input_bytes + self.held_output_bytes + self.neighbour_chunk_bytes
 
     @property
     def total(self) -> int | np.ndarray:
@@ -210,12 +224,16 @@ def worker_footprint(
     baseline_bytes: int = DEFAULT_WORKER_BASELINE_BYTES,
     waiting_inputs_per_thread: int = WAITING_INPUTS_PER_THREAD,
     held_outputs_per_thread: int = HELD_OUTPUTS_PER_THREAD,
+    chunk_shapes=None,
+    neighbour_chunks=0,
 ) -> WorkerFootprint:
     """The worker footprint of tasks on blocks ``b`` (see the module docstring).
 
     ``block_shapes`` is one block shape ``(ndim,)`` or many ``(m, ndim)``;
     ``task_peak_bytes`` the matching ``peak_bytes(b)`` (scalar or ``(m,)``), rounded up
-    to whole bytes and clipped at 0.  Scalar inputs give int terms, arrays int64 arrays.
+    to whole bytes and clipped at 0.  ``neighbour_chunks`` (scalar or ``(m,)``, from
+    :func:`neighbour_chunks_held`) chunks of ``chunk_shapes`` are kept for halos; without
+    ``chunk_shapes`` that term is 0.  Scalar inputs give int terms, arrays int64 arrays.
     """
     threads = int(threads_per_worker)
     if threads < 1:
@@ -225,6 +243,11 @@ def worker_footprint(
     peak = np.ceil(np.maximum(np.asarray(task_peak_bytes, dtype=np.float64), 0.0)).astype(np.int64)
     block_input_bytes = block_samples * int(itemsize)
     block_output_bytes = block_samples * int(output_itemsize)
+    if chunk_shapes is None:
+        neighbour_bytes = np.zeros_like(block_samples)
+    else:
+        chunk_samples = _samples(np.asarray(chunk_shapes, dtype=np.int64))
+        neighbour_bytes = np.asarray(neighbour_chunks, dtype=np.int64) * chunk_samples * int(itemsize)
     return WorkerFootprint(
         threads_per_worker=threads,
         baseline_bytes=int(baseline_bytes),
@@ -232,7 +255,32 @@ def worker_footprint(
         task_peak_bytes=_int_or_array(np.broadcast_to(peak, block_samples.shape)),
         waiting_input_bytes=_int_or_array(threads * int(waiting_inputs_per_thread) * block_input_bytes),
         held_output_bytes=_int_or_array(threads * int(held_outputs_per_thread) * block_output_bytes),
+        neighbour_chunk_bytes=_int_or_array(np.broadcast_to(neighbour_bytes, block_samples.shape)),
     )
+
+
+def neighbour_chunks_held(chunk_counts, halo, workers: int = 1):
+    """Input chunks one worker keeps resident for its neighbours' halos (module docstring).
+
+    ``ceil(min(n, 2 * prod(k_i for i > a)) / W)``: ``n = prod(k)`` chunks, ``a`` the
+    first axis that has a halo and more than one chunk (0 chunks when no axis has
+    both).  Dask's order walks the chunk grid in index order, first axis slowest; a
+    chunk read from the file is released only after the last block that slices a halo
+    from it, its neighbour one step further along ``a`` and every later axis, which
+    comes about ``2 * prod(k_i for i > a)`` blocks after the first: two layers of the
+    grid across ``a``, shared by the ``W`` workers.  ``chunk_counts``: ``(ndim,)`` or
+    ``(m, ndim)``; int64 result, one per row.
+    """
+    if int(workers) < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    k = np.asarray(chunk_counts, dtype=np.int64)
+    overlapped = (np.asarray(halo) > 0) & (k > 1)
+    first = np.argmax(overlapped, axis=-1)
+    axes = np.arange(k.shape[-1])
+    later = np.where(axes > np.expand_dims(first, -1), k, 1)
+    alive = np.minimum(np.prod(k, axis=-1), 2 * np.prod(later, axis=-1))
+    held = -(-alive // int(workers))
+    return np.where(overlapped.any(axis=-1), held, 0)
 
 
 def _int_or_array(x: np.ndarray):
@@ -352,6 +400,8 @@ class ChunkPlan:
     predicted_seconds: float | None = None
     #: The time model's seconds per block voxel.
     seconds_per_voxel: float | None = None
+    #: Input chunks a worker keeps for its neighbours' halos (:func:`neighbour_chunks_held`).
+    neighbour_chunks: int = 0
 
     @property
     def budget_bytes(self) -> int:
@@ -386,6 +436,7 @@ class ChunkPlan:
             "slots": self.slots,
             "predicted_seconds": self.predicted_seconds,
             "seconds_per_voxel": self.seconds_per_voxel,
+            "neighbour_chunks": self.neighbour_chunks,
         }
 
 
@@ -535,6 +586,7 @@ def plan_chunks(
     blocks = np.stack([b[g] for b, g in zip(axis_block, grid)], axis=1)
     n_tasks = n_tasks[keep]
     chunk_counts = -(-np.asarray(shape) // chunks)
+    neighbours = neighbour_chunks_held(chunk_counts, halo, workers)
     seconds = plan_seconds(n_tasks, _samples(blocks), concurrency,
                            tasks_per_chunk=graph_tasks_per_chunk(chunk_counts, halo),
                            seconds_per_voxel=seconds_per_voxel, graph_task_seconds=graph_task_seconds)
@@ -559,12 +611,14 @@ def plan_chunks(
         sub = np.unique(np.rint(np.linspace(0, len(lengths) - 1, PROBE_VALUES_PER_AXIS)).astype(np.int64))
         probe &= np.isin(grid[axis], sub)
     probe_rows = np.flatnonzero(probe)
-    _predict_rows(predict, blocks, probe_rows, confidence, footprint, mean_peak, upper_peak, upper_total)
+    held = (chunks, neighbours)
+    _predict_rows(predict, blocks, held, probe_rows, confidence, footprint, mean_peak, upper_peak, upper_total)
     probe_fits = probe_rows[upper_total[probe_rows] <= budget]
     rest = ~probe
     if probe_fits.size:
         rest &= first_key <= first_key[probe_fits].min() * tie
-    _predict_rows(predict, blocks, np.flatnonzero(rest), confidence, footprint, mean_peak, upper_peak, upper_total)
+    _predict_rows(predict, blocks, held, np.flatnonzero(rest), confidence, footprint, mean_peak, upper_peak,
+                  upper_total)
     n_predicted = int(probe.sum() + rest.sum())
     fits = upper_total <= budget
 
@@ -599,8 +653,9 @@ def plan_chunks(
 
     chunk = tuple(int(c) for c in chunks[index])
     block = tuple(int(b) for b in blocks[index])
-    bound = footprint(block, float(upper_peak[index]))
-    mean = footprint(block, float(mean_peak[index]))
+    kept = {"chunk_shapes": chunk, "neighbour_chunks": int(neighbours[index])}
+    bound = footprint(block, float(upper_peak[index]), **kept)
+    mean = footprint(block, float(mean_peak[index]), **kept)
     return ChunkPlan(
         operator=operator,
         shape=shape,
@@ -620,12 +675,15 @@ def plan_chunks(
         slots=concurrency,
         predicted_seconds=float(seconds[index]),
         seconds_per_voxel=float(seconds_per_voxel),
+        neighbour_chunks=int(neighbours[index]),
     )
 
 
-def _predict_rows(predict, blocks, rows, confidence, footprint, mean_peak, upper_peak, upper_total) -> None:
+def _predict_rows(predict, blocks, held, rows, confidence, footprint, mean_peak, upper_peak, upper_total) -> None:
     """Fill ``mean_peak``, ``upper_peak`` (>= mean) and ``upper_total`` at ``rows`` from ``predict``.
 
+    ``held = (chunks, neighbour_chunks)``, the candidates' chunk shapes and the chunks
+    kept for halos (:func:`neighbour_chunks_held`).
     Rows go in slices of ``PREDICT_BATCH_ROWS``; a non-finite prediction leaves the
     total at int64 max (never fits).
     """
@@ -635,7 +693,8 @@ def _predict_rows(predict, blocks, rows, confidence, footprint, mean_peak, upper
         mean = _checked_prediction(mean, len(part), "mean")
         upper = np.maximum(_checked_prediction(upper, len(part), "upper"), mean)
         finite = np.isfinite(upper)
-        total = footprint(blocks[part], np.where(finite, upper, 0.0)).total
+        total = footprint(blocks[part], np.where(finite, upper, 0.0), chunk_shapes=held[0][part],
+                          neighbour_chunks=held[1][part]).total
         mean_peak[part], upper_peak[part] = mean, upper
         upper_total[part] = np.where(finite, total, np.iinfo(np.int64).max)
 

@@ -637,7 +637,8 @@ def _replan(result, op, shape, limit, threads, confidence, runs_dir, observer):
         old = result.plan
         upper = model.predict(old["block"], confidence)[1]
         footprint = worker_footprint(old["block"], upper, threads_per_worker=threads,
-                                     output_itemsize=np.dtype(op.output_dtype).itemsize)
+                                     output_itemsize=np.dtype(op.output_dtype).itemsize,
+                                     chunk_shapes=old["chunks"], neighbour_chunks=old["neighbour_chunks"])
         if footprint.total <= old["budget_bytes"]:
             result.warnings.append("tasks exceeded their bound, but the running plan still fits its budget "
                                    "under the recalibrated model: not re-planned")

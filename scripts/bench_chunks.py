@@ -69,6 +69,8 @@ grid and ours shape that ended ok, one graph-task overhead for all operators and
 seconds-per-voxel per operator, printed beside the planner's own (unfitted) prediction,
 so the constants in ``explorer.chunking`` can be checked; ``--json`` keeps every run and
 ``--refit`` fits again from such files (several runs together) without running anything.
+Then the footprint check: for every shape that ran without a restart, the worker
+footprint bound ``recommend_chunks`` would promise for it, against the measured HWM.
 
 Inputs are written once (``operators.write_segy(path, operators.synthetic_volume(shape))``)
 to ``<cache>/chunks/`` and reused; prototype profiles are cached there too.  Prints a
@@ -636,6 +638,54 @@ def print_time_model(records: list[dict]) -> None:
           f"{plan.planner_seconds_per_voxel * 1e9:.0f} ns |")
 
 
+# --------------------------------------------------------------------------- the footprint
+
+
+def print_footprint_check(outcomes: list[Outcome]) -> None:
+    """Every shape that ran without a restart: its worker footprint bound against the measured HWM.
+
+    The bound is ``explorer.chunking.worker_footprint`` of the shape's block and chunks
+    with the scenario's isolated model's 99% upper bound of ``peak_bytes`` and the chunks
+    kept for halos (``neighbour_chunks_held``, 2 workers): what ``recommend_chunks``
+    would promise for that shape.  HWM: the highest ``worker_hwm_bytes`` over its runs.
+    """
+    from explorer.chunking import axis_blocks, neighbour_chunks_held, worker_footprint
+    from explorer.surrogate import load_model
+
+    rows = []
+    for o in outcomes:
+        sc, op = o.scenario, operators.get(o.scenario.op)
+        if o.runs_dir is None:
+            continue
+        model = load_model(sc.op, runs_dir=o.runs_dir)
+        for m in o.methods:
+            if m.same_as or not m.runs or m is o.ours_refine or not all(r.ok for r in m.runs) or m.hwm is None:
+                continue
+            chunks = tuple(int(c) for c in m.runs[0].result.chunks)
+            counts = [-(-n // c) for n, c in zip(sc.shape, chunks)]
+            block = tuple(int(axis_blocks(n, [c], h)[0]) for n, c, h in zip(sc.shape, chunks, op.halo))
+            upper = model.predict(block, 0.99)[1]
+            held = int(neighbour_chunks_held(counts, op.halo, WORKERS))
+            bound = worker_footprint(block, upper, threads_per_worker=THREADS, chunk_shapes=chunks,
+                                     neighbour_chunks=held, output_itemsize=np.dtype(op.output_dtype).itemsize)
+            rows.append((sc, m, chunks, held, bound, m.hwm))
+    if not rows:
+        return
+    p = print
+    p("\n### Worker footprint bound against the measured high-water mark\n")
+    p("Per shape: `worker_footprint` with the isolated model's 99% bound and the chunks kept for halos "
+      f"(`neighbour_chunks_held`, {WORKERS} workers), against the highest `worker_hwm_bytes` of its runs.\n")
+    p("| scenario | method | chunks | kept chunks | bound | of which kept chunks | HWM | HWM / bound |")
+    p("|---|---|---|---|---|---|---|---|")
+    for sc, m, chunks, held, bound, hwm in rows:
+        p(f"| {sc.name} | {m.name} | {format_shape(chunks)} | {held} | {mib(bound.total)} | "
+          f"{mib(bound.neighbour_chunk_bytes)} | {mib(hwm)} | {hwm / bound.total:.2f} |")
+    over = [r for r in rows if r[5] > r[4].total]
+    p(f"\nShapes whose HWM exceeded the bound: {len(over)} of {len(rows)}"
+      + (": " + ", ".join(f"{r[0].op} {format_shape(r[2])} ({r[5] / r[4].total:.2f})" for r in over) if over else "")
+      + ".")
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -698,6 +748,7 @@ def main() -> None:
     print_summary(outcomes)
     records = run_records(outcomes)
     print_time_model(records)
+    print_footprint_check(outcomes)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(records, indent=1))

@@ -68,17 +68,18 @@ OVERHEAD_TARGET = 0.05
 HOLDS = 1e-9
 
 
-def fixed_block_bound(op, block, runs_dir) -> tuple[float, float, int]:
-    """``(mean, upper)`` of the calibrated model's ``peak_bytes`` at ``block`` and that
-    block's worker footprint with the upper bound."""
+def fixed_block_bound(op, plan, runs_dir) -> tuple[float, float, int]:
+    """``(mean, upper)`` of the calibrated model's ``peak_bytes`` at the plan's block and
+    that plan's worker footprint with the upper bound."""
     import numpy as np
 
     from explorer.calibration import calibrated_model
     from explorer.chunking import worker_footprint
 
-    mean, upper = calibrated_model(op.name, runs_dir).predict(tuple(block), CONFIDENCE)
-    total = worker_footprint(block, float(upper), threads_per_worker=THREADS,
-                             output_itemsize=np.dtype(op.output_dtype).itemsize).total
+    mean, upper = calibrated_model(op.name, runs_dir).predict(tuple(plan.block), CONFIDENCE)
+    total = worker_footprint(plan.block, float(upper), threads_per_worker=THREADS,
+                             output_itemsize=np.dtype(op.output_dtype).itemsize, chunk_shapes=plan.chunks,
+                             neighbour_chunks=plan.neighbour_chunks).total
     return float(mean), float(upper), int(total)
 
 
@@ -133,7 +134,7 @@ def main() -> None:
     plan0 = recommend_chunks(op.name, shape, limit, workers=WORKERS, threads_per_worker=THREADS,
                              confidence=CONFIDENCE, runs_dir=runs_dir)
     block = tuple(plan0.block)
-    bounds = [fixed_block_bound(op, block, runs_dir)]
+    bounds = [fixed_block_bound(op, plan0, runs_dir)]
     p(f"Isolated plan: chunks {format_shape(plan0.chunks)}, {plan0.n_tasks} tasks, block {format_shape(block)} "
       f"(the fixed block below), predicted {mib(plan0.predicted_bytes)}, upper {mib(plan0.upper_bytes)}, budget "
       f"{mib(plan0.budget_bytes)}; fixed block peak_bytes mean {mib(bounds[0][0])}, 99% bound {mib(bounds[0][1])}, "
@@ -146,7 +147,7 @@ def main() -> None:
         r = run(op.name, source, out, chunks="model", refine=True, workers=WORKERS, threads_per_worker=THREADS,
                 memory_limit=limit, runs_dir=runs_dir, allowed_failures=1, confidence=CONFIDENCE)
         results.append(r)
-        bounds.append(fixed_block_bound(op, block, runs_dir))
+        bounds.append(fixed_block_bound(op, plan0, runs_dir))
         log(f"run {i}: {r.status} {format_shape(r.chunks or [])} x{r.n_tasks} in {r.seconds or 0:.1f} s, "
             f"{r.observations_recorded} observations, {r.tasks_over_bound} over bound, restarts "
             f"{r.workers_restarted}, replanned from {r.replanned_from}, load {loads[-1]:.2f}"

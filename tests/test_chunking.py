@@ -58,14 +58,31 @@ def predict(blocks, confidence=0.99):
     return analytic_peak(blocks)
 
 
-def expected_total(block, threads=1, baseline=BASELINE, itemsize=4, output_itemsize=4):
-    """The footprint bound written out by hand: baseline + T (in + peak) + T in + T out."""
+def expected_total(block, threads=1, baseline=BASELINE, itemsize=4, output_itemsize=4, chunk=None, held_chunks=0):
+    """The footprint bound written out by hand: baseline + T (in + peak) + T in + T out + held chunks."""
     samples = math.prod(block)
     peak = math.ceil(UPPER_FACTOR * (BYTES_PER_SAMPLE * samples + FIXED_BYTES))
     running = threads * (samples * itemsize + peak)
     waiting = threads * samples * itemsize
     outputs = threads * samples * output_itemsize
-    return baseline + running + waiting + outputs
+    neighbours = held_chunks * math.prod(chunk) * itemsize if chunk is not None else 0
+    return baseline + running + waiting + outputs + neighbours
+
+
+def expected_held_chunks(shape, chunk, halo, workers=1):
+    """Chunks kept for halos, by hand: two grid layers across the first overlapped axis."""
+    counts = [-(-n // c) for n, c in zip(shape, chunk)]
+    overlapped = [i for i, (k, h) in enumerate(zip(counts, halo)) if h > 0 and k > 1]
+    if not overlapped:
+        return 0
+    alive = min(math.prod(counts), 2 * math.prod(counts[overlapped[0] + 1:]))
+    return -(-alive // workers)
+
+
+def hand_total(shape, chunk, halo, threads=1, workers=1, whole_axes=()):
+    """``expected_total`` of the block and held chunks a chunking implies."""
+    return expected_total(expected_block(shape, chunk, halo, whole_axes), threads, chunk=chunk,
+                          held_chunks=expected_held_chunks(shape, chunk, halo, workers))
 
 
 def expected_block(shape, chunk, halo, whole_axes=()):
@@ -178,8 +195,7 @@ def brute_force_fewest_tasks(shape, halo, whole_axes, budget, threads=1, min_chu
         for c1 in options[1]:
             for c2 in options[2]:
                 chunk = (c0, c1, c2)
-                block = expected_block(shape, chunk, halo, whole_axes)
-                if expected_total(block, threads) <= budget:
+                if hand_total(shape, chunk, halo, threads, whole_axes=whole_axes) <= budget:
                     tasks = math.prod(-(-n // c) for n, c in zip(shape, chunk))
                     best = tasks if best is None else min(best, tasks)
     return best
@@ -191,7 +207,8 @@ def test_plan_fits_under_pause_and_is_no_smaller_than_needed():
     assert plan.budget_bytes == budget
     block = expected_block(SHAPE, plan.chunks, HALO)
     assert plan.block == block
-    assert plan.upper_bytes == expected_total(block) <= budget
+    assert plan.neighbour_chunks == expected_held_chunks(SHAPE, plan.chunks, HALO) > 0
+    assert plan.upper_bytes == hand_total(SHAPE, plan.chunks, HALO) <= budget
     # No chunking with fewer tasks fits (checked by brute force with the formula by hand) ...
     assert plan.n_tasks == brute_force_fewest_tasks(SHAPE, HALO, (), budget)
     assert plan.n_tasks > 1
@@ -201,14 +218,16 @@ def test_plan_fits_under_pause_and_is_no_smaller_than_needed():
         if count > 1:
             larger = list(plan.chunks)
             larger[axis] = -(-n // (count - 1))
-            assert expected_total(expected_block(SHAPE, larger, HALO)) > budget
+            assert hand_total(SHAPE, larger, HALO) > budget
 
 
 def test_plan_mean_and_bound_come_from_the_same_footprint():
     plan = plan_chunks(SHAPE, HALO, (), predict, LIMIT, threads_per_worker=2)
     mean, upper = analytic_peak([plan.block])
-    assert plan.predicted_bytes == worker_footprint(plan.block, mean[0], threads_per_worker=2).total
-    assert plan.upper_bytes == plan.footprint.total == worker_footprint(plan.block, upper[0], threads_per_worker=2).total
+    kept = {"chunk_shapes": plan.chunks, "neighbour_chunks": plan.neighbour_chunks}
+    assert plan.predicted_bytes == worker_footprint(plan.block, mean[0], threads_per_worker=2, **kept).total
+    assert plan.upper_bytes == plan.footprint.total == worker_footprint(plan.block, upper[0], threads_per_worker=2,
+                                                                        **kept).total
     assert plan.predicted_bytes < plan.upper_bytes
 
 
@@ -235,7 +254,7 @@ def test_more_threads_give_smaller_chunks():
     four = plan_chunks(SHAPE, HALO, (), predict, LIMIT, threads_per_worker=4)
     assert four.n_tasks > one.n_tasks
     assert math.prod(four.chunks) < math.prod(one.chunks)
-    assert four.upper_bytes == expected_total(four.block, threads=4) <= four.budget_bytes
+    assert four.upper_bytes == hand_total(SHAPE, four.chunks, HALO, threads=4) <= four.budget_bytes
     assert four.footprint.threads_per_worker == four.threads_per_worker == 4
 
 
@@ -340,7 +359,7 @@ def test_non_finite_predictions_never_fit():
 
     plan = plan_chunks(SHAPE, HALO, (), nan_for_large, 8 * GiB)
     assert math.prod(plan.block) <= 2_000_000
-    assert plan.upper_bytes == expected_total(plan.block)
+    assert plan.upper_bytes == hand_total(SHAPE, plan.chunks, HALO)
 
 
 def test_an_underpredicted_upper_bound_is_lifted_to_the_mean():
@@ -349,7 +368,7 @@ def test_an_underpredicted_upper_bound_is_lifted_to_the_mean():
         return upper, mean  # "upper" below mean: the plan must use the larger
 
     plan = plan_chunks(SHAPE, HALO, (), inverted, LIMIT)
-    assert plan.upper_bytes == expected_total(plan.block)
+    assert plan.upper_bytes == hand_total(SHAPE, plan.chunks, HALO)
 
 
 def test_plan_to_dict_is_json():
@@ -615,7 +634,8 @@ def test_the_fastest_plan_is_the_exhaustive_optimum():
         for chunk in itertools.product(*cands):
             counts = [-(-n // c) for n, c in zip(shape, chunk)]
             block = [int(chunking.axis_blocks(n, [c], h)[0]) for n, c, h in zip(shape, chunk, halo)]
-            if worker_footprint(block, analytic_peak(block)[1]).total > budget:
+            held = chunking.neighbour_chunks_held(counts, halo, workers)
+            if worker_footprint(block, analytic_peak(block)[1], chunk_shapes=chunk, neighbour_chunks=held).total > budget:
                 continue
             t = float(chunking.plan_seconds(math.prod(counts), math.prod(block), workers,
                                             tasks_per_chunk=chunking.graph_tasks_per_chunk(counts, halo),
@@ -623,3 +643,29 @@ def test_the_fastest_plan_is_the_exhaustive_optimum():
             best = min(best, t)
         assert best < math.inf
         assert best <= plan.predicted_seconds <= best * (1 + chunking.SECONDS_TIE_FRACTION) + 1e-12
+
+
+def test_footprint_neighbour_chunk_term():
+    """Chunks kept for halos: neighbour_chunks x prod(chunk) x itemsize, in held_bytes and total."""
+    plain = worker_footprint(BLOCK, 1000)
+    kept = worker_footprint(BLOCK, 1000, chunk_shapes=(20, 30, 40), neighbour_chunks=3)
+    assert plain.neighbour_chunk_bytes == 0
+    assert kept.neighbour_chunk_bytes == 3 * 20 * 30 * 40 * 4
+    assert kept.held_bytes - plain.held_bytes == kept.total - plain.total == kept.neighbour_chunk_bytes
+    many = worker_footprint([BLOCK, BLOCK], [1000, 1000], chunk_shapes=[(20, 30, 40), (10, 10, 10)],
+                            neighbour_chunks=[3, 0])
+    assert list(many.neighbour_chunk_bytes) == [3 * 20 * 30 * 40 * 4, 0]
+
+
+def test_neighbour_chunks_held_are_two_grid_layers_across_the_first_overlapped_axis():
+    held = chunking.neighbour_chunks_held
+    assert held([2, 2, 2], (8, 8, 8), 2) == 4  # every chunk borders every other: all 8, on 2 workers
+    assert held([3, 3, 3], (1, 1, 4), 2) == 9  # two layers of 3 x 3, on 2 workers
+    assert held([3, 3, 3], (1, 1, 4), 1) == 18
+    assert held([4, 4, 1], (0, 0, 0), 2) == 0  # no halo: nothing is kept
+    assert held([1, 1, 5], (5, 5, 5), 1) == 2  # only the last axis is split: a chunk and the next
+    assert held([4, 4, 4], (0, 0, 1), 1) == 2  # a halo on the fastest axis alone
+    assert held([4, 1, 1], (5, 5, 5), 2) == 1
+    assert list(held([[2, 2, 2], [6, 6, 6], [4, 2, 1]], (0, 0, 1), 2)) == [1, 1, 0]
+    with pytest.raises(ValueError):
+        held([2, 2, 2], (1, 1, 1), 0)
