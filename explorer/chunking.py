@@ -147,9 +147,9 @@ RUN_IO_SECONDS_PER_VOXEL = 6e-8
 #: With several slots, plans whose predicted seconds are within this fraction of the
 #: fastest count as tied, and evenness, compactness and fewer tasks decide among them:
 #: fitted to ``scripts/bench_chunks.py``'s runs the time model's RMS error is 6-14%
-#: (two machines), so it does not resolve smaller differences.  (With 2% and fewer tasks first, it took 4
-#: chunks of 160x320x160 for gaussian 320^3 over 8 cubes of 160^3 predicted 2% faster;
-#: measured, 1.3x slower.)
+#: (two machines), so it does not resolve smaller differences.  (With 2% and fewer tasks
+#: first, it took 4 chunks of 160x320x160 for gaussian 320^3 over 8 cubes of 160^3
+#: predicted 2% faster; measured, 1.3x slower.)
 SECONDS_TIE_FRACTION = 0.05
 #: Dask's documented default of ``distributed.worker.memory.pause`` if distributed is absent.
 FALLBACK_PAUSE_FRACTION = 0.8

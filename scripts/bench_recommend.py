@@ -124,12 +124,9 @@ def run_child(spec: dict) -> dict:
 # --------------------------------------------------------------------------- the parent
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
-
-
 def summarise(results: list[dict], grid) -> dict:
+    import numpy as np  # here, not at the top: a child must not have numpy before its timed import
+
     every = [s for r in results for case in r["seconds"] for s in case]
     per_case = [statistics.median(s for r in results for s in r["seconds"][i]) for i in range(len(grid))]
     slowest = max(range(len(grid)), key=per_case.__getitem__)
@@ -138,7 +135,7 @@ def summarise(results: list[dict], grid) -> dict:
         "cold": statistics.median(r["cold_seconds"] for r in results),
         "import": statistics.median(r["import_seconds"] for r in results),
         "median": statistics.median(every),
-        "p95": percentile(every, 0.95),
+        "p95": float(np.percentile(every, 95, method="nearest")),
         "max": max(every),
         "calls": len(every),
         "slowest_case": grid[slowest],
