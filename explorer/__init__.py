@@ -5,7 +5,7 @@ The public surface is four functions::
     profile(operator, shape, ...)            -> Measurement    (explorer.profiling)
     explore(operator, budget=..., ...)       -> ExploreResult  (explorer.exploration)
     load_model(operator, runs_dir=None)      -> MemoryModel    (explorer.surrogate)
-    recommend_chunks(operator, shape, memory_limit, ...) -> ChunkPlan (explorer.chunking)
+    recommend_chunks(operator, shape, memory_limit, ...) -> ChunkPlan (explorer.recommend)
 
 They are imported lazily so that ``import explorer`` stays cheap: the
 profiling child and ``recommend_chunks`` never import torch.
@@ -21,7 +21,7 @@ _PUBLIC = {
     "explore": "explorer.exploration",
     "load_model": "explorer.surrogate",
     "MemoryModel": "explorer.surrogate",
-    "recommend_chunks": "explorer.chunking",
+    "recommend_chunks": "explorer.recommend",
     "ChunkPlan": "explorer.chunking",
 }
 

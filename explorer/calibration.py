@@ -1,73 +1,372 @@
-"""The production calibration: how a task's peak inside a Dask worker relates to the
-isolated profiles, learnt from the observations :mod:`explorer.live` stores.
+r"""What a task costs inside a Dask worker beyond its isolated profile: memory and time.
 
-Core, not edge: ``recommend_chunks`` applies the saved calibration
-(:func:`calibrated_model`) by reading one small JSON file, without the store or
-distributed.
+Core, not edge: ``recommend_chunks`` applies the saved calibration by reading one small
+JSON file (:func:`load_calibration`), without the store or distributed.  The data come
+from in-worker observations (``explorer.live``): explore's probes (``source="probe"``,
+run by ``explorer.probes`` before any production run) and production tasks
+(``source="production"``).  Definitions: ``docs/definitions.md``.
+
+Memory: the in-worker excess
+----------------------------
+A task on a block ``b`` inside a worker holds, besides what the operator itself needs
+(the isolated ``peak_bytes`` ``P(b)``), the block concatenated from its overlap pieces,
+the trimmed output copied for the store, the store's encode buffers and the task's own
+overhead; reused free heap can also make it smaller.  The excess is affine in the
+block's voxels ``V`` (measured: about 4 bytes per voxel for gst3d, 10 for gaussian)::
+
+    y_task(b) = P(b) + delta(b),    delta(b) = a + k V(b) + e,    e ~ N(0, s^2)
+
+A fixed overhead lives in ``a`` and does not scale with the block, so a run on a small
+file cannot inflate large plans through a ratio.
+
+*Groups.*  Tasks of one run on blocks of one shape are near copies of each other: they
+are one piece of evidence, not many.  Observations are grouped by (run, block shape); a
+group's value is its largest task ``y_g``, and its excess ``r_g = y_g - P_mean(b_g)``
+against the isolated model's mean.  Only exact observations count (one thread per
+worker: ``explorer.live``).
+
+*Fit.*  Ordinary least squares of ``r_g`` on ``x_g = [1, V_g / V_ref]`` over ``n``
+groups (``p = 2`` coefficients, ``V_ref`` the largest group volume, for conditioning):
+``beta = (X^T X)^{-1} X^T r``, ``s^2 = sum e_g^2 / (n - p)``.
+
+*Bound on a new group's largest task* at ``b`` (confidence ``c``)::
+
+    delta_mean(b) = x^T beta
+    delta_half(b) = q_c * s * sqrt(1 + x^T (X^T X)^{-1} x)
+
+with ``q_c`` the **conformal** rank quantile of the studentised deleted residuals
+``t_g = e_g / (s_(g) sqrt(1 - h_gg))``: the ``ceil((n + 1) c)``-th smallest, a
+distribution-free finite-sample guarantee for exchangeable groups, once there are enough
+groups for that rank to exist (``n >= c / (1 - c)``: 99 at 99%).  Before that, ``q_c`` is
+SciPy's Student-t quantile with ``n - p`` degrees of freedom, the exact prediction
+interval under Gaussian residuals.  The count of equal tasks never narrows it.
+
+*Combined with the isolated model* (:class:`TaskModel`), ``h_P = upper_P - mean_P`` the
+isolated model's own half-width at ``c``::
+
+    mean  = mean_P(b) + delta_mean(b)
+    upper = max(upper_P(b), mean + sqrt(h_P^2 + delta_half^2))
+
+(a task in a fresh worker never needs less than its isolated profile).  With fewer than
+``p + 1`` groups or a single group volume the excess is not identified: no correction
+is applied and ``TaskModel.warnings`` says so.
+
+Time
+----
+From the same observations' clocks (``explorer.live`` reports each operator task's
+seconds, the seconds inside ``operator.run``, and the seconds of the worker's other
+tasks, reads and overlap slices, since its previous report)::
+
+    operator_seconds_per_voxel = sum run_seconds / sum V
+    io_seconds_per_voxel       = sum (task_seconds - run_seconds + other_seconds) / sum V
+
+and from each run's wall time ``W`` (``source="run"`` records), the planner's own time
+model (``explorer.chunking.plan_seconds``) solved for the overhead per graph task::
+
+    g_run = (W / schedule_waves(n, C) - chunk_seconds) / tasks_per_chunk,
+    chunk_seconds = sum (task_seconds + other_seconds) / n
+
+``graph_task_seconds`` is the median of ``g_run`` (clipped at 0) over the runs.  These
+replace ``explorer.chunking``'s defaults once a probe or a production run has taught them.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 from pathlib import Path
-from statistics import NormalDist
 
 import numpy as np
 
 from explorer import paths
 
+__all__ = [
+    "CALIBRATION_FILE",
+    "CalibrationFileError",
+    "ExcessFit",
+    "TaskModel",
+    "TimingFit",
+    "WorkerCalibration",
+    "calibrate",
+    "calibration_path",
+    "environment_digest",
+    "fit_excess",
+    "fit_timing",
+    "load_calibration",
+    "task_groups",
+    "task_model",
+]
+
 #: Calibration file name under ``runs/<operator>/``.
 CALIBRATION_FILE = "calibration.json"
-#: The applied calibration never shrinks an isolated prediction: an in-worker peak below
-#: the isolated one usually means the task reused free heap that Dask still counts in RSS.
-MIN_APPLIED_RATIO = 1.0
-#: Prior on the spread of the ratio (relative sd) and its weight in pseudo-observations,
-#: so one or two production tasks do not make a tight calibration.
-PRIOR_RATIO_SD = 0.10
-PRIOR_PSEUDO_OBSERVATIONS = 2.0
+#: Bumped when the saved layout changes (a file of another version is not used).
+FORMAT_VERSION = 2
+#: Sources of in-worker observations (``explorer.store``): explore's probes, production tasks.
+IN_WORKER_SOURCES = ("probe", "production")
+#: Source of one record per observed run (wall time, slots, worker high-water mark).
+RUN_SOURCE = "run"
+#: Coefficients of the excess regression: intercept and bytes per voxel.
+N_COEFFICIENTS = 2
+
+
+class CalibrationFileError(ValueError):
+    """A saved calibration file cannot be read (one line naming the file and the fix)."""
+
+
+@lru_cache(maxsize=64)
+def _t_quantile(confidence: float, dof: float) -> float:
+    """One-sided Student-t quantile (SciPy's ``stdtrit``; ``scipy.special`` is cheap to import)."""
+    from scipy.special import stdtrit
+
+    return float(stdtrit(dof, confidence))
+
+
+def conformal_rank(n: int, confidence: float) -> int | None:
+    """``ceil((n + 1) c)``, the rank of the conformal quantile among ``n`` scores, or
+    None when it exceeds ``n`` (too few scores for a finite bound at ``c``)."""
+    k = math.ceil((n + 1) * confidence - 1e-12)
+    return k if k <= n else None
+
+
+# --------------------------------------------------------------------------- memory
+
+
+@dataclass(frozen=True)
+class ExcessFit:
+    """The in-worker excess ``delta(V) = a + k V`` fitted to group maxima (module docstring)."""
+
+    #: ``[a, k * V_ref]`` in bytes (coefficients of ``x = [1, V / V_ref]``).
+    coef: tuple[float, float]
+    #: ``(X^T X)^{-1}``, row-major 2x2.
+    xtx_inv: tuple[float, float, float, float]
+    #: Residual standard deviation ``s`` (bytes) with ``n - p`` degrees of freedom.
+    residual_sd: float
+    n_groups: int
+    v_ref: float
+    #: Studentised deleted residuals, sorted (the conformal scores).
+    scores: tuple[float, ...] = ()
+
+    @property
+    def dof(self) -> int:
+        return self.n_groups - N_COEFFICIENTS
+
+    @property
+    def intercept_bytes(self) -> float:
+        return self.coef[0]
+
+    @property
+    def bytes_per_voxel(self) -> float:
+        return self.coef[1] / self.v_ref
+
+    def quantile(self, confidence: float) -> tuple[float, str]:
+        """``(q_c, method)``: conformal when enough groups, else Student-t with ``n - p`` dof."""
+        k = conformal_rank(len(self.scores), confidence)
+        if k is not None:
+            return max(0.0, self.scores[k - 1]), "conformal"
+        return _t_quantile(float(confidence), float(self.dof)), "student-t"
+
+    def predict(self, voxels, confidence: float) -> tuple[np.ndarray, np.ndarray]:
+        """``(delta_mean, delta_half)`` in bytes at block volumes ``voxels``."""
+        v = np.asarray(voxels, dtype=np.float64) / self.v_ref
+        a, b = self.coef
+        m00, m01, m10, m11 = self.xtx_inv
+        leverage = m00 + (m01 + m10) * v + m11 * v * v
+        q, _ = self.quantile(confidence)
+        return a + b * v, q * self.residual_sd * np.sqrt(1.0 + np.maximum(leverage, 0.0))
+
+
+def fit_excess(voxels, excess_bytes) -> ExcessFit | None:
+    """Least squares of the group excesses on ``[1, V / V_ref]`` (module docstring); None
+    when the excess is not identified (fewer than ``p + 1`` groups or one volume)."""
+    v = np.asarray(voxels, dtype=np.float64).reshape(-1)
+    r = np.asarray(excess_bytes, dtype=np.float64).reshape(-1)
+    n = len(v)
+    if n != len(r):
+        raise ValueError("voxels and excess_bytes must have the same length")
+    if n < N_COEFFICIENTS + 1 or len(np.unique(v)) < 2 or not np.all(np.isfinite(r)):
+        return None
+    v_ref = float(v.max())
+    x = np.column_stack([np.ones(n), v / v_ref])
+    xtx_inv = np.linalg.inv(x.T @ x)
+    coef = xtx_inv @ (x.T @ r)
+    residuals = r - x @ coef
+    dof = n - N_COEFFICIENTS
+    s2 = float(residuals @ residuals) / dof
+    # Studentised deleted residuals: e / (s_(g) sqrt(1 - h)), s_(g)^2 the variance without g.
+    hat = np.einsum("ij,jk,ik->i", x, xtx_inv, x)
+    one_minus_h = np.maximum(1.0 - hat, 1e-12)
+    if dof > 1:
+        s2_deleted = np.maximum((dof * s2 - residuals**2 / one_minus_h) / (dof - 1), 0.0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            scores = np.where(s2_deleted > 0, residuals / np.sqrt(s2_deleted * one_minus_h), 0.0)
+    else:
+        scores = np.zeros(n)
+    return ExcessFit(coef=(float(coef[0]), float(coef[1])), xtx_inv=tuple(float(m) for m in xtx_inv.ravel()),
+                     residual_sd=math.sqrt(s2), n_groups=n, v_ref=v_ref,
+                     scores=tuple(sorted(float(t) for t in scores)))
+
+
+@dataclass(frozen=True)
+class TaskGroups:
+    """In-worker task maxima, one per (run, block shape) (module docstring)."""
+
+    shapes: np.ndarray  # (n, 3) int64 block shapes
+    peak_bytes: np.ndarray  # (n,) largest task of the group
+    n_tasks: np.ndarray  # (n,) tasks in the group
+    sources: tuple[str, ...]  # the group's source ("probe" or "production")
+
+
+def _is_in_worker(record, environment: str | None) -> bool:
+    return (record.source in IN_WORKER_SOURCES and record.status == "ok" and record.peak_bytes is not None
+            and bool(record.context.get("exact", False))
+            and (environment is None or record.context.get("environment") == environment))
+
+
+def task_groups(records, environment: str | None = None) -> TaskGroups:
+    """Group exact in-worker observations by (run, block shape); ``environment``: keep only
+    those whose workers had this :func:`environment_digest`."""
+    groups: dict[tuple, list] = {}
+    for r in records:
+        if _is_in_worker(r, environment):
+            key = (str(r.context.get("run", "")), tuple(int(n) for n in r.shape))
+            groups.setdefault(key, []).append(r)
+    keys = sorted(groups)
+    return TaskGroups(
+        shapes=np.asarray([k[1] for k in keys], dtype=np.int64).reshape(-1, 3),
+        peak_bytes=np.asarray([max(float(r.peak_bytes) for r in groups[k]) for k in keys], dtype=np.float64),
+        n_tasks=np.asarray([len(groups[k]) for k in keys], dtype=np.int64),
+        sources=tuple(groups[k][0].source for k in keys),
+    )
+
+
+# --------------------------------------------------------------------------- time
+
+
+@dataclass(frozen=True)
+class TimingFit:
+    """Seconds a Dask run spends, learnt from the workers' clocks (module docstring)."""
+
+    operator_seconds_per_voxel: float | None
+    io_seconds_per_voxel: float | None
+    graph_task_seconds: float | None
+    n_tasks: int
+    n_runs: int
+
+    @property
+    def seconds_per_voxel(self) -> float | None:
+        """``operator + io``: the planner's seconds per block voxel, or None when not learnt."""
+        if self.operator_seconds_per_voxel is None or self.io_seconds_per_voxel is None:
+            return None
+        return self.operator_seconds_per_voxel + self.io_seconds_per_voxel
+
+
+def fit_timing(records, environment: str | None = None) -> TimingFit:
+    """Operator and I/O seconds per voxel from in-worker task clocks, and the overhead per
+    graph task from the runs' wall times (module docstring)."""
+    from explorer.chunking import schedule_waves
+
+    volume = run = io = 0.0
+    n_tasks = 0
+    per_run: dict[str, list[float]] = {}
+    for r in records:
+        if (r.source not in IN_WORKER_SOURCES or r.status != "ok"
+                or (environment is not None and r.context.get("environment") != environment)):
+            continue
+        c = r.context
+        task, inside = c.get("task_seconds"), c.get("run_seconds")
+        if task is None or inside is None:
+            continue
+        other = float(c.get("other_seconds") or 0.0)
+        volume += float(math.prod(r.shape))
+        run += float(inside)
+        io += max(0.0, float(task) - float(inside)) + other
+        n_tasks += 1
+        per_run.setdefault(str(c.get("run", "")), []).append(float(task) + other)
+    overheads = []
+    for r in records:
+        if r.source != RUN_SOURCE or r.status != "ok":
+            continue
+        c = r.context
+        chunk_seconds = per_run.get(str(c.get("run", "")))
+        needed = ("seconds", "n_tasks", "slots", "tasks_per_chunk")
+        if not chunk_seconds or any(c.get(k) is None for k in needed):
+            continue
+        waves = float(schedule_waves(c["n_tasks"], c["slots"]))
+        g = (float(c["seconds"]) / waves - float(np.mean(chunk_seconds))) / float(c["tasks_per_chunk"])
+        overheads.append(max(0.0, g))
+    return TimingFit(
+        operator_seconds_per_voxel=run / volume if volume > 0 else None,
+        io_seconds_per_voxel=io / volume if volume > 0 else None,
+        graph_task_seconds=float(np.median(overheads)) if overheads else None,
+        n_tasks=n_tasks,
+        n_runs=len(overheads),
+    )
+
+
+# --------------------------------------------------------------------------- the calibration
+
 
 @dataclass
-class Calibration:
-    r"""How in-worker task peaks relate to the model's isolated predictions.
+class WorkerCalibration:
+    """The in-worker excess and timings of one operator, as saved in ``calibration.json``.
 
-    With ``r_i = y_i / m_i`` (observed task peak over the uncalibrated model mean at the
-    task's block), over the ``n`` exact production observations:
-
-    * ``ratio_mean``, ``ratio_var``: the sample mean and variance (ddof 1) of ``r``;
-    * ``mean = max(ratio_mean, MIN_APPLIED_RATIO)``: the applied factor;
-    * ``var``: the variance of a *new task's* ratio, so that the bound covers single
-      tasks, not only their average: ``s_p^2 (1 + 1/n)`` where ``s_p^2`` pools the
-      sample variance with a prior relative spread (``PRIOR_RATIO_SD`` worth
-      ``PRIOR_PSEUDO_OBSERVATIONS`` observations):
-      ``s_p^2 = ((n - 1) s^2 + k_0 sd_0^2) / (n - 1 + k_0)``;
-      then raised, if needed, until every observation lies under the calibrated upper
-      bound at ``confidence`` (so a task that was over the bound widens the next plan).
-
-    ``mean, var = calibration`` unpacks the two numbers ``MemoryModel.with_calibration`` takes.
+    ``excess`` is None while not identified (see the module docstring); ``environment``
+    is the workers' stamp (``explorer.environment``) the observations were made in;
+    ``n_groups_over_bound`` counts the groups above their own in-sample bound at
+    ``confidence`` (a diagnostic: about ``(1 - c) n`` of them are expected).
     """
 
     operator: str
-    mean: float
-    var: float
-    n: int
-    ratio_mean: float
-    ratio_var: float
-    max_ratio: float
+    excess: ExcessFit | None
+    timing: TimingFit
+    n_groups: int
+    n_probe_groups: int
+    n_tasks: int
     confidence: float
-    coverage_raised: bool
-    n_over_uncalibrated_bound: int
-    updated: float
-
-    def __iter__(self):
-        return iter((self.mean, self.var))
+    n_groups_over_bound: int
+    environment: dict | None
+    updated: float = field(default_factory=time.time)
+    #: Differences from this process's environment, set by :func:`load_calibration`.
+    stale: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        out.pop("stale")
+        out["format_version"] = FORMAT_VERSION
+        if self.excess is not None:
+            out["excess"].update(bytes_per_voxel=self.excess.bytes_per_voxel,
+                                 intercept_bytes=self.excess.intercept_bytes, dof=self.excess.dof,
+                                 method=self.excess.quantile(self.confidence)[1])
+        out["timing"]["seconds_per_voxel"] = self.timing.seconds_per_voxel
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "WorkerCalibration":
+        if data.get("format_version") != FORMAT_VERSION:
+            raise ValueError(f"format {data.get('format_version')} != {FORMAT_VERSION}")
+        excess = data.get("excess")
+        if excess is not None:
+            excess = ExcessFit(coef=tuple(excess["coef"]), xtx_inv=tuple(excess["xtx_inv"]),
+                               residual_sd=float(excess["residual_sd"]), n_groups=int(excess["n_groups"]),
+                               v_ref=float(excess["v_ref"]), scores=tuple(excess.get("scores") or ()))
+            values = [*excess.coef, *excess.xtx_inv, excess.residual_sd, excess.v_ref]
+            if len(excess.coef) != 2 or len(excess.xtx_inv) != 4 or not all(map(math.isfinite, values)) \
+                    or excess.residual_sd < 0 or excess.v_ref <= 0 or excess.n_groups <= N_COEFFICIENTS:
+                raise ValueError("the excess fit is malformed")
+        t = data["timing"]
+        timing = TimingFit(**{k: t.get(k) for k in ("operator_seconds_per_voxel", "io_seconds_per_voxel",
+                                                    "graph_task_seconds")},
+                           n_tasks=int(t.get("n_tasks") or 0), n_runs=int(t.get("n_runs") or 0))
+        return cls(operator=str(data["operator"]), excess=excess, timing=timing, n_groups=int(data["n_groups"]),
+                   n_probe_groups=int(data.get("n_probe_groups", 0)), n_tasks=int(data["n_tasks"]),
+                   confidence=float(data["confidence"]), n_groups_over_bound=int(data["n_groups_over_bound"]),
+                   environment=data.get("environment"), updated=float(data.get("updated", 0.0)))
 
 
 def calibration_path(operator: str, runs_dir=None) -> Path:
@@ -75,96 +374,172 @@ def calibration_path(operator: str, runs_dir=None) -> Path:
     return paths.operator_dir(operator, runs_dir) / CALIBRATION_FILE
 
 
-def _production_data(records):
-    shapes, peaks = [], []
-    for r in records:
-        if r.source != "production" or r.status != "ok" or r.peak_bytes is None:
-            continue
-        if not r.context.get("exact", False):
-            continue
-        shapes.append(r.shape)
-        peaks.append(float(r.peak_bytes))
-    return np.asarray(shapes, dtype=np.int64).reshape(-1, 3), np.asarray(peaks, dtype=np.float64)
+def environment_digest(stamp: dict) -> str:
+    """A short digest of the worker-relevant part of an environment stamp, kept with each
+    in-worker observation so that a calibration uses its own environment's evidence."""
+    from explorer.environment import WORKER_KEYS
+
+    text = json.dumps({k: stamp.get(k) for k in WORKER_KEYS}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def calibration(operator: str, store, model, *, confidence: float = 0.99, runs_dir=None,
-                save: bool = True) -> Calibration | None:
-    """The calibration of ``operator`` from its production observations in ``store``.
+def calibrate(operator: str, store, model, *, confidence: float = 0.99, runs_dir=None,
+              environment: dict | None = None, save: bool = True) -> WorkerCalibration | None:
+    """The calibration of ``operator`` from the in-worker observations in ``store``.
 
-    ``model`` is the operator's fitted ``MemoryModel`` (its own calibration is ignored:
-    ratios are against isolated predictions).  Saved atomically to
+    ``model`` is the operator's isolated ``MemoryModel`` (the excess is against its mean);
+    ``environment``: the workers' stamp (default: this process's), whose observations
+    are used and which the saved file carries.  Saved atomically to
     :func:`calibration_path` (``runs_dir`` defaults to the store's) unless ``save=False``.
-    Returns ``None`` when there is no exact production observation (``T > 1`` runs give
-    none: see the module docstring).
+    None when there is no in-worker observation at all.
     """
-    shapes, peaks = _production_data(store.records(operator, source="production"))
-    if len(peaks) == 0:
+    from explorer.environment import environment_stamp
+
+    stamp = dict(environment) if environment else environment_stamp(operator)
+    digest = environment_digest(stamp)
+    records = store.records(operator)
+    groups = task_groups(records, digest)
+    timing = fit_timing(records, digest)
+    if len(groups.peak_bytes) == 0 and timing.n_tasks == 0:
         return None
-    isolated = model.with_calibration(1.0, 0.0)
-    m, upper0 = isolated.predict_many(shapes, confidence)
-    # Isolated predictive variance of a single run, recovered from the bound.
-    z = NormalDist().inv_cdf(confidence)
-    v = ((upper0 - m) / z) ** 2
-    ratios = peaks / m
-    n = len(ratios)
-    ratio_mean = float(ratios.mean())
-    ratio_var = float(ratios.var(ddof=1)) if n > 1 else float("nan")
-    k0, sd0 = PRIOR_PSEUDO_OBSERVATIONS, PRIOR_RATIO_SD
-    pooled = ((n - 1) * (ratio_var if n > 1 else 0.0) + k0 * sd0**2) / (n - 1 + k0)
-    c = max(ratio_mean, MIN_APPLIED_RATIO)
-    var = pooled * (1.0 + 1.0 / n)
-    # Coverage: c m + z sqrt(c^2 v + (m^2 + v) var) >= y for every observation.
-    gap = peaks - c * m
-    need = np.where(gap > 0, ((gap / z) ** 2 - c * c * v) / (m * m + v), 0.0)
-    needed = float(need.max()) * (1.0 + 1e-9)
-    raised = needed > var
-    var = max(var, needed)
-    result = Calibration(
-        operator=operator, mean=float(c), var=float(var), n=n, ratio_mean=ratio_mean,
-        ratio_var=ratio_var, max_ratio=float(ratios.max()), confidence=float(confidence),
-        coverage_raised=bool(raised), n_over_uncalibrated_bound=int((peaks > upper0).sum()),
-        updated=time.time(),
-    )
+    excess, over = None, 0
+    if len(groups.peak_bytes):
+        mean, upper = model.predict_many(groups.shapes, confidence)
+        voxels = groups.shapes.prod(axis=1).astype(np.float64)
+        excess = fit_excess(voxels, groups.peak_bytes - mean)
+        if excess is not None:
+            d_mean, d_half = excess.predict(voxels, confidence)
+            bound = np.maximum(upper, mean + d_mean + np.sqrt((upper - mean) ** 2 + d_half**2))
+            over = int((groups.peak_bytes > bound).sum())
+    result = WorkerCalibration(
+        operator=operator, excess=excess, timing=timing, n_groups=len(groups.peak_bytes),
+        n_probe_groups=sum(s == "probe" for s in groups.sources), n_tasks=int(groups.n_tasks.sum()),
+        confidence=float(confidence), n_groups_over_bound=over, environment=stamp)
     if save:
         runs = runs_dir if runs_dir is not None else getattr(store, "runs_dir", None)
-        _save_calibration(result, calibration_path(operator, runs))
+        _save(result, calibration_path(operator, runs))
     return result
 
 
-def _save_calibration(cal: Calibration, path: Path) -> None:
+def _save(cal: WorkerCalibration, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    data = cal.to_dict()
-    data["ratio_var"] = None if math.isnan(cal.ratio_var) else cal.ratio_var
     with open(tmp, "w") as f:
-        json.dump(data, f, indent=2)
+        json.dump(cal.to_dict(), f, indent=2)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
-def load_calibration(operator: str, runs_dir=None) -> tuple[float, float] | None:
-    """``(mean, var)`` saved by :func:`calibration` for ``operator``, or ``None``.
+_CACHE: dict[tuple[str, int], WorkerCalibration] = {}
 
-    Cheap (reads one small JSON file; imports neither distributed nor the store), for
-    ``recommend_chunks``: ``model.with_calibration(*cal)`` when ``cal`` is not None.
-    A malformed file is treated as absent.
+
+def load_calibration(operator: str, runs_dir=None, environment: dict | None = None) -> WorkerCalibration | None:
+    """The saved calibration of ``operator``, or None when there is none (cached by mtime).
+
+    Cheap (one small JSON file; neither distributed nor the store).  A file that is not a
+    calibration of this version raises :class:`CalibrationFileError` naming the file and
+    the command that rebuilds it.  ``cal.stale`` lists how ``environment`` (default: this
+    process's) differs from the one it was learnt in.
     """
+    from explorer.environment import WORKER_KEYS, environment_stamp, stamp_differences
+
+    path = calibration_path(operator, runs_dir)
     try:
-        with open(calibration_path(operator, runs_dir)) as f:
-            data = json.load(f)
-        mean, var = float(data["mean"]), float(data["var"])
-    except (OSError, ValueError, KeyError, TypeError):
+        mtime = path.stat().st_mtime_ns
+    except FileNotFoundError:
         return None
-    if not (mean > 0 and var >= 0 and math.isfinite(mean) and math.isfinite(var)):
-        return None
-    return mean, var
+    key = (str(path), mtime)
+    cal = _CACHE.get(key)
+    if cal is None:
+        try:
+            with open(path) as f:
+                cal = WorkerCalibration.from_dict(json.load(f))
+        except Exception as exc:
+            reason = " ".join(str(exc).split()) or type(exc).__name__
+            raise CalibrationFileError(
+                f"{path} is not a readable calibration ({type(exc).__name__}: {reason[:120]}): run "
+                f"`explore {operator}` to rebuild it (its in-worker probes), or delete the file") from None
+        _CACHE[key] = cal
+    current = environment or environment_stamp(operator)
+    return _with_stale(cal, stamp_differences(cal.environment, current, WORKER_KEYS))
 
 
-def calibrated_model(operator: str, runs_dir=None):
-    """``load_model(operator, runs_dir)`` with the saved calibration applied (if any)."""
+def _with_stale(cal: WorkerCalibration, stale: list) -> WorkerCalibration:
+    if stale == cal.stale:
+        return cal
+    copy = WorkerCalibration(**{f: getattr(cal, f) for f in cal.__dataclass_fields__})
+    copy.stale = stale
+    return copy
+
+
+# --------------------------------------------------------------------------- the task model
+
+
+class TaskModel:
+    """Peak memory of an operator's task inside a Dask worker: the isolated model plus the
+    in-worker excess (module docstring).  ``predict_many`` is the predictor
+    ``explorer.chunking.plan_chunks`` takes; ``warnings`` (one line each) says what the
+    bound does not know (no calibration, a stale model or calibration)."""
+
+    def __init__(self, isolated, calibration: WorkerCalibration | None = None):
+        self.isolated = isolated
+        self.calibration = calibration
+        self.operator = isolated.operator
+        self.halo = isolated.halo
+        self.info = isolated.info
+
+    @property
+    def excess(self) -> ExcessFit | None:
+        return None if self.calibration is None else self.calibration.excess
+
+    @property
+    def warnings(self) -> list[str]:
+        lines = []
+        stale = getattr(self.isolated, "stale", None)
+        if stale:
+            lines.append(f"{self.operator}'s model was learnt in another environment ({'; '.join(stale)}): "
+                         f"run `explore {self.operator}` again")
+        if self.calibration is not None and self.calibration.stale:
+            lines.append(f"{self.operator}'s in-worker calibration was learnt in another environment "
+                         f"({'; '.join(self.calibration.stale)}): run `explore {self.operator}` again")
+        if self.excess is None:
+            lines.append(f"no in-worker calibration for {self.operator}: the bound is the isolated profile's and "
+                         f"does not count a task's copies inside a Dask worker; run `explore {self.operator}` "
+                         f"(it ends with in-worker probes)")
+        return lines
+
+    @property
+    def seconds_per_voxel(self) -> float | None:
+        """Learnt seconds per block voxel of a Dask run (None: not learnt yet)."""
+        return None if self.calibration is None else self.calibration.timing.seconds_per_voxel
+
+    @property
+    def graph_task_seconds(self) -> float | None:
+        return None if self.calibration is None else self.calibration.timing.graph_task_seconds
+
+    def predict_many(self, shapes, confidence: float = 0.99) -> tuple[np.ndarray, np.ndarray]:
+        """``(mean, upper)`` bytes of a task's in-worker peak on blocks of ``shapes``."""
+        mean, upper = self.isolated.predict_many(shapes, confidence)
+        if self.excess is None:
+            return mean, upper
+        voxels = np.asarray(shapes, dtype=np.float64).reshape(-1, 3).prod(axis=1)
+        d_mean, d_half = self.excess.predict(voxels, confidence)
+        task_mean = mean + d_mean
+        return task_mean, np.maximum(upper, task_mean + np.sqrt((upper - mean) ** 2 + d_half**2))
+
+    def predict(self, shape, confidence: float = 0.99) -> tuple[float, float]:
+        mean, upper = self.predict_many(np.asarray(shape).reshape(1, 3), confidence)
+        return float(mean[0]), float(upper[0])
+
+    def __repr__(self) -> str:
+        e = self.excess
+        excess = "none" if e is None else f"{e.intercept_bytes / 2**20:+.2f} MiB + {e.bytes_per_voxel:.2f} B/voxel"
+        return f"<TaskModel {self.operator} excess={excess}>"
+
+
+def task_model(operator: str, runs_dir=None, environment: dict | None = None) -> TaskModel:
+    """``load_model(operator)`` with the saved in-worker calibration (if any)."""
     from explorer.surrogate import load_model
 
-    model = load_model(operator, runs_dir=runs_dir)
-    cal = load_calibration(operator, runs_dir)
-    return model.with_calibration(*cal) if cal is not None else model
+    return TaskModel(load_model(operator, runs_dir=runs_dir), load_calibration(operator, runs_dir, environment))

@@ -10,21 +10,26 @@ Each task sees a block ``b``: on a whole axis the full length ``N``, on any othe
 axis ``c + 2h`` (one-sided ``c + h`` when the axis has two chunks, ``N`` when it has
 one; never more than ``N``)::
 
-    total = baseline_bytes                               # the worker process itself
+    total = baseline_bytes                               # the worker process, measured
           + T * (input_block_bytes + task_peak_bytes)    # task_bytes: T tasks running
           + T * waiting_input_bytes_per_thread           # held_bytes: blocks waiting ...
           + T * held_output_bytes_per_thread             #   ... outputs not yet released ...
           + neighbour_chunk_bytes                        #   ... and chunks kept for halos
 
     input_block_bytes               = prod(b) * itemsize          (float32 input: 4)
-    task_peak_bytes                 = peak_bytes(b)               (model mean, or its upper bound)
+    task_peak_bytes                 = the in-worker task peak at b (mean, or its upper bound)
     waiting_input_bytes_per_thread  = WAITING_INPUTS_PER_THREAD * prod(b) * itemsize
     held_output_bytes_per_thread    = HELD_OUTPUTS_PER_THREAD  * prod(b) * output_itemsize
 
-``peak_bytes`` is the definition of ARCHITECTURE.md: the highest RSS while
-``operator.run(x)`` executes minus the RSS just before, with ``x`` resident, so the
-task's own output is inside ``task_peak_bytes`` while it runs.  Held blocks are
-counted per thread because the scheduler keeps each thread fed:
+``baseline_bytes`` is the resident memory of an idle worker with the operator loaded,
+measured on the workers that run the work (``explorer.inworker.warm_worker``), never a
+constant: a user's workers (preloads, plugins, other versions) differ from ours by
+hundreds of MiB.  ``task_peak_bytes`` is the in-worker task peak of
+``docs/definitions.md``: the isolated ``peak_bytes(b)`` (the highest RSS while
+``operator.run(x)`` executes minus the RSS just before, with ``x`` resident) plus what
+the task needs around ``run`` inside a worker (the concatenated block, the store's
+copies; ``explorer.calibration``), so the task's own output is inside it while it runs.
+Held blocks are counted per thread because the scheduler keeps each thread fed:
 
 * one waiting input block of ``b``: the next task's block (its chunk and the
   neighbour slices ``map_overlap`` gathers, then concatenates) is resident before
@@ -74,6 +79,17 @@ Among the candidates that fit the plan is, in order:
 4. fewest tasks (this only matters with several slots);
 5. smallest upper footprint, then longer chunks on later axes (the samples axis of a
    seismic volume is contiguous on disk), so the choice is deterministic.
+
+The three stages are separate functions: :func:`chunk_candidates` (shapes, blocks, task
+counts, time model), :func:`evaluate_candidates` (predictions and footprints) and
+:func:`rank_candidates` (the keys above).  The time model's ``s`` and ``o`` come from
+the caller: learnt from the workers' clocks once a probe or a run has taught them
+(``explorer.calibration.TimingFit``), the defaults below before.
+
+Re-planning (:func:`replan`) is planning policy too: a running computation whose task
+exceeded its bound restarts with a new plan only early (at most
+:data:`REPLAN_MAX_DONE_FRACTION` of its tasks done) and only when its own footprint no
+longer fits under the updated predictor.
 """
 
 from __future__ import annotations
@@ -91,22 +107,21 @@ __all__ = [
     "ChunkPlan",
     "ChunkPlanError",
     "WorkerFootprint",
+    "Candidates",
+    "chunk_candidates",
+    "evaluate_candidates",
     "plan_chunks",
+    "plan_fits",
     "plan_seconds",
+    "rank_candidates",
+    "replan",
+    "schedule_waves",
     "neighbour_chunks_held",
     "run_seconds_per_voxel",
     "graph_tasks_per_chunk",
-    "recommend_chunks",
     "worker_footprint",
     "worker_pause_fraction",
 ]
-
-#: Resident memory of an idle Dask worker process, in bytes.  A measured default:
-#: a ``distributed`` 2026.8 worker (one process, 1 or 4 threads) with numpy and
-#: dask.array imported held 89 MiB after a ``map_overlap`` compute; importing
-#: scipy.ndimage and scipy.signal (the operators' dependencies) adds 48 MiB.
-#: 137 MiB measured, rounded up to 160 MiB.  Override with ``baseline_bytes=``.
-DEFAULT_WORKER_BASELINE_BYTES = 160 * 2**20
 
 #: Input blocks gathered and waiting, per thread, beyond the one each running task holds.
 WAITING_INPUTS_PER_THREAD = 1
@@ -125,7 +140,7 @@ MAX_CANDIDATES = 8_000
 PREDICT_BATCH_ROWS = 1024
 #: Lengths per axis in the probe pass of a plan (a sub-grid of at most 6^3 candidates).
 PROBE_VALUES_PER_AXIS = 6
-#: The input block is float32 (ARCHITECTURE.md: peak_bytes is beyond the float32 input).
+#: The input block is float32 (docs/definitions.md: peak_bytes is beyond the float32 input).
 INPUT_ITEMSIZE = 4
 #: Seconds of overhead per Dask graph task (scheduling, messages, small transfers).
 #: A measured default: :func:`plan_seconds` fitted to the grid runs of
@@ -219,9 +234,9 @@ def worker_footprint(
     task_peak_bytes,
     *,
     threads_per_worker: int = 1,
+    baseline_bytes: int,
     itemsize: int = INPUT_ITEMSIZE,
     output_itemsize: int = 4,
-    baseline_bytes: int = DEFAULT_WORKER_BASELINE_BYTES,
     waiting_inputs_per_thread: int = WAITING_INPUTS_PER_THREAD,
     held_outputs_per_thread: int = HELD_OUTPUTS_PER_THREAD,
     chunk_shapes=None,
@@ -353,15 +368,20 @@ def plan_seconds(
     times; for a fixed volume the optimum is near ``n = sqrt(C * work / overhead)``.
     ``tasks_per_chunk``: :func:`graph_tasks_per_chunk`.  Scalars or arrays (broadcast).
     """
+    if seconds_per_voxel < 0 or graph_task_seconds < 0:
+        raise ValueError("seconds_per_voxel and graph_task_seconds must be non-negative")
+    chunk_seconds = (graph_task_seconds * np.asarray(tasks_per_chunk, dtype=np.float64)
+                     + seconds_per_voxel * np.asarray(block_samples, dtype=np.float64))
+    return schedule_waves(n_tasks, slots) * chunk_seconds
+
+
+def schedule_waves(n_tasks, slots: int):
+    """``n / C + 1 - 1 / C``: Graham's bound on greedy list scheduling of ``n`` tasks on
+    ``C`` slots, in units of one task's time (:func:`plan_seconds`)."""
     slots = int(slots)
     if slots < 1:
         raise ValueError(f"slots must be >= 1, got {slots}")
-    if seconds_per_voxel < 0 or graph_task_seconds < 0:
-        raise ValueError("seconds_per_voxel and graph_task_seconds must be non-negative")
-    n = np.asarray(n_tasks, dtype=np.float64)
-    chunk_seconds = (graph_task_seconds * np.asarray(tasks_per_chunk, dtype=np.float64)
-                     + seconds_per_voxel * np.asarray(block_samples, dtype=np.float64))
-    return (n / slots + 1.0 - 1.0 / slots) * chunk_seconds
+    return np.asarray(n_tasks, dtype=np.float64) / slots + 1.0 - 1.0 / slots
 
 
 # --------------------------------------------------------------------------- the plan
@@ -402,6 +422,20 @@ class ChunkPlan:
     seconds_per_voxel: float | None = None
     #: Input chunks a worker keeps for its neighbours' halos (:func:`neighbour_chunks_held`).
     neighbour_chunks: int = 0
+    #: The workers the plan shares the work between.
+    workers: int = 1
+    #: Bytes per sample of the input and of the output.
+    itemsize: int = INPUT_ITEMSIZE
+    output_itemsize: int = 4
+    #: The smallest chunk along a free axis the planner considered.
+    min_chunk: int = DEFAULT_MIN_CHUNK
+    #: The time model's seconds of overhead per Dask graph task.
+    graph_task_seconds: float = DEFAULT_GRAPH_TASK_SECONDS
+    #: What the bound does not know, one line each (a stale model, no in-worker calibration).
+    warnings: tuple[str, ...] = ()
+    #: Where ``footprint.baseline_bytes`` came from: ``"cluster"`` (measured on the workers
+    #: of the run), ``"local"`` (measured once on this machine and saved) or ``"given"``.
+    baseline_source: str = "given"
 
     @property
     def budget_bytes(self) -> int:
@@ -437,6 +471,11 @@ class ChunkPlan:
             "predicted_seconds": self.predicted_seconds,
             "seconds_per_voxel": self.seconds_per_voxel,
             "neighbour_chunks": self.neighbour_chunks,
+            "workers": self.workers,
+            "baseline_bytes": self.footprint.baseline_bytes,
+            "baseline_source": self.baseline_source,
+            "graph_task_seconds": self.graph_task_seconds,
+            "warnings": list(self.warnings),
         }
 
 
@@ -496,6 +535,120 @@ def _samples(shapes: np.ndarray) -> np.ndarray:
     return out
 
 
+@dataclass
+class Candidates:
+    """Candidate chunkings of one volume, one row each (:func:`chunk_candidates`).
+
+    ``axis_chunks[i]``: the candidate lengths along axis ``i``; ``grid[i]``: each row's
+    index into it.  ``chunks``, ``blocks`` ``(m, ndim)``; ``n_tasks``, ``neighbours``
+    (:func:`neighbour_chunks_held`), ``seconds`` (:func:`plan_seconds`) ``(m,)``.  The
+    predictions ``mean_peak``, ``upper_peak`` and the bound's ``upper_total`` are filled
+    by :func:`evaluate_candidates` (``inf``/int64 max where not predicted).
+    """
+
+    axis_chunks: list
+    grid: tuple
+    chunks: np.ndarray
+    blocks: np.ndarray
+    n_tasks: np.ndarray
+    neighbours: np.ndarray
+    seconds: np.ndarray
+    mean_peak: np.ndarray = None
+    upper_peak: np.ndarray = None
+    upper_total: np.ndarray = None
+
+    def __post_init__(self):
+        m = len(self.chunks)
+        self.mean_peak = np.full(m, np.inf)
+        self.upper_peak = np.full(m, np.inf)
+        self.upper_total = np.full(m, np.iinfo(np.int64).max, dtype=np.int64)
+
+
+def chunk_candidates(shape, halo, whole, *, footprint, budget: int, min_chunk: int, workers: int, slots: int,
+                     seconds_per_voxel: float, graph_task_seconds: float) -> Candidates:
+    """The candidate chunkings (module docstring): the Cartesian product of per-axis chunk
+    lengths, less those whose footprint with ``peak = 0`` already exceeds ``budget`` (the
+    smallest is kept so that a failure can report it); their time model is evaluated."""
+    ndim = len(shape)
+    n_free = max(1, ndim - len(whole))
+    cap = max(4, int(MAX_CANDIDATES ** (1.0 / n_free) + 1e-9))
+    axis_chunks = [axis_chunk_candidates(shape[i], halo[i], i in whole, min_chunk, cap) for i in range(ndim)]
+    axis_block = [axis_blocks(shape[i], c, halo[i]) for i, c in enumerate(axis_chunks)]
+    axis_counts = [-(-shape[i] // c) for i, c in enumerate(axis_chunks)]
+    block_samples = functools.reduce(np.multiply.outer, axis_block).ravel()
+    n_tasks = functools.reduce(np.multiply.outer, axis_counts).ravel()
+    # The footprint depends on a block only through its volume: volumes as 1-axis shapes.
+    floor_total = footprint(block_samples[:, None], 0).total
+    keep = np.flatnonzero(floor_total <= budget)
+    if keep.size == 0:
+        keep = np.array([np.argmin(floor_total)])
+    grid = np.unravel_index(keep, [len(c) for c in axis_chunks])
+    chunks = np.stack([c[g] for c, g in zip(axis_chunks, grid)], axis=1)
+    blocks = np.stack([b[g] for b, g in zip(axis_block, grid)], axis=1)
+    counts = -(-np.asarray(shape) // chunks)
+    seconds = plan_seconds(n_tasks[keep], _samples(blocks), slots,
+                           tasks_per_chunk=graph_tasks_per_chunk(counts, halo),
+                           seconds_per_voxel=seconds_per_voxel, graph_task_seconds=graph_task_seconds)
+    return Candidates(axis_chunks=axis_chunks, grid=grid, chunks=chunks, blocks=blocks, n_tasks=n_tasks[keep],
+                      neighbours=neighbour_chunks_held(counts, halo, workers), seconds=seconds)
+
+
+def _first_key(c: Candidates, slots: int) -> tuple[np.ndarray, float]:
+    """The first ranking key and its tie factor: fewest tasks (exactly) with one slot; the
+    time model within :data:`SECONDS_TIE_FRACTION` with several.  Known before any prediction."""
+    if slots == 1:
+        return c.n_tasks.astype(np.float64), 1.0
+    return c.seconds, 1.0 + SECONDS_TIE_FRACTION
+
+
+def evaluate_candidates(c: Candidates, predict: Predictor, *, confidence: float, footprint, budget: int,
+                        slots: int) -> int:
+    """Predict the candidates' task peaks and upper footprints; return how many were predicted.
+
+    Two passes over disjoint rows.  Pass 1, a probe: a sub-grid of at most
+    :data:`PROBE_VALUES_PER_AXIS` lengths per axis.  The first ranking key needs no
+    prediction, so a probe row that fits with key ``k`` rules out every candidate above
+    ``k`` (times the tie factor), and pass 2 predicts only the rest: the plan is the one
+    an exhaustive evaluation would give, for a fraction of the rows.
+    """
+    first_key, tie = _first_key(c, slots)
+    probe = np.ones(len(c.blocks), dtype=bool)
+    for axis, lengths in enumerate(c.axis_chunks):
+        sub = np.unique(np.rint(np.linspace(0, len(lengths) - 1, PROBE_VALUES_PER_AXIS)).astype(np.int64))
+        probe &= np.isin(c.grid[axis], sub)
+    probe_rows = np.flatnonzero(probe)
+    _predict_rows(predict, c, probe_rows, confidence, footprint)
+    probe_fits = probe_rows[c.upper_total[probe_rows] <= budget]
+    rest = ~probe
+    if probe_fits.size:
+        rest &= first_key <= first_key[probe_fits].min() * tie
+    _predict_rows(predict, c, np.flatnonzero(rest), confidence, footprint)
+    return int(probe.sum() + rest.sum())
+
+
+def rank_candidates(c: Candidates, shape, whole, *, budget: int, slots: int) -> int:
+    """The index of the plan among the candidates that fit (module docstring, keys 1-5)."""
+    ndim = len(shape)
+    fits = c.upper_total <= budget
+    first_key, tie = _first_key(c, slots)
+    # 1. the first key (fewest tasks; or, with several slots, least predicted seconds within
+    #    the tie fraction: the model ranks, it is no stopwatch); the rest order the tied.
+    tied = np.flatnonzero(fits & (first_key <= first_key[fits].min() * tie))
+    tied_chunks = c.chunks[tied]
+    n_chunks = -(-np.asarray(shape) // tied_chunks)
+    # 2. evenness: the share of the task grid past the array's end.
+    grid_samples = _samples(n_chunks * tied_chunks).astype(np.float64)
+    padding_fraction = grid_samples / float(math.prod(shape)) - 1.0
+    # 3. compactness: aspect ratio over the non-whole axes.
+    free = [i for i in range(ndim) if i not in whole] or list(range(ndim))
+    aspect = tied_chunks[:, free].max(axis=1) / tied_chunks[:, free].min(axis=1)
+    # 4. fewest tasks, 5. smaller upper footprint, then longer chunks on later axes.
+    #    (np.lexsort: last key first.)
+    later_axes_longer = [-tied_chunks[:, i] for i in range(ndim)]
+    order = np.lexsort(later_axes_longer + [c.upper_total[tied], c.n_tasks[tied], aspect, padding_fraction])
+    return int(tied[order[0]])
+
+
 def plan_chunks(
     shape,
     halo,
@@ -503,32 +656,36 @@ def plan_chunks(
     predict: Predictor,
     limit_bytes: int,
     *,
+    baseline_bytes: int,
     threads_per_worker: int = 1,
     confidence: float = 0.99,
     pause_fraction: float = FALLBACK_PAUSE_FRACTION,
     itemsize: int = INPUT_ITEMSIZE,
     output_itemsize: int = 4,
-    baseline_bytes: int = DEFAULT_WORKER_BASELINE_BYTES,
     min_chunk: int = DEFAULT_MIN_CHUNK,
     operator: str | None = None,
     workers: int = 1,
     seconds_per_voxel: float = DEFAULT_SECONDS_PER_VOXEL,
     graph_task_seconds: float = DEFAULT_GRAPH_TASK_SECONDS,
+    warnings: tuple[str, ...] = (),
+    baseline_source: str = "given",
 ) -> ChunkPlan:
-    """The fastest chunks whose upper worker footprint fits (module docstring).
+    """The fastest chunks whose upper worker footprint fits (module docstring):
+    :func:`chunk_candidates`, :func:`evaluate_candidates`, :func:`rank_candidates`.
 
-    ``workers``: the cluster's workers; tasks run ``C = workers * threads_per_worker``
-    at a time.  With one slot the first key is the fewest tasks; with several it is
-    :func:`plan_seconds` with ``C`` slots and the given ``seconds_per_voxel`` and
-    ``graph_task_seconds``, which splits the work into enough tasks that no slot idles
-    through a long tail, and not so many that the per-task overhead dominates; plans
-    within :data:`SECONDS_TIE_FRACTION` of the fastest are tied.  ``predicted_seconds``
-    is reported either way.
+    ``baseline_bytes``: the idle worker's resident memory, measured where the work runs
+    (``explorer.recommend``).  ``workers``: the cluster's workers; tasks run
+    ``C = workers * threads_per_worker`` at a time.  With one slot the first key is the
+    fewest tasks; with several it is :func:`plan_seconds` with ``C`` slots and the given
+    ``seconds_per_voxel`` and ``graph_task_seconds``; plans within
+    :data:`SECONDS_TIE_FRACTION` of the fastest are tied.  ``predicted_seconds`` is
+    reported either way.
 
-    ``predict(block_shapes, confidence=confidence) -> (mean, upper)`` gives the
-    isolated task's ``peak_bytes`` for ``(m, ndim)`` int64 block shapes; it is called
-    once.  A candidate fits when ``worker_footprint(b, upper).total <= pause_fraction
-    * limit_bytes``.  Raises :class:`ChunkPlanError` when none does.
+    ``predict(block_shapes, confidence=confidence) -> (mean, upper)`` gives a task's
+    ``peak_bytes`` for ``(m, ndim)`` int64 block shapes.  A candidate fits when
+    ``worker_footprint(b, upper).total <= pause_fraction * limit_bytes``.  Raises
+    :class:`ChunkPlanError` when none does, saying so when the baseline alone leaves no
+    room.  ``warnings`` (one line each) and ``baseline_source`` are carried on the plan.
     """
     shape = tuple(int(n) for n in shape)
     ndim = len(shape)
@@ -552,110 +709,27 @@ def plan_chunks(
         raise ValueError(f"min_chunk must be >= 1, got {min_chunk}")
     if int(workers) < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
-    concurrency = int(workers) * threads
+    if int(baseline_bytes) < 0:
+        raise ValueError(f"baseline_bytes must be non-negative, got {baseline_bytes}")
+    slots = int(workers) * threads
     budget = math.floor(pause_fraction * limit_bytes)
-    footprint = functools.partial(
-        worker_footprint,
-        threads_per_worker=threads,
-        itemsize=itemsize,
-        output_itemsize=output_itemsize,
-        baseline_bytes=baseline_bytes,
-    )
+    footprint = functools.partial(worker_footprint, threads_per_worker=threads, itemsize=itemsize,
+                                  output_itemsize=output_itemsize, baseline_bytes=baseline_bytes)
+    candidates = chunk_candidates(shape, halo, whole, footprint=footprint, budget=budget, min_chunk=int(min_chunk),
+                                  workers=int(workers), slots=slots, seconds_per_voxel=seconds_per_voxel,
+                                  graph_task_seconds=graph_task_seconds)
+    n_predicted = evaluate_candidates(candidates, predict, confidence=confidence, footprint=footprint,
+                                      budget=budget, slots=slots)
+    if not (candidates.upper_total <= budget).any():
+        raise ChunkPlanError(_no_fit_message(candidates, shape, operator, threads, confidence, pause_fraction,
+                                             limit_bytes, budget, int(baseline_bytes)))
+    index = rank_candidates(candidates, shape, whole, budget=budget, slots=slots)
 
-    # Candidates: the Cartesian product of per-axis chunk lengths; per-axis arithmetic
-    # first (small arrays), then one (m, ndim) grid of chunks and of blocks.
-    n_free = max(1, ndim - len(whole))
-    cap = max(4, int(MAX_CANDIDATES ** (1.0 / n_free) + 1e-9))
-    axis_chunks = [
-        axis_chunk_candidates(shape[i], halo[i], i in whole, min_chunk, cap) for i in range(ndim)
-    ]
-    axis_block = [axis_blocks(shape[i], c, halo[i]) for i, c in enumerate(axis_chunks)]
-    axis_counts = [-(-shape[i] // c) for i, c in enumerate(axis_chunks)]
-    block_samples = functools.reduce(np.multiply.outer, axis_block).ravel()
-    n_tasks = functools.reduce(np.multiply.outer, axis_counts).ravel()
-
-    # Blocks and held outputs alone (peak 0) are a lower bound: drop what cannot fit,
-    # but keep the smallest candidate so a failure can report its footprint.  (The
-    # footprint depends on a block only through its volume: pass volumes as 1-axis shapes.)
-    floor_total = footprint(block_samples[:, None], 0).total
-    keep = np.flatnonzero(floor_total <= budget)
-    if keep.size == 0:
-        keep = np.array([np.argmin(floor_total)])
-    grid = np.unravel_index(keep, [len(c) for c in axis_chunks])
-    chunks = np.stack([c[g] for c, g in zip(axis_chunks, grid)], axis=1)
-    blocks = np.stack([b[g] for b, g in zip(axis_block, grid)], axis=1)
-    n_tasks = n_tasks[keep]
-    chunk_counts = -(-np.asarray(shape) // chunks)
-    neighbours = neighbour_chunks_held(chunk_counts, halo, workers)
-    seconds = plan_seconds(n_tasks, _samples(blocks), concurrency,
-                           tasks_per_chunk=graph_tasks_per_chunk(chunk_counts, halo),
-                           seconds_per_voxel=seconds_per_voxel, graph_task_seconds=graph_task_seconds)
-    # The first key: with one slot, fewest tasks (exactly); with several, the time model,
-    # within the tie fraction.  Both are known before any prediction.
-    if concurrency == 1:
-        first_key, tie = n_tasks.astype(np.float64), 1.0
-    else:
-        first_key, tie = seconds, 1.0 + SECONDS_TIE_FRACTION
-
-    # Predict in two passes over disjoint rows.  Pass 1, a probe: a sub-grid of at most
-    # PROBE_VALUES_PER_AXIS lengths per axis.  The first key needs no predictor, so a
-    # probe that fits with key k rules out every candidate above k (x the tie fraction),
-    # and pass 2 predicts only the rest: the plan is the one an exhaustive evaluation
-    # would give, for a fraction of the rows.
-    unknown = np.iinfo(np.int64).max
-    mean_peak = np.full(len(blocks), np.inf)
-    upper_peak = np.full(len(blocks), np.inf)
-    upper_total = np.full(len(blocks), unknown, dtype=np.int64)
-    probe = np.ones(len(blocks), dtype=bool)
-    for axis, lengths in enumerate(axis_chunks):
-        sub = np.unique(np.rint(np.linspace(0, len(lengths) - 1, PROBE_VALUES_PER_AXIS)).astype(np.int64))
-        probe &= np.isin(grid[axis], sub)
-    probe_rows = np.flatnonzero(probe)
-    held = (chunks, neighbours)
-    _predict_rows(predict, blocks, held, probe_rows, confidence, footprint, mean_peak, upper_peak, upper_total)
-    probe_fits = probe_rows[upper_total[probe_rows] <= budget]
-    rest = ~probe
-    if probe_fits.size:
-        rest &= first_key <= first_key[probe_fits].min() * tie
-    _predict_rows(predict, blocks, held, np.flatnonzero(rest), confidence, footprint, mean_peak, upper_peak,
-                  upper_total)
-    n_predicted = int(probe.sum() + rest.sum())
-    fits = upper_total <= budget
-
-    if not fits.any():
-        i = int(np.argmin(upper_total))
-        advice = "raise the memory limit" + (
-            f" or use fewer threads per worker (now {threads})" if threads > 1 else ""
-        )
-        raise ChunkPlanError(
-            f"no chunking of {format_shape(shape)} fits"
-            f"{' for ' + operator if operator else ''}: the smallest worker footprint "
-            f"({format_shape(chunks[i])} chunks, {threads} thread(s), {confidence:.0%} bound) is "
-            f"{format_bytes(int(upper_total[i]))} > {pause_fraction:g} x limit "
-            f"{format_bytes(limit_bytes)} = {format_bytes(budget)}; {advice}"
-        )
-
-    # 1. the first key (fewest tasks; or, with several slots, least predicted seconds within
-    #    the tie fraction: the model ranks, it is no stopwatch); the rest order the tied.
-    tied = np.flatnonzero(fits & (first_key <= first_key[fits].min() * tie))
-    tied_chunks = chunks[tied]
-    n_chunks = -(-np.asarray(shape) // tied_chunks)
-    # 2. evenness: the share of the task grid past the array's end.
-    grid_samples = _samples(n_chunks * tied_chunks).astype(np.float64)
-    padding_fraction = grid_samples / float(math.prod(shape)) - 1.0
-    # 3. compactness: aspect ratio over the non-whole axes.
-    free = [i for i in range(ndim) if i not in whole] or list(range(ndim))
-    aspect = tied_chunks[:, free].max(axis=1) / tied_chunks[:, free].min(axis=1)
-    # 4. fewest tasks, 5. smaller upper footprint, then longer chunks on later axes.
-    #    (np.lexsort: last key first.)
-    later_axes_longer = [-tied_chunks[:, i] for i in range(ndim)]
-    index = tied[np.lexsort(later_axes_longer + [upper_total[tied], n_tasks[tied], aspect, padding_fraction])[0]]
-
-    chunk = tuple(int(c) for c in chunks[index])
-    block = tuple(int(b) for b in blocks[index])
-    kept = {"chunk_shapes": chunk, "neighbour_chunks": int(neighbours[index])}
-    bound = footprint(block, float(upper_peak[index]), **kept)
-    mean = footprint(block, float(mean_peak[index]), **kept)
+    chunk = tuple(int(c) for c in candidates.chunks[index])
+    block = tuple(int(b) for b in candidates.blocks[index])
+    kept = {"chunk_shapes": chunk, "neighbour_chunks": int(candidates.neighbours[index])}
+    bound = footprint(block, float(candidates.upper_peak[index]), **kept)
+    mean = footprint(block, float(candidates.mean_peak[index]), **kept)
     return ChunkPlan(
         operator=operator,
         shape=shape,
@@ -668,35 +742,56 @@ def plan_chunks(
         limit_bytes=limit_bytes,
         pause_fraction=float(pause_fraction),
         confidence=float(confidence),
-        n_tasks=int(n_tasks[index]),
+        n_tasks=int(candidates.n_tasks[index]),
         threads_per_worker=threads,
         footprint=bound,
         n_candidates=n_predicted,
-        slots=concurrency,
-        predicted_seconds=float(seconds[index]),
+        slots=slots,
+        predicted_seconds=float(candidates.seconds[index]),
         seconds_per_voxel=float(seconds_per_voxel),
-        neighbour_chunks=int(neighbours[index]),
+        neighbour_chunks=int(candidates.neighbours[index]),
+        workers=int(workers),
+        itemsize=int(itemsize),
+        output_itemsize=int(output_itemsize),
+        min_chunk=int(min_chunk),
+        graph_task_seconds=float(graph_task_seconds),
+        warnings=tuple(warnings),
+        baseline_source=str(baseline_source),
     )
 
 
-def _predict_rows(predict, blocks, held, rows, confidence, footprint, mean_peak, upper_peak, upper_total) -> None:
-    """Fill ``mean_peak``, ``upper_peak`` (>= mean) and ``upper_total`` at ``rows`` from ``predict``.
+def _no_fit_message(c: Candidates, shape, operator, threads, confidence, pause_fraction, limit_bytes, budget,
+                    baseline_bytes) -> str:
+    where = f" for {operator}" if operator else ""
+    limits = f"{pause_fraction:g} x limit {format_bytes(limit_bytes)} = {format_bytes(budget)}"
+    if baseline_bytes >= budget:
+        return (f"no chunking of {format_shape(shape)} fits{where}: the workers' baseline (an idle worker with the "
+                f"operator loaded) is {format_bytes(baseline_bytes)}, already at or above the pause threshold "
+                f"{limits}; raise the memory limit")
+    i = int(np.argmin(c.upper_total))
+    advice = "raise the memory limit" + (f" or use fewer threads per worker (now {threads})" if threads > 1 else "")
+    return (f"no chunking of {format_shape(shape)} fits{where}: the smallest worker footprint "
+            f"({format_shape(c.chunks[i])} chunks, {threads} thread(s), {confidence:.0%} bound) is "
+            f"{format_bytes(int(c.upper_total[i]))} > {limits}, of which the workers' baseline is "
+            f"{format_bytes(baseline_bytes)}; {advice}")
 
-    ``held = (chunks, neighbour_chunks)``, the candidates' chunk shapes and the chunks
-    kept for halos (:func:`neighbour_chunks_held`).
+
+def _predict_rows(predict, c: Candidates, rows, confidence, footprint) -> None:
+    """Fill ``mean_peak``, ``upper_peak`` (>= mean) and ``upper_total`` of ``c`` at ``rows``.
+
     Rows go in slices of ``PREDICT_BATCH_ROWS``; a non-finite prediction leaves the
     total at int64 max (never fits).
     """
     for start in range(0, len(rows), PREDICT_BATCH_ROWS):
         part = rows[start : start + PREDICT_BATCH_ROWS]
-        mean, upper = predict(blocks[part], confidence=confidence)
+        mean, upper = predict(c.blocks[part], confidence=confidence)
         mean = _checked_prediction(mean, len(part), "mean")
         upper = np.maximum(_checked_prediction(upper, len(part), "upper"), mean)
         finite = np.isfinite(upper)
-        total = footprint(blocks[part], np.where(finite, upper, 0.0), chunk_shapes=held[0][part],
-                          neighbour_chunks=held[1][part]).total
-        mean_peak[part], upper_peak[part] = mean, upper
-        upper_total[part] = np.where(finite, total, np.iinfo(np.int64).max)
+        total = footprint(c.blocks[part], np.where(finite, upper, 0.0), chunk_shapes=c.chunks[part],
+                          neighbour_chunks=c.neighbours[part]).total
+        c.mean_peak[part], c.upper_peak[part] = mean, upper
+        c.upper_total[part] = np.where(finite, total, np.iinfo(np.int64).max)
 
 
 def _checked_prediction(values, m: int, what: str) -> np.ndarray:
@@ -704,6 +799,46 @@ def _checked_prediction(values, m: int, what: str) -> np.ndarray:
     if values.shape != (m,):
         raise ValueError(f"predict returned {what} of shape {values.shape}; expected ({m},)")
     return np.where(np.isnan(values), np.inf, values)
+
+
+# --------------------------------------------------------------------------- re-planning
+
+#: A running computation whose task exceeded its bound is restarted with a new plan only
+#: while at most this share of its tasks is done: later, finishing costs less than
+#: starting again (finished blocks cannot be kept: two plans' tasks would write into the
+#: same zarr chunks).
+REPLAN_MAX_DONE_FRACTION = 0.5
+
+
+def plan_fits(plan: ChunkPlan, predict: Predictor) -> bool:
+    """Whether ``plan``'s upper worker footprint still fits its budget under ``predict``."""
+    _mean, upper = predict(np.asarray([plan.block], dtype=np.int64), confidence=plan.confidence)
+    total = worker_footprint(plan.block, float(np.asarray(upper)[0]), threads_per_worker=plan.threads_per_worker,
+                             itemsize=plan.itemsize, output_itemsize=plan.output_itemsize,
+                             baseline_bytes=plan.footprint.baseline_bytes, chunk_shapes=plan.chunks,
+                             neighbour_chunks=plan.neighbour_chunks).total
+    return total <= plan.budget_bytes
+
+
+def replan(plan: ChunkPlan, predict: Predictor, *, done_fraction: float) -> ChunkPlan | None:
+    """The plan to restart a running computation with after a task exceeded its bound, or
+    None to carry on.
+
+    None when more than :data:`REPLAN_MAX_DONE_FRACTION` of the tasks are done, when
+    ``plan`` still fits its budget under the updated ``predict`` (:func:`plan_fits`), or
+    when planning again (:func:`plan_chunks` with the plan's own parameters) gives the
+    same chunks.  :class:`ChunkPlanError` when nothing fits any more.
+    """
+    if done_fraction > REPLAN_MAX_DONE_FRACTION or plan_fits(plan, predict):
+        return None
+    new = plan_chunks(plan.shape, plan.halo, plan.whole_axes, predict, plan.limit_bytes,
+                      baseline_bytes=plan.footprint.baseline_bytes, threads_per_worker=plan.threads_per_worker,
+                      confidence=plan.confidence, pause_fraction=plan.pause_fraction, itemsize=plan.itemsize,
+                      output_itemsize=plan.output_itemsize, min_chunk=plan.min_chunk, operator=plan.operator,
+                      workers=plan.workers, seconds_per_voxel=plan.seconds_per_voxel or DEFAULT_SECONDS_PER_VOXEL,
+                      graph_task_seconds=plan.graph_task_seconds, warnings=plan.warnings,
+                      baseline_source=plan.baseline_source)
+    return None if new.chunks == plan.chunks else new
 
 
 # --------------------------------------------------------------------------- the edge
@@ -755,52 +890,3 @@ def worker_pause_fraction() -> float:
         if value is not False:
             return float(value)
     return 1.0
-
-
-def recommend_chunks(
-    operator: str,
-    shape,
-    memory_limit: int | str,
-    *,
-    threads_per_worker: int = 1,
-    confidence: float = 0.99,
-    runs_dir=None,
-    workers: int = 1,
-) -> ChunkPlan:
-    """The largest safe chunks for ``operator`` on a float32 volume of ``shape``.
-
-    ``shape``: a tuple or ``"800x600x1000"``; ``memory_limit``: bytes or ``"4GiB"``
-    (a Dask worker's ``memory_limit``); ``workers``: how many such workers share the work
-    (see :func:`plan_chunks`).  Halo and whole axes come from the operator
-    registry, ``peak_bytes`` from the saved model (``explorer.surrogate.load_model``) under
-    its production calibration (``explorer.calibration``) when runs have taught one,
-    the pause fraction from Dask's config, the time model's seconds per voxel from
-    the operator's profiled speed (:func:`run_seconds_per_voxel`).  Raises ``KeyError`` for an unknown
-    operator, ``ModelNotFoundError`` (a ``LookupError`` naming the ``explore``
-    command to run) when no model is saved, :class:`ChunkPlanError` when the limit
-    is too small, ``ValueError`` for a malformed shape or size.
-    """
-    shape = parse_shape(shape)
-    limit_bytes = parse_size(memory_limit)
-    import operators
-
-    op = operators.get(operator)
-    from explorer.calibration import calibrated_model
-
-    # the isolated model under the production calibration learnt from past runs, if any
-    model = calibrated_model(operator, runs_dir=runs_dir)
-    return plan_chunks(
-        shape,
-        op.halo,
-        op.whole_axes,
-        model.predict_many,
-        limit_bytes,
-        threads_per_worker=threads_per_worker,
-        confidence=confidence,
-        pause_fraction=worker_pause_fraction(),
-        itemsize=INPUT_ITEMSIZE,
-        output_itemsize=np.dtype(op.output_dtype).itemsize,
-        operator=operator,
-        workers=workers,
-        seconds_per_voxel=run_seconds_per_voxel(model.info.get("seconds_per_voxel")),
-    )

@@ -55,6 +55,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
+    return value
+
+
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -190,6 +200,9 @@ def _cmd_explore(argv: list[str]) -> int:
     parser.add_argument("--jobs", type=_positive_int, default=1, help="profiles run in parallel")
     parser.add_argument("--repeat", type=_positive_int, default=2, help="runs per profile (default 2)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--probes", type=_non_negative_int, default=None,
+                        help="in-worker probes after the isolated profiles (default 6; 0 skips them): what a task "
+                             "costs inside a real Dask worker, so that the bound holds from the first run")
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
     args = parser.parse_args(argv)
 
@@ -202,11 +215,20 @@ def _cmd_explore(argv: list[str]) -> int:
         print(f"[{step.index:>3}/{budget}] {format_shape(step.shape):>15}  {step.status:<8} peak {peak:>10}  "
               f"{secs:>9}  uncertainty {unc}", file=sys.stderr, flush=True)
 
+    def probe_progress(index, total, block, r):
+        if r.status != "ok":
+            line = f"{r.status}: {r.error}"
+        else:
+            line = (f"{r.n_tasks} tasks in a Dask worker, {r.seconds:.1f} s, worker baseline "
+                    f"{format_bytes(r.worker_baseline_bytes)}")
+        print(f"[probe {index}/{total}] {format_shape(block):>15}  {line}", file=sys.stderr, flush=True)
+
     print(f"exploring {args.operator}: budget {args.budget} profiles, tolerance {args.tolerance:.1%}, "
           f"confidence {args.confidence:.0%}", file=sys.stderr, flush=True)
     result = explore(args.operator, budget=args.budget, tolerance=args.tolerance, confidence=args.confidence,
                      memory_limit=args.memory_limit, memory_cap=args.memory_cap, runs_dir=args.runs_dir,
-                     storage=args.storage, jobs=args.jobs, repeat=args.repeat, seed=args.seed, progress=progress)
+                     storage=args.storage, jobs=args.jobs, repeat=args.repeat, seed=args.seed, progress=progress,
+                     probes=args.probes, probe_progress=probe_progress)
     if args.json:
         print(json.dumps(result.to_dict()))
         return 0
@@ -224,6 +246,7 @@ def _cmd_explore(argv: list[str]) -> int:
     print(f"stopped: {result.stopped_because}")
     if unc is not None:
         print(f"max relative half-width of the {result.confidence:.0%} bound over the target region: {unc:.1%}")
+    _print_probes(result.probes)
     if result.model_path:
         print(f"model:  {result.model_path}")
     if result.report_path:
@@ -231,7 +254,36 @@ def _cmd_explore(argv: list[str]) -> int:
     return 0
 
 
+def _print_probes(probes: dict | None) -> None:
+    if not probes:
+        return
+    if probes.get("skipped"):
+        print(f"in-worker probes: skipped ({probes['skipped']})")
+        return
+    for line in probes.get("warnings", []):
+        print(f"warning: {line}", file=sys.stderr)
+    cal = probes.get("calibration")
+    excess = (cal or {}).get("excess")
+    if excess is None:
+        print(f"in-worker probes: {len(probes['runs'])} in {probes['seconds']:.1f} s; the excess is not identified")
+        return
+    timing = cal["timing"]
+    print(f"in-worker probes: {len(probes['runs'])} in {probes['seconds']:.1f} s; a task in a worker needs the "
+          f"isolated peak {excess['intercept_bytes'] / 2**20:+.2f} MiB {excess['bytes_per_voxel']:+.2f} B/voxel "
+          f"(residual sd {format_bytes(excess['residual_sd'])}, {excess['method']} quantile); idle worker "
+          f"{format_bytes(probes['baseline_bytes'])}")
+    if timing.get("seconds_per_voxel") is not None:
+        g = timing.get("graph_task_seconds")
+        print(f"in-worker time: {timing['operator_seconds_per_voxel'] * 1e9:.0f} ns/voxel in the operator, "
+              f"{timing['io_seconds_per_voxel'] * 1e9:.0f} ns/voxel around it"
+              + (f", {g * 1e3:.1f} ms per graph task" if g is not None else ""))
+
+
 # -- explore chunks --------------------------------------------------------
+_BASELINE_SOURCES = {"local": "an idle worker measured on this machine", "cluster": "measured on the cluster",
+                     "given": "given"}
+
+
 def _cmd_chunks(argv: list[str]) -> int:
     parser = _Parser(prog="explore chunks",
                      description="The fastest chunk shape whose worker footprint stays under the limit.")
@@ -242,14 +294,20 @@ def _cmd_chunks(argv: list[str]) -> int:
     parser.add_argument("--workers", type=_positive_int, default=1,
                         help="workers sharing the work (default 1): the time model ranks shapes on workers x threads slots")
     parser.add_argument("--confidence", type=_fraction, default=0.99)
+    parser.add_argument("--baseline", type=_size, default=None,
+                        help="an idle worker's resident memory on your cluster, like 800MiB (default: measured "
+                             "once on this machine; `explore run --scheduler` measures the cluster's own)")
     _add_store_options(parser)
     parser.add_argument("--json", action="store_true", help="print the ChunkPlan as one JSON object")
     args = parser.parse_args(argv)
 
-    from explorer.chunking import recommend_chunks
+    from explorer.recommend import recommend_chunks
 
     plan = recommend_chunks(args.operator, args.shape, args.memory_limit, threads_per_worker=args.threads,
-                            confidence=args.confidence, runs_dir=args.runs_dir, workers=args.workers)
+                            confidence=args.confidence, runs_dir=args.runs_dir, workers=args.workers,
+                            baseline_bytes=args.baseline)
+    for line in plan.warnings:
+        print(f"warning: {line}", file=sys.stderr)
     if args.json:
         print(json.dumps(plan.to_dict()))
         return 0
@@ -260,6 +318,7 @@ def _cmd_chunks(argv: list[str]) -> int:
           f"at {plan.confidence:.0%} confidence, limit {format_bytes(plan.limit_bytes)} "
           f"(pause at {plan.pause_fraction:.0%})")
     print(f"threads/worker  {plan.threads_per_worker}")
+    print(f"worker baseline {format_bytes(plan.footprint.baseline_bytes)} ({_BASELINE_SOURCES[plan.baseline_source]})")
     if plan.predicted_seconds is not None:
         print(f"time model      ~{plan.predicted_seconds:.3g} s on {plan.slots} slot(s) "
               f"({plan.seconds_per_voxel * 1e9:.0f} ns/voxel; used to rank shapes, not a promise)")
@@ -288,6 +347,8 @@ def _cmd_run(argv: list[str]) -> int:
     parser.add_argument("--workers", type=_positive_int, default=2, help="LocalCluster workers (default 2)")
     parser.add_argument("--threads", type=_positive_int, default=1, help="threads per worker (default 1)")
     parser.add_argument("--scheduler", default=None, help="address of an existing cluster, e.g. tcp://host:8786")
+    parser.add_argument("--connect-timeout", type=_positive_float, default=10.0,
+                        help="seconds to reach --scheduler (default 10)")
     parser.add_argument("--chunks", type=_chunks_option, default="model",
                         help="model (default: explore's recommendation), auto (Dask's) or AxBxC")
     parser.add_argument("--confidence", type=_fraction, default=0.99)
@@ -313,7 +374,7 @@ def _cmd_run(argv: list[str]) -> int:
     result = run(args.operator, args.input, args.output, memory_limit=args.memory_limit, workers=args.workers,
                  threads_per_worker=args.threads, scheduler=args.scheduler, chunks=args.chunks,
                  runs_dir=args.runs_dir, storage=args.storage, confidence=args.confidence, refine=args.refine,
-                 progress=progress)
+                 progress=progress, connect_timeout=args.connect_timeout)
     if result.status == "error":  # bad input, no model, no plan fits: one line, like any CLI error
         if args.json:
             print(json.dumps(result.to_dict()))
@@ -406,7 +467,14 @@ def _dispatch(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import warnings
+
+    from explorer.environment import StaleModelWarning
+
     argv = sys.argv[1:] if argv is None else argv
+    # Stale models and calibrations reach the user as the plans' and reports' own
+    # "warning:" lines (with the fix), not as Python warnings.
+    warnings.simplefilter("ignore", StaleModelWarning)
     try:
         return _dispatch(argv)
     except CLIError as exc:

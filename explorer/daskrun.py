@@ -9,8 +9,15 @@ when a worker was lost to memory.
 Cluster.  A fresh ``LocalCluster`` (one process per worker, each with a nanny that
 restarts it when its RSS passes ``distributed.worker.memory.terminate``, 95% of
 ``memory_limit``), or an existing cluster by ``scheduler`` address; then the workers'
-own memory limit and threads are what the plan is made for, and the output path must be
-reachable from the workers.
+own memory limit and threads are what the plan is made for, and the input and the
+output's directory must be reachable from the workers.
+
+Workers.  Before planning, every worker loads and warms the operator
+(``explorer.inworker.warm_worker`` through ``client.run``): a worker that cannot load it
+(its plugin module missing) or cannot read the input or write the output's directory
+ends the run with one line naming it.  The largest resident set of these idle, warmed
+workers is the plan's ``baseline_bytes`` (``worker_baseline_bytes``): measured on the
+workers that do the work, with whatever they preload.
 
 Output.  ``.zarr``: the tasks store their blocks in parallel (``da.store``, zarr 3, one
 zarr chunk per Dask block, no locks) into ``<output>.partial``, renamed when complete.
@@ -18,9 +25,10 @@ zarr chunk per Dask block, no locks) into ``<output>.partial``, renamed when com
 it in this process a slab of inlines at a time (at most 256 MiB), so the operator runs in
 parallel and only the conversion is sequential.
 
-Chunks.  ``"model"`` (default): ``explorer.chunking.recommend_chunks`` for the workers'
-memory limit and threads.  ``"auto"``: Dask's, sized by input bytes only.  ``"AxBxC"``
-or a tuple: those.  Axes the operator needs whole are read whole either way.
+Chunks.  ``"model"`` (default): ``explorer.recommend.recommend_chunks`` for the workers'
+memory limit, threads and measured baseline.  ``"auto"``: Dask's, sized by input bytes
+only.  ``"AxBxC"`` or a tuple: those.  Axes the operator needs whole are read whole
+either way.
 
 What is measured.
 * ``seconds``: wall time from submitting the graph to the output being complete
@@ -32,8 +40,8 @@ What is measured.
   thread.  Heartbeats are periodic, so a short spike between two can be missed.
 * ``worker_hwm_bytes``: per worker in ``workers``, the kernel's high-water RSS of its
   process (``VmHWM``, kept across the observation's resets:
-  ``explorer.live.worker_high_water_bytes``), read with ``client.run`` at the end: exact,
-  but since the worker process started; ``None`` for a worker gone by then.
+  ``explorer.inworker.worker_high_water_bytes``), read with ``client.run`` at the end:
+  exact, but since the worker process started; ``None`` for a worker gone by then.
 * ``workers_restarted``: workers removed from the scheduler without being asked to
   (a nanny restart after a memory kill shows as one), from the scheduler's events;
   ``memory_kills``: the nannies' ``worker-restart-memory`` events among them.
@@ -44,22 +52,21 @@ twice raises ``KilledWorker`` after two kills instead of four.  The run then end
 ``status="failed"``, a one-line ``error`` and ``advice``, never a traceback.  Other task
 errors give ``status="error"``.  The run never waits forever: if every worker stays
 paused (memory above ``distributed.worker.memory.pause``) or no worker is connected for
-``stall_seconds``, it is cancelled as ``failed``.  A failed run leaves no partial output:
-results go to ``<output>.partial`` and are renamed when complete.
+``stall_seconds``, the monitor cancels it as ``failed``.  A failed run leaves no partial
+output: results go to ``<output>.partial`` and are renamed when complete.
 
 Observation (``refine=True``, default): :func:`explorer.live.observe` records every
-operator task's block and peak in the store (``source="production"``), counts
-``tasks_over_bound`` against the model with its saved calibration (``None`` when there is
-no model), and at the end updates the calibration (``runs/<operator>/calibration.json``).
+operator task's block, peak and clocks in the store (``source="production"``, or
+``"probe"`` for explore's in-worker probes), counts ``tasks_over_bound`` against the
+in-worker task model (``explorer.calibration.TaskModel``; ``None`` without a model), adds
+one ``source="run"`` record (wall time, slots, largest worker high-water mark), and at the
+end recalibrates (``runs/<operator>/calibration.json``).
 
 Re-planning (``replan=True``, ``chunks="model"`` only, at most once): when a task exceeds
-its bound while at most ``REPLAN_MAX_DONE_FRACTION`` of the tasks are done, the
-calibration is recomputed from the observations so far; if the running plan's worker
-footprint (``explorer.chunking.worker_footprint`` with the recalibrated upper bound) no
-longer fits its budget, ``recommend_chunks`` plans again and, if its chunks differ, the
-computation is cancelled and restarted with them into a fresh partial output (the
-output's zarr chunks are those of the plan, so finished blocks cannot be kept: two plans'
-tasks would write into the same zarr chunks).  Otherwise the run carries on.
+its bound, a re-planning thread recalibrates from the observations so far and asks
+``explorer.chunking.replan`` (planning policy: only early, only when the running plan no
+longer fits); if it gives a new plan, the computation is cancelled and restarted with it
+into a fresh partial output.
 """
 
 from __future__ import annotations
@@ -80,17 +87,11 @@ from explorer.units import format_bytes, format_shape, parse_shape, parse_size
 __all__ = ["RunResult", "run"]
 
 OK, FAILED, ERROR = "ok", "failed", "error"
-#: Seconds between two samples of the workers' memory metrics.
+#: Seconds between two samples of the workers' memory metrics (and stall checks).
 SAMPLE_SECONDS = 0.2
-#: Seconds between two polls of the computation's progress.
-POLL_SECONDS = 0.05
 #: Output suffixes.
 ZARR_SUFFIXES = (".zarr",)
 SEGY_SUFFIXES = (".sgy", ".segy")
-#: A run with ``chunks="model"`` whose task exceeds the bound is restarted with the
-#: recalibrated plan only while at most this share of its operator tasks is done (and only
-#: once): later, finishing costs less than starting again.
-REPLAN_MAX_DONE_FRACTION = 0.5
 
 
 @dataclass
@@ -100,15 +101,17 @@ class RunResult:
 
     ``status``: ``"ok"``; ``"failed"`` (workers lost, to memory or otherwise, or the
     cluster stalled: ``advice`` says what to change); ``"error"`` (bad input, no model,
-    no plan fits, a task raised).  ``error`` is one line.  ``chunks`` is one chunk shape
-    (the first block's; axes the operator needs whole are whole), ``n_tasks`` the number
-    of operator tasks (output blocks), ``plan`` the ``ChunkPlan`` dict when
-    ``chunks_source == "model"``.  ``workers`` lists the worker addresses seen, in the
-    order of ``worker_peak_bytes`` and ``worker_hwm_bytes``.  ``observations_recorded``
-    and ``tasks_over_bound`` (``None`` without a model to compare with) come from
-    ``explorer.live``; ``calibration`` is the one saved at the end (or ``None``);
-    ``replanned_from`` the chunk shapes abandoned for a recalibrated plan; ``warnings``
-    one line each, for the run's output.
+    no plan fits, workers that cannot run the operator, a task raised).  ``error`` is one
+    line.  ``chunks`` is one chunk shape (the first block's; axes the operator needs whole
+    are whole), ``n_tasks`` the number of operator tasks (output blocks), ``plan`` the
+    ``ChunkPlan`` dict when ``chunks_source == "model"``.  ``workers`` lists the worker
+    addresses seen, in the order of ``worker_peak_bytes`` and ``worker_hwm_bytes``;
+    ``worker_baseline_bytes`` the largest idle, warmed worker before the run.
+    ``observations_recorded`` and ``tasks_over_bound`` (``None`` without a model to
+    compare with) come from ``explorer.live``; ``run_id`` identifies the run's
+    observations in the store; ``calibration`` is the one saved at the end (or
+    ``None``); ``replanned_from`` the chunk shapes abandoned for a recalibrated plan;
+    ``warnings`` one line each, for the run's output.
     """
 
     operator: str
@@ -123,6 +126,7 @@ class RunResult:
     workers: list[str] = field(default_factory=list)
     worker_peak_bytes: list[int] = field(default_factory=list)
     worker_hwm_bytes: list[int] = field(default_factory=list)
+    worker_baseline_bytes: int | None = None
     workers_restarted: int = 0
     memory_kills: int = 0
     error: str | None = None
@@ -134,6 +138,7 @@ class RunResult:
     chunks_source: str | None = None
     plan: dict | None = None
     refine: bool = True
+    run_id: str | None = None
     observations_recorded: int = 0
     tasks_over_bound: int | None = None
     calibration: dict | None = None
@@ -156,18 +161,101 @@ class _RunError(Exception):
         self.status, self.advice = status, advice
 
 
+@dataclass
+class RunContext:
+    """One production run: its request, then what the run learns as it goes.
+
+    The request (set by :func:`run`): the operator, paths, the cluster to start or join,
+    the chunks asked for, and the options.  Then, in order: the output ``kind`` and the
+    volume ``shape``; the ``client``/``cluster``, the workers' ``limit`` and ``threads``;
+    the measured ``baseline``; the chunk ``plan`` (or explicit/auto chunks) and the
+    ``model`` tasks are checked against; the ``observer`` and ``monitor`` while computing.
+    """
+
+    operator: object
+    input: str
+    output: str
+    result: RunResult
+    requested_limit: int | None = None
+    workers: int = 2
+    threads: int = 1
+    scheduler: str | None = None
+    chunks_request: object = "model"
+    runs_dir: object = None
+    storage: str | None = None
+    confidence: float = 0.99
+    refine: bool = True
+    replan: bool = True
+    progress: object = None
+    allowed_failures: int = 1
+    stall_seconds: float = 60.0
+    connect_timeout: float = 10.0
+    source: str = "production"
+    context: dict = field(default_factory=dict)
+    calibrate: bool = True
+    # learnt as the run goes
+    kind: str = ""
+    shape: tuple = ()
+    limit: int = 0
+    cluster: object = None
+    client: object = None
+    cluster_kind: str = ""
+    baseline: object = None
+    chunk: tuple = ()
+    plan: object = None
+    model: object = None
+    store_future: object = None
+    observer: object = None
+    monitor: object = None
+    started_at: float = 0.0
+    done: int = 0
+    total: int = 0
+
+
 # --------------------------------------------------------------------------- monitor
 
 
-class _Monitor(threading.Thread):
-    """Samples the workers' memory metrics every ``SAMPLE_SECONDS`` and keeps, per
-    worker address, the maximum; also notices when every worker is paused or gone."""
+class _Interrupt:
+    """Cancels a running computation from another thread, saying why (``stall`` or ``replan``)."""
 
-    def __init__(self, client):
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.reason: str | None = None
+        self.message = ""
+        self.plan = None
+        self._client = self._futures = None
+
+    def arm(self, client, futures) -> None:
+        with self._lock:
+            self._client, self._futures = client, futures
+            self.reason, self.message, self.plan = None, "", None
+
+    def disarm(self) -> None:
+        with self._lock:
+            self._client = self._futures = None
+
+    def __call__(self, reason: str, message: str = "", plan=None) -> bool:
+        """Cancel the armed computation (first caller wins); False when none is armed."""
+        with self._lock:
+            if self._futures is None or self.reason is not None:
+                return False
+            self.reason, self.message, self.plan = reason, message, plan
+            client, futures = self._client, self._futures
+        client.cancel(futures)
+        return True
+
+
+class _Monitor(threading.Thread):
+    """Samples the workers' memory metrics every ``SAMPLE_SECONDS`` and keeps, per worker
+    address, the maximum; interrupts the computation when every worker stays paused or
+    gone for ``stall_seconds``."""
+
+    def __init__(self, client, interrupt: _Interrupt, stall_seconds: float):
         super().__init__(name="explorer-worker-monitor", daemon=True)
         self.client = client
+        self.interrupt = interrupt
+        self.stall_seconds = stall_seconds
         self.peaks: dict[str, int] = {}
-        self.limits: dict[str, int] = {}
         self.stalled_since: float | None = None
         self.stall_reason = ""
         self._halt = threading.Event()
@@ -176,21 +264,19 @@ class _Monitor(threading.Thread):
     def sample(self) -> None:
         workers = self.client.scheduler_info(n_workers=-1).get("workers", {})
         with self._lock:
-            self._fold(workers)
-
-    def _fold(self, workers: dict) -> None:
-        for address, info in workers.items():
-            memory = int((info.get("metrics") or {}).get("memory") or 0)
-            self.peaks[address] = max(self.peaks.get(address, 0), memory)
-            self.limits[address] = int(info.get("memory_limit") or 0)
-        statuses = [str(info.get("status", "running")).lower() for info in workers.values()]
-        if not workers or all("paused" in s for s in statuses):
-            if self.stalled_since is None:
-                self.stalled_since = time.monotonic()
-            self.stall_reason = ("no worker is connected" if not workers else
-                                 "every worker is paused (memory above the pause threshold)")
-        else:
-            self.stalled_since = None
+            for address, info in workers.items():
+                memory = int((info.get("metrics") or {}).get("memory") or 0)
+                self.peaks[address] = max(self.peaks.get(address, 0), memory)
+            statuses = [str(info.get("status", "running")).lower() for info in workers.values()]
+            if not workers or all("paused" in s for s in statuses):
+                if self.stalled_since is None:
+                    self.stalled_since = time.monotonic()
+                self.stall_reason = ("no worker is connected" if not workers else
+                                     "every worker is paused (memory above the pause threshold)")
+            else:
+                self.stalled_since = None
+        if self.stalled_since is not None and time.monotonic() - self.stalled_since > self.stall_seconds:
+            self.interrupt("stall", f"no progress for {self.stall_seconds:g} s: {self.stall_reason}")
 
     def run(self) -> None:
         while not self._halt.wait(SAMPLE_SECONDS):
@@ -203,6 +289,67 @@ class _Monitor(threading.Thread):
     def stop(self) -> None:
         self._halt.set()
         self.join(timeout=5)
+
+
+class _Replanner(threading.Thread):
+    """Decides whether tasks over their bound restart the run with a new plan (at most once).
+
+    Woken by the observer's ``on_over_bound``: flushes the observations, recalibrates
+    (every in-worker group of this environment, the run's own included), and asks
+    ``explorer.chunking.replan`` (the policy); a new plan interrupts the computation.
+    While the run's groups do not yet identify the in-worker excess
+    (``explorer.calibration.fit_excess``), it waits for the next task over the bound.
+    Runs beside the computation so the main thread only waits on it.
+    """
+
+    def __init__(self, ctx: RunContext, interrupt: _Interrupt):
+        super().__init__(name="explorer-replanner", daemon=True)
+        self.ctx = ctx
+        self.interrupt = interrupt
+        self.wanted = threading.Event()
+        self._halt = threading.Event()
+
+    def on_over_bound(self, _observation) -> None:
+        self.wanted.set()
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            if self.wanted.wait(0.1):
+                self.wanted.clear()
+                if self._decide():
+                    return
+
+    def stop(self) -> None:
+        self._halt.set()
+
+    def _decide(self) -> bool:
+        """True once decided (restarted, carried on, or failed); False to wait for more evidence."""
+        ctx = self.ctx
+        from explorer.calibration import TaskModel, calibrate
+        from explorer.chunking import REPLAN_MAX_DONE_FRACTION, ChunkPlanError, replan
+
+        done_fraction = ctx.done / max(ctx.total, 1)
+        if done_fraction > REPLAN_MAX_DONE_FRACTION:
+            return True
+        ctx.observer.flush()
+        try:
+            cal = calibrate(ctx.operator.name, ctx.observer.store, ctx.model.isolated, confidence=ctx.confidence,
+                            runs_dir=ctx.runs_dir, environment=ctx.baseline.environment)
+            if cal is None or cal.excess is None:
+                return False
+            ctx.result.calibration = cal.to_dict()
+            model = TaskModel(ctx.model.isolated, cal)
+            ctx.observer.model = model  # later tasks are checked against the recalibrated bound
+            new = replan(ctx.plan, model.predict_many, done_fraction=done_fraction)
+        except (ChunkPlanError, ValueError, OSError) as exc:
+            ctx.result.warnings.append(f"re-planning failed, the run continues with its plan: {_one_line(exc)}")
+            return True
+        if new is None:
+            ctx.result.warnings.append("tasks exceeded their bound, but the running plan still fits its budget "
+                                       "under the recalibrated model: not re-planned")
+        else:
+            self.interrupt("replan", plan=new)
+        return True
 
 
 # --------------------------------------------------------------------------- helpers
@@ -242,22 +389,6 @@ def _default_memory_limit(n_workers: int) -> int:
     return int(psutil.virtual_memory().total // max(1, n_workers))
 
 
-def _suggestion(operator, shape, limit, threads, confidence, runs_dir) -> str:
-    """The advice after a worker was lost to memory."""
-    cmd = (f"explore chunks {operator} --shape {format_shape(shape)} "
-           f"--memory-limit {format_bytes(limit).replace(' ', '')} --threads {threads}")
-    try:
-        from explorer.chunking import recommend_chunks
-
-        plan = recommend_chunks(operator, shape, limit, threads_per_worker=threads,
-                                confidence=confidence, runs_dir=runs_dir)
-        lower = f"lower the chunk size ({cmd} suggests {format_shape(plan.chunks)} for this limit)"
-    except Exception:
-        lower = f"lower the chunk size (run `explore {operator}`, then `{cmd}`)"
-    threads_part = f", or use fewer --threads (now {threads})" if threads > 1 else ""
-    return f"a worker exceeded its memory limit: {lower}, or raise --memory-limit{threads_part}"
-
-
 def _terminate_fraction() -> float:
     import dask.config
 
@@ -267,6 +398,28 @@ def _terminate_fraction() -> float:
 
 def _regular(chunks) -> bool:
     return all(len(set(c[:-1])) <= 1 and (len(c) < 2 or c[-1] <= c[0]) for c in chunks)
+
+
+def _recommend(ctx: RunContext):
+    from explorer.recommend import recommend_chunks
+
+    return recommend_chunks(ctx.operator.name, ctx.shape, ctx.limit, threads_per_worker=ctx.threads,
+                            confidence=ctx.confidence, runs_dir=ctx.runs_dir, workers=ctx.result.n_workers or 1,
+                            baseline_bytes=ctx.baseline)
+
+
+def _suggestion(ctx: RunContext) -> str:
+    """The advice after a worker was lost to memory."""
+    name, limit, threads = ctx.operator.name, ctx.limit, ctx.threads
+    cmd = (f"explore chunks {name} --shape {format_shape(ctx.shape)} "
+           f"--memory-limit {format_bytes(limit).replace(' ', '')} --threads {threads}")
+    try:
+        plan = _recommend(ctx)
+        lower = f"lower the chunk size ({cmd} suggests {format_shape(plan.chunks)} for this limit)"
+    except Exception:
+        lower = f"lower the chunk size (run `explore {name}`, then `{cmd}`)"
+    threads_part = f", or use fewer --threads (now {threads})" if threads > 1 else ""
+    return f"a worker exceeded its memory limit: {lower}, or raise --memory-limit{threads_part}"
 
 
 # --------------------------------------------------------------------------- run
@@ -290,32 +443,43 @@ def run(
     allowed_failures: int = 1,
     stall_seconds: float = 60.0,
     replan: bool = True,
+    connect_timeout: float = 10.0,
+    source: str = "production",
+    context: dict | None = None,
+    calibrate: bool = True,
 ) -> RunResult:
     """Run ``operator`` on the SEG-Y at ``input_path`` into ``output_path`` on Dask.
 
     ``memory_limit`` (bytes or ``"2GiB"``, per worker; default total RAM / ``workers``),
     ``workers`` and ``threads_per_worker`` shape the ``LocalCluster`` started here
-    unless ``scheduler`` (an address) names an existing cluster.  ``chunks``: ``"model"``,
-    ``"auto"``, ``"AxBxC"`` or a tuple.  ``progress(done, total)`` is called (from this
-    thread) whenever more operator tasks have finished.  ``refine`` observes the tasks
-    (``explorer.live``) into the store under ``runs_dir`` (or ``storage``), ``replan``
-    allows one restart with a recalibrated plan, ``allowed_failures`` is the
-    ``distributed.scheduler.allowed-failures`` of a cluster started here, and
-    ``stall_seconds`` bounds how long every worker may stay paused or absent.  See the
-    module docstring for every measured field; bad input and failures come back as
-    ``status`` ``"error"``/``"failed"`` with a one-line ``error``, not as exceptions.
+    unless ``scheduler`` (an address, reached within ``connect_timeout`` seconds) names
+    an existing cluster.  ``chunks``: ``"model"``, ``"auto"``, ``"AxBxC"`` or a tuple.
+    ``progress(done, total)`` is called (from this thread) whenever more operator tasks
+    have finished.  ``refine`` observes the tasks (``explorer.live``) into the store under
+    ``runs_dir`` (or ``storage``) as ``source`` records with ``context`` added, and
+    ``calibrate`` recalibrates at the end; ``replan`` allows one restart with a
+    recalibrated plan; ``allowed_failures`` is the ``distributed.scheduler.allowed-failures``
+    of a cluster started here; ``stall_seconds`` bounds how long every worker may stay
+    paused or absent.  See the module docstring for every measured field; bad input and
+    failures come back as ``status`` ``"error"``/``"failed"`` with a one-line ``error``,
+    not as exceptions.
     """
     wall_started = time.perf_counter()
     result = RunResult(operator=str(operator), input=os.fspath(input_path), output=os.fspath(output_path),
                        status=OK, refine=bool(refine), scheduler=scheduler)
-    cluster = client = None
+    ctx = RunContext(operator=operator, input=result.input, output=result.output, result=result,
+                     workers=int(workers), threads=int(threads_per_worker), scheduler=scheduler,
+                     chunks_request="model" if chunks is None else chunks, runs_dir=runs_dir, storage=storage,
+                     confidence=float(confidence), refine=bool(refine), replan=bool(replan), progress=progress,
+                     allowed_failures=int(allowed_failures), stall_seconds=float(stall_seconds),
+                     connect_timeout=float(connect_timeout), source=source, context=dict(context or {}),
+                     calibrate=bool(calibrate))
     try:
-        cluster, client = _execute(result, operator, input_path, output_path, memory_limit=memory_limit,
-                                   workers=workers, threads_per_worker=threads_per_worker,
-                                   scheduler=scheduler, chunks=chunks, runs_dir=runs_dir, storage=storage,
-                                   confidence=confidence, refine=refine, progress=progress,
-                                   allowed_failures=allowed_failures, stall_seconds=stall_seconds,
-                                   replan=replan)
+        _prepare(ctx, memory_limit)
+        _connect(ctx)
+        _measure_workers(ctx)
+        _choose_chunks(ctx)
+        _compute(ctx)
     except _RunError as exc:
         result.status, result.error = exc.status, str(exc)
         result.advice = result.advice or exc.advice
@@ -324,89 +488,381 @@ def run(
             raise
         result.status, result.error = ERROR, _one_line(exc)
     finally:
-        _close_quietly(client, cluster)
+        _close_quietly(ctx.client, ctx.cluster)
     result.wall_seconds = time.perf_counter() - wall_started
     return result
 
 
-def _execute(result: RunResult, operator, input_path, output_path, *, memory_limit, workers,
-             threads_per_worker, scheduler, chunks, runs_dir, storage, confidence, refine, progress,
-             allowed_failures, stall_seconds, replan):
+def _prepare(ctx: RunContext, memory_limit) -> None:
+    """The operator, the output kind, the volume's shape; the store starts opening."""
     import operators
     from explorer.plugins import load_plugins
     from operators.segy import SegyGeometryError, segy_geometry
 
     load_plugins()
     try:
-        op = operators.get(operator)
+        ctx.operator = operators.get(ctx.operator)
     except KeyError as exc:
         raise _RunError(ERROR, exc.args[0]) from None
-    input_path, output_path = os.fspath(input_path), os.fspath(output_path)
-    kind = _output_kind(output_path)
+    ctx.kind = _output_kind(ctx.output)
     try:
-        shape = segy_geometry(input_path).shape
+        ctx.shape = tuple(segy_geometry(ctx.input).shape)
     except (SegyGeometryError, OSError) as exc:
         raise _RunError(ERROR, str(exc) if isinstance(exc, SegyGeometryError) else _one_line(exc)) from None
-    result.shape = list(shape)
+    ctx.result.shape = list(ctx.shape)
     # The store (Optuna, SQLite: ~0.9 s of CPU to import and open) opens while the
     # cluster starts, so that no observation waits for it during the computation.
-    store_future = _open_store(op.name, runs_dir, storage) if refine else None
-    if chunks is None:
-        chunks = "model"
-    if not (isinstance(chunks, str) and chunks in ("model", "auto")):
+    ctx.store_future = _open_store(ctx.operator.name, ctx.runs_dir, ctx.storage) if ctx.refine else None
+    if not (isinstance(ctx.chunks_request, str) and ctx.chunks_request in ("model", "auto")):
         try:
-            chunks = parse_shape(chunks)
+            ctx.chunks_request = parse_shape(ctx.chunks_request)
         except ValueError as exc:
             raise _RunError(ERROR, f"--chunks: {exc}") from None
     try:
-        requested_limit = parse_size(memory_limit) if memory_limit is not None else None
+        ctx.requested_limit = parse_size(memory_limit) if memory_limit is not None else None
     except ValueError as exc:
         raise _RunError(ERROR, f"--memory-limit: {exc}") from None
 
-    # ---- the cluster -----------------------------------------------------------------
+
+def _connect(ctx: RunContext) -> None:
+    """Join the cluster at ``scheduler``, or start a LocalCluster; the workers' limit and threads."""
     import dask
     from distributed import Client, LocalCluster
 
-    cluster = client = None
-    if scheduler:
+    result = ctx.result
+    if ctx.scheduler:
         try:
-            client = Client(scheduler, timeout="10s")
+            ctx.client = Client(ctx.scheduler, timeout=f"{ctx.connect_timeout:g}s")
         except Exception as exc:
-            raise _RunError(ERROR, f"cannot connect to scheduler {scheduler}: {_one_line(exc)}") from None
-        info = client.scheduler_info(n_workers=-1).get("workers", {})
+            raise _RunError(ERROR, f"cannot connect to scheduler {ctx.scheduler} within {ctx.connect_timeout:g} s "
+                                   f"({_one_line(exc)}): is a scheduler running there?") from None
+        info = ctx.client.scheduler_info(n_workers=-1).get("workers", {})
         if not info:
-            client.close()
-            raise _RunError(FAILED, f"scheduler {scheduler} has no workers")
+            raise _RunError(FAILED, f"scheduler {ctx.scheduler} has no workers")
         limits = [int(w.get("memory_limit") or 0) for w in info.values()]
-        threads = max(int(w.get("nthreads") or 1) for w in info.values())
+        ctx.threads = max(int(w.get("nthreads") or 1) for w in info.values())
         if all(limits):
-            limit = min(limits)
-            if requested_limit is not None and requested_limit != limit:
-                result.warnings.append(f"the cluster's workers have {format_bytes(limit)} each; "
-                                       f"--memory-limit {memory_limit} is not applied to an existing cluster")
+            ctx.limit = min(limits)
+            if ctx.requested_limit is not None and ctx.requested_limit != ctx.limit:
+                result.warnings.append(f"the cluster's workers have {format_bytes(ctx.limit)} each; "
+                                       f"--memory-limit {format_bytes(ctx.requested_limit)} is not applied to "
+                                       f"an existing cluster")
         else:
-            limit = requested_limit or _default_memory_limit(len(info))
-        result.n_workers, result.threads_per_worker, cluster_kind = len(info), threads, "external"
+            ctx.limit = ctx.requested_limit or _default_memory_limit(len(info))
+        result.n_workers, ctx.cluster_kind = len(info), "external"
     else:
-        limit = requested_limit or _default_memory_limit(workers)
-        threads = int(threads_per_worker)
-        with dask.config.set({"distributed.scheduler.allowed-failures": int(allowed_failures)}):
-            cluster = LocalCluster(n_workers=int(workers), threads_per_worker=threads, memory_limit=limit,
-                                   processes=True, dashboard_address=None, silence_logs=logging.CRITICAL,
-                                   # no dashboard; its HTTP server (health checks) on a free port
-                                   scheduler_kwargs={"dashboard_address": ":0"})
-        client = Client(cluster)
-        result.n_workers, result.threads_per_worker, cluster_kind = int(workers), threads, "LocalCluster"
-    result.memory_limit_bytes = int(limit)
+        ctx.limit = ctx.requested_limit or _default_memory_limit(ctx.workers)
+        with dask.config.set({"distributed.scheduler.allowed-failures": ctx.allowed_failures}):
+            ctx.cluster = LocalCluster(n_workers=ctx.workers, threads_per_worker=ctx.threads, memory_limit=ctx.limit,
+                                       processes=True, dashboard_address=None, silence_logs=logging.CRITICAL,
+                                       # no dashboard; its HTTP server (health checks) on a free port
+                                       scheduler_kwargs={"dashboard_address": ":0"})
+        ctx.client = Client(ctx.cluster)
+        result.n_workers, ctx.cluster_kind = ctx.workers, "LocalCluster"
+    result.threads_per_worker = ctx.threads
+    result.memory_limit_bytes = int(ctx.limit)
+
+
+def _measure_workers(ctx: RunContext) -> None:
+    """Warm the operator on every worker, check the paths, measure the baseline."""
+    from explorer.recommend import WorkerError, measure_worker_baseline
+
+    out_dir = os.path.dirname(os.path.abspath(ctx.output)) or "."
     try:
-        _compute(result, client, op, input_path, output_path, kind, shape, limit, threads, chunks,
-                 cluster_kind=cluster_kind, runs_dir=runs_dir, store_future=store_future, confidence=confidence,
-                 refine=refine, progress=progress, stall_seconds=stall_seconds, replan=replan)
-    except BaseException:
-        if client is not None:
-            _close_quietly(client, cluster)
-        raise
-    return cluster, client
+        ctx.baseline = measure_worker_baseline(ctx.client, ctx.operator.name,
+                                               readable=(os.path.abspath(ctx.input),), writable=(out_dir,))
+    except WorkerError as exc:
+        lost = "was lost" in str(exc)
+        raise _RunError(FAILED if lost else ERROR, str(exc),
+                        advice="raise --memory-limit" if lost else None) from None
+    ctx.result.worker_baseline_bytes = ctx.baseline.bytes
+    from explorer.chunking import worker_pause_fraction
+
+    pause = worker_pause_fraction() * ctx.limit
+    if ctx.baseline.bytes >= pause:
+        raise _RunError(FAILED, f"an idle worker with {ctx.operator.name} loaded already holds "
+                                f"{format_bytes(ctx.baseline.bytes)}, above its pause threshold "
+                                f"({worker_pause_fraction():.0%} of {format_bytes(ctx.limit)} = {format_bytes(pause)}): "
+                                f"no task would ever run",
+                        advice="raise --memory-limit (or free the workers' memory: preloads, other work)")
+
+
+def _choose_chunks(ctx: RunContext) -> None:
+    """The chunk shape, and the in-worker task model to check tasks against (or None)."""
+    import operators
+    from explorer.calibration import CalibrationFileError, task_model
+    from explorer.chunking import ChunkPlanError
+    from explorer.surrogate import ModelFileError, ModelNotFoundError
+
+    result, op = ctx.result, ctx.operator
+    request = ctx.chunks_request
+    if isinstance(request, str) and request == "model":
+        try:
+            ctx.plan = _recommend(ctx)
+        except (ChunkPlanError, ModelNotFoundError, ModelFileError, CalibrationFileError) as exc:
+            raise _RunError(ERROR, str(exc)) from None
+        result.plan, result.chunks_source = ctx.plan.to_dict(), "model"
+        result.warnings.extend(ctx.plan.warnings)
+        chunk = tuple(ctx.plan.chunks)
+    elif isinstance(request, str) and request == "auto":
+        chunk = tuple(int(c[0]) for c in operators.read_segy(ctx.input, chunks="auto").chunks)
+        result.chunks_source = "auto"
+    else:
+        chunk = tuple(int(c) for c in request)
+        result.chunks_source = "explicit"
+    ctx.chunk = _whole(op, ctx.shape, chunk)
+    if ctx.chunk != chunk and result.chunks_source == "explicit":
+        result.warnings.append(f"{op.name} needs axes {list(op.whole_axes)} whole: chunks "
+                               f"{format_shape(chunk)} become {format_shape(ctx.chunk)}")
+    try:
+        ctx.model = task_model(op.name, ctx.runs_dir, environment=ctx.baseline.environment)
+    except (ModelNotFoundError, ModelFileError, CalibrationFileError):  # nothing to compare the tasks with
+        ctx.model = None
+    result.chunks = list(ctx.chunk)
+
+
+def _compute(ctx: RunContext) -> None:
+    result = ctx.result
+    interrupt = _Interrupt()
+    ctx.monitor = _Monitor(ctx.client, interrupt, ctx.stall_seconds)
+    try:
+        ctx.monitor.sample()
+    except Exception:
+        pass
+    ctx.monitor.start()
+    ctx.started_at = time.time()
+    replanner = _start_observing(ctx, interrupt)
+    partials: list[Path] = []
+    try:
+        while True:
+            partial = Path(f"{ctx.output}.partial" + (".zarr" if ctx.kind == "segy" else ""))
+            if partials:
+                partial = partial.with_name(partial.name + f"-{len(partials)}")
+            partials.append(partial)
+            new_plan = _store(ctx, partial, interrupt)
+            if new_plan is None:
+                break
+            result.replanned_from.append(list(ctx.chunk))
+            result.warnings.append(f"a task exceeded its bound early: restarted with the recalibrated plan "
+                                   f"{format_shape(new_plan.chunks)} (was {format_shape(ctx.chunk)})")
+            ctx.plan, result.plan = new_plan, new_plan.to_dict()
+            ctx.chunk = _whole(ctx.operator, ctx.shape, new_plan.chunks)
+            result.chunks = list(ctx.chunk)
+            ctx.observer.context["chunks"] = list(ctx.chunk)
+        _write_output(ctx, partials[-1])
+    except _RunError as exc:
+        result.status, result.error, result.advice = exc.status, str(exc), exc.advice
+    finally:
+        ctx.monitor.stop()
+        if replanner is not None:
+            replanner.stop()
+        for path in partials:
+            _remove(path)
+        _finish(ctx)
+
+
+def _start_observing(ctx: RunContext, interrupt: _Interrupt):
+    """Start the observer (when ``refine``) and, for model plans, the re-planning thread."""
+    result = ctx.result
+    if not ctx.refine:
+        return None
+    try:
+        store = ctx.store_future.result()
+    except Exception as exc:
+        result.warnings.append(f"observation off: the store did not open: {_one_line(exc)}")
+        result.refine = ctx.refine = False
+        return None
+    from explorer.live import observe
+
+    replanner = None
+    if ctx.replan and result.chunks_source == "model" and ctx.model is not None:
+        replanner = _Replanner(ctx, interrupt)
+    ctx.observer = observe(
+        ctx.client, ctx.operator.name, store=store, model=ctx.model, confidence=ctx.confidence, source=ctx.source,
+        context={"cluster": ctx.cluster_kind, "n_workers": result.n_workers, "chunks": list(ctx.chunk),
+                 "volume_shape": list(ctx.shape), "output": ctx.kind, **ctx.context},
+        on_over_bound=replanner.on_over_bound if replanner else None, warn=False,
+    ).start()
+    result.run_id = ctx.observer.run_id
+    if replanner is not None:
+        replanner.start()
+    return replanner
+
+
+def _store(ctx: RunContext, partial: Path, interrupt: _Interrupt):
+    """Compute the operator into a zarr array at ``partial``.  None when complete, or the
+    plan to restart with when the re-planner interrupted.  Raises :class:`_RunError`."""
+    import dask.array as da
+    import zarr
+    from distributed import KilledWorker, as_completed, futures_of
+
+    import operators
+
+    x = operators.read_segy(ctx.input, chunks=ctx.chunk)
+    y = ctx.operator.dask(x, wrap=ctx.observer.wrap if ctx.observer is not None else None)
+    if not _regular(y.chunks):  # zarr chunks must not be shared by two tasks
+        y = y.rechunk(tuple(c[0] for c in y.chunks))
+    ctx.result.n_tasks = int(np.prod(y.numblocks))
+    _remove(partial)
+    target = zarr.create_array(store=str(partial), shape=y.shape, chunks=tuple(c[0] for c in y.chunks),
+                               dtype=y.dtype, overwrite=True)
+    stored = da.store(y, target, lock=False, compute=False, return_stored=True, load_stored=False)
+
+    started = time.perf_counter()
+    persisted = ctx.client.persist(stored)
+    futures = futures_of(persisted)
+    ctx.done, ctx.total = 0, len(futures)
+    interrupt.arm(ctx.client, futures)
+    if ctx.progress is not None:
+        ctx.progress(0, ctx.total)
+    try:
+        # A finished block whose worker dies later is recomputed by the scheduler; its
+        # future was yielded once already, so it is counted once.
+        for future in as_completed(futures):
+            if future.status == "finished":
+                ctx.done += 1
+                if ctx.progress is not None:
+                    ctx.progress(ctx.done, ctx.total)
+                continue
+            if interrupt.reason == "replan":
+                return interrupt.plan
+            if interrupt.reason == "stall":
+                raise _RunError(FAILED, interrupt.message)
+            exc = future.exception() if future.status == "error" else None
+            if isinstance(exc, KilledWorker):
+                line = " ".join(str(exc).split())
+                raise _RunError(FAILED, f"workers died while running a task ({line[:200]})")
+            raise _RunError(ERROR, _one_line(exc) if exc is not None else f"a task was {future.status}")
+        return None
+    finally:
+        interrupt.disarm()
+        ctx.result.seconds = (ctx.result.seconds or 0.0) + time.perf_counter() - started
+        ctx.client.cancel(futures)
+        del persisted, futures
+
+
+def _write_output(ctx: RunContext, partial: Path) -> None:
+    if ctx.kind == "segy":
+        import zarr
+
+        from operators import write_segy
+
+        started = time.perf_counter()
+        write_segy(ctx.output, zarr.open_array(str(partial), mode="r"))
+        ctx.result.seconds += time.perf_counter() - started
+    else:
+        _remove(ctx.output)
+        os.replace(partial, ctx.output)
+
+
+def _finish(ctx: RunContext) -> None:
+    """Worker peaks, restarts, observations, the run record and the calibration, whatever the outcome."""
+    result = ctx.result
+    monitor = ctx.monitor
+    try:
+        monitor.sample()
+    except Exception:
+        pass
+    result.workers = list(monitor.peaks)
+    result.worker_peak_bytes = [monitor.peaks[a] for a in result.workers]
+    try:
+        from explorer.inworker import worker_high_water_bytes
+
+        hwm = ctx.client.run(worker_high_water_bytes, on_error="ignore")
+        result.worker_hwm_bytes = [int(hwm[a]) if isinstance(hwm.get(a), int) else None for a in result.workers]
+    except Exception:
+        pass
+    try:
+        removed = [msg for t, msg in ctx.client.get_events("all")
+                   if t >= ctx.started_at - 1 and isinstance(msg, dict)
+                   and msg.get("action") == "remove-worker" and not msg.get("expected")]
+        kills = [msg for t, msg in ctx.client.get_events("worker-restart-memory") if t >= ctx.started_at - 1]
+        result.workers_restarted, result.memory_kills = len(removed), len(kills)
+    except Exception:
+        pass
+    _advise(ctx)
+    if ctx.observer is not None:
+        _close_observer(ctx)
+
+
+def _advise(ctx: RunContext) -> None:
+    result = ctx.result
+    if result.memory_kills:
+        result.advice = _suggestion(ctx)
+        if result.status == FAILED and "workers died" in (result.error or ""):
+            result.error = (f"a worker was lost to memory: its nanny killed it {result.memory_kills} time(s) above "
+                            f"{_terminate_fraction():.0%} of its {format_bytes(ctx.limit)} limit while it ran "
+                            f"{format_shape(result.chunks or [])} chunks, and the task was given up (KilledWorker)")
+        if result.status == OK:
+            result.warnings.append(
+                f"{result.memory_kills} worker(s) exceeded their memory limit and were restarted; "
+                f"the run recovered by retrying their tasks")
+    elif result.status == FAILED and result.advice is None:
+        remedy = _suggestion(ctx).split(": ", 1)[1]
+        if "paused" in (result.error or ""):
+            from explorer.chunking import worker_pause_fraction
+
+            result.advice = (
+                f"the workers' memory stayed above their pause threshold ({worker_pause_fraction():.0%} of "
+                f"{format_bytes(ctx.limit)}) with no task finishing: raise --memory-limit (an idle worker alone "
+                f"took {format_bytes(ctx.baseline.bytes)} here), or {remedy}")
+        else:
+            result.advice = ("workers died without their nanny reporting a memory kill (check the worker "
+                             f"logs); if they ran out of memory: {remedy}")
+
+
+def _close_observer(ctx: RunContext) -> None:
+    """Store every observation and the run record, then recalibrate from them."""
+    result, observer = ctx.result, ctx.observer
+    expected = result.n_tasks if result.status == OK and result.error is None else None
+    observer.close(expected=expected, timeout=2.0)
+    result.observations_recorded = observer.recorded
+    result.tasks_over_bound = observer.tasks_over_bound if ctx.model is not None else None
+    result.warnings.extend(observer.warnings)
+    if observer.tasks_over_bound > MAX_OVER_BOUND_WARNINGS:
+        worst = max(o.peak_bytes / o.bound_bytes for o in observer.over_bound)
+        result.warnings.append(f"{observer.tasks_over_bound} tasks exceeded their bound in all "
+                               f"(the worst by {worst - 1:.0%}); the first {MAX_OVER_BOUND_WARNINGS} are above")
+    result.warnings.extend(observer.errors)
+    try:
+        _record_run(ctx)
+    except Exception as exc:
+        result.warnings.append(f"run record not stored: {_one_line(exc)}")
+    if not (ctx.calibrate and observer.recorded and ctx.model is not None):
+        return
+    try:
+        from explorer.calibration import calibrate
+
+        cal = calibrate(ctx.operator.name, observer.store, ctx.model.isolated, confidence=ctx.confidence,
+                        runs_dir=ctx.runs_dir, environment=ctx.baseline.environment)
+        result.calibration = cal.to_dict() if cal is not None else result.calibration
+    except Exception as exc:
+        result.warnings.append(f"calibration not updated: {_one_line(exc)}")
+
+
+def _record_run(ctx: RunContext) -> None:
+    """One ``source="run"`` record: what the time model and the footprint check learn from."""
+    from explorer.chunking import graph_tasks_per_chunk
+    from explorer.store import SOURCE_RUN
+
+    result = ctx.result
+    if not result.n_tasks or result.seconds is None:
+        return
+    counts = [-(-n // c) for n, c in zip(ctx.shape, ctx.chunk)]
+    hwm = [h for h in result.worker_hwm_bytes if h]
+    peak = max(hwm + [p for p in result.worker_peak_bytes if p], default=0)
+    # A re-planned run's seconds include the abandoned plan's: not a clean timing.
+    status = "replanned" if result.status == OK and result.replanned_from else result.status
+    ctx.observer.store.add_observation(
+        ctx.operator.name, ctx.chunk, float(peak), source=SOURCE_RUN, status=status,
+        context={"run": result.run_id, "seconds": result.seconds, "n_tasks": result.n_tasks,
+                 "slots": (result.n_workers or 1) * ctx.threads, "workers": result.n_workers,
+                 "threads_per_worker": ctx.threads,
+                 "tasks_per_chunk": float(graph_tasks_per_chunk(counts, ctx.operator.halo)),
+                 "volume_shape": list(ctx.shape), "memory_limit_bytes": ctx.limit,
+                 "baseline_bytes": ctx.baseline.bytes, "worker_hwm_bytes": result.worker_hwm_bytes,
+                 "plan_upper_bytes": ctx.plan.upper_bytes if ctx.plan is not None else None,
+                 "chunks_source": result.chunks_source, "source": ctx.source, "cluster": ctx.cluster_kind})
 
 
 def _open_store(operator, runs_dir, storage):
@@ -436,294 +892,3 @@ def _close_quietly(client, cluster) -> None:
                 closing.close()
             except Exception:
                 pass
-
-
-def _plan(result, op, shape, limit, threads, chunks, confidence, runs_dir):
-    """Chunk shape, and the model to check tasks against (or None)."""
-    import operators
-
-    model = None
-    if isinstance(chunks, str) and chunks == "model":
-        from explorer.chunking import ChunkPlanError, recommend_chunks
-        from explorer.surrogate import ModelNotFoundError
-
-        try:
-            plan = recommend_chunks(op.name, shape, limit, threads_per_worker=threads,
-                                    confidence=confidence, runs_dir=runs_dir, workers=result.n_workers or 1)
-        except (ChunkPlanError, ModelNotFoundError) as exc:
-            raise _RunError(ERROR, str(exc)) from None
-        result.plan, result.chunks_source = plan.to_dict(), "model"
-        chunk = tuple(plan.chunks)
-    elif isinstance(chunks, str) and chunks == "auto":
-        x = operators.read_segy(result.input, chunks="auto")
-        chunk = tuple(int(c[0]) for c in x.chunks)
-        result.chunks_source = "auto"
-    else:
-        chunk = tuple(int(c) for c in chunks)
-        result.chunks_source = "explicit"
-    whole = _whole(op, shape, chunk)
-    if whole != chunk and result.chunks_source == "explicit":
-        result.warnings.append(f"{op.name} needs axes {list(op.whole_axes)} whole: chunks "
-                               f"{format_shape(chunk)} become {format_shape(whole)}")
-    try:
-        from explorer.live import calibrated_model
-
-        model = calibrated_model(op.name, runs_dir)
-    except Exception:  # no model yet: nothing to compare the tasks with
-        model = None
-    return whole, model
-
-
-def _compute(result, client, op, input_path, output_path, kind, shape, limit, threads, chunks, *,
-             cluster_kind, runs_dir, store_future, confidence, refine, progress, stall_seconds, replan):
-    chunk, model = _plan(result, op, shape, limit, threads, chunks, confidence, runs_dir)
-    result.chunks = list(chunk)
-
-    monitor = _Monitor(client)
-    try:
-        monitor.sample()
-    except Exception:
-        pass
-    monitor.start()
-    run_started_at = time.time()
-
-    observer = None
-    replan_wanted = threading.Event()
-    store = None
-    if refine:
-        try:
-            store = store_future.result()
-        except Exception as exc:
-            result.warnings.append(f"observation off: the store did not open: {_one_line(exc)}")
-            result.refine = refine = False
-    if refine:
-        from explorer.live import observe
-
-        observer = observe(
-            client, op.name, store=store, model=model, confidence=confidence,
-            context={"cluster": cluster_kind, "n_workers": result.n_workers, "chunks": list(chunk),
-                     "volume_shape": list(shape), "output": kind},
-            on_over_bound=lambda _o: replan_wanted.set(), warn=False,
-        ).start()
-
-    def replan_now(done: int, total: int):
-        """A new chunk shape to restart with, or None (decided at most once)."""
-        nonlocal replan
-        if not (replan and result.chunks_source == "model" and replan_wanted.is_set()
-                and done <= REPLAN_MAX_DONE_FRACTION * total):
-            return None
-        replan = False
-        return _replan(result, op, shape, limit, threads, confidence, runs_dir, observer)
-
-    partials: list[Path] = []
-    try:
-        while True:
-            partial = Path(f"{output_path}.partial" + (".zarr" if kind == "segy" else ""))
-            if partials:
-                partial = partial.with_name(partial.name + f"-{len(partials)}")
-            partials.append(partial)
-            new_chunk = _store(result, client, op, result.input, partial, chunk, monitor, progress,
-                               stall_seconds, replan_now)
-            if new_chunk is None:
-                break
-            result.replanned_from.append(list(chunk))
-            chunk = new_chunk
-            result.chunks = list(chunk)
-            observer.context["chunks"] = list(chunk)
-        if kind == "segy":
-            import zarr
-
-            from operators import write_segy
-
-            started = time.perf_counter()
-            write_segy(output_path, zarr.open_array(str(partials[-1]), mode="r"))
-            result.seconds += time.perf_counter() - started
-        else:
-            _remove(output_path)
-            os.replace(partials[-1], output_path)
-    except _RunError as exc:
-        result.status, result.error, result.advice = exc.status, str(exc), exc.advice
-    finally:
-        monitor.stop()
-        for path in partials:
-            _remove(path)
-        _finish(result, client, op, shape, limit, threads, confidence, runs_dir, monitor, observer,
-                model, run_started_at)
-
-
-def _store(result, client, op, input_path, partial, chunk, monitor, progress, stall_seconds, replan_now):
-    """Compute the operator into a zarr array at ``partial``.  None when complete, or the
-    chunk shape to restart with when ``replan_now(done, total)`` gives one (the
-    computation is then cancelled).  Raises :class:`_RunError` on failure."""
-    import dask.array as da
-    import zarr
-    from distributed import KilledWorker, futures_of
-
-    import operators
-
-    x = operators.read_segy(input_path, chunks=chunk)
-    y = op.dask(x)
-    if not _regular(y.chunks):  # zarr chunks must not be shared by two tasks
-        y = y.rechunk(tuple(c[0] for c in y.chunks))
-    result.n_tasks = int(np.prod(y.numblocks))
-    _remove(partial)
-    target = zarr.create_array(store=str(partial), shape=y.shape, chunks=tuple(c[0] for c in y.chunks),
-                               dtype=y.dtype, overwrite=True)
-    stored = da.store(y, target, lock=False, compute=False, return_stored=True, load_stored=False)
-
-    started = time.perf_counter()
-    persisted = client.persist(stored)
-    futures = futures_of(persisted)
-    total, reported = len(futures), -1
-    try:
-        while True:
-            done = 0
-            failed = None
-            for f in futures:
-                status = f.status
-                if status == "finished":
-                    done += 1
-                # "lost" is not an end: a finished block whose worker died (e.g. killed for
-                # memory while running another task) is recomputed by the scheduler, and the
-                # future finishes again (or errs, e.g. KilledWorker).
-                elif status in ("error", "cancelled") and failed is None:
-                    failed = f
-            if done != reported:
-                reported = done
-                if progress is not None:
-                    progress(done, total)
-            if failed is not None:
-                exc = failed.exception() if failed.status == "error" else None
-                if isinstance(exc, KilledWorker):
-                    raise _RunError(FAILED, f"workers died while running a task ({_killed_line(exc)})")
-                raise _RunError(ERROR, _one_line(exc) if exc is not None else f"a task was {failed.status}")
-            if done == total:
-                break
-            if monitor.stalled_since is not None and time.monotonic() - monitor.stalled_since > stall_seconds:
-                raise _RunError(FAILED, f"no progress for {stall_seconds:g} s: {monitor.stall_reason}")
-            new_chunk = replan_now(done, total)
-            if new_chunk is not None:
-                return new_chunk
-            time.sleep(POLL_SECONDS)
-    finally:
-        result.seconds = (result.seconds or 0.0) + time.perf_counter() - started
-        client.cancel(futures)
-        del persisted, futures
-    return None
-
-
-def _killed_line(exc) -> str:
-    text = " ".join(str(exc).split())
-    return text[:200] + ("..." if len(text) > 200 else "")
-
-
-def _replan(result, op, shape, limit, threads, confidence, runs_dir, observer):
-    """After a task over its bound: recalibrate from the observations so far; if the
-    running plan's worker footprint no longer fits its budget under the recalibrated
-    model, plan again.  The new chunk shape, or None to carry on with the current one."""
-    from explorer.chunking import recommend_chunks, worker_footprint
-    from explorer.live import calibrated_model, calibration
-    from explorer.surrogate import load_model
-
-    observer.flush()
-    try:
-        cal = calibration(op.name, observer._store, load_model(op.name, runs_dir=runs_dir),
-                          confidence=confidence, runs_dir=runs_dir)
-        if cal is None:
-            return None
-        result.calibration = cal.to_dict()
-        model = calibrated_model(op.name, runs_dir)
-        observer.model = model  # later tasks are checked against the recalibrated bound
-        old = result.plan
-        upper = model.predict(old["block"], confidence)[1]
-        footprint = worker_footprint(old["block"], upper, threads_per_worker=threads,
-                                     output_itemsize=np.dtype(op.output_dtype).itemsize,
-                                     chunk_shapes=old["chunks"], neighbour_chunks=old["neighbour_chunks"])
-        if footprint.total <= old["budget_bytes"]:
-            result.warnings.append("tasks exceeded their bound, but the running plan still fits its budget "
-                                   "under the recalibrated model: not re-planned")
-            return None
-        plan = recommend_chunks(op.name, shape, limit, threads_per_worker=threads, confidence=confidence,
-                                runs_dir=runs_dir, workers=result.n_workers or 1)
-    except Exception as exc:
-        result.warnings.append(f"re-planning failed, the run continues with its plan: {_one_line(exc)}")
-        return None
-    new = _whole(op, shape, plan.chunks)
-    if new == tuple(result.chunks):
-        result.warnings.append("the running plan exceeds its budget under the recalibrated model, but "
-                               "recommend_chunks gives the same chunks (is the calibration applied?)")
-        return None
-    result.plan = plan.to_dict()
-    result.warnings.append(f"a task exceeded its bound early: restarted with the recalibrated plan "
-                           f"{format_shape(new)} (was {format_shape(result.chunks)})")
-    return new
-
-
-def _finish(result, client, op, shape, limit, threads, confidence, runs_dir, monitor, observer, model,
-            run_started_at):
-    """Worker peaks, restarts, observations and calibration, whatever the outcome."""
-    try:
-        monitor.sample()
-    except Exception:
-        pass
-    result.workers = list(monitor.peaks)
-    result.worker_peak_bytes = [monitor.peaks[a] for a in result.workers]
-    try:
-        from explorer.live import worker_high_water_bytes
-
-        hwm = client.run(worker_high_water_bytes, on_error="ignore")
-        result.worker_hwm_bytes = [int(hwm[a]) if isinstance(hwm.get(a), int) else None for a in result.workers]
-    except Exception:
-        pass
-    try:
-        removed = [msg for t, msg in client.get_events("all")
-                   if t >= run_started_at - 1 and isinstance(msg, dict)
-                   and msg.get("action") == "remove-worker" and not msg.get("expected")]
-        kills = [msg for t, msg in client.get_events("worker-restart-memory") if t >= run_started_at - 1]
-        result.workers_restarted, result.memory_kills = len(removed), len(kills)
-    except Exception:
-        pass
-    if result.memory_kills:
-        result.advice = _suggestion(op.name, shape, limit, threads, confidence, runs_dir)
-        if result.status == FAILED and "workers died" in (result.error or ""):
-            terminate = _terminate_fraction()
-            result.error = (f"a worker was lost to memory: its nanny killed it {result.memory_kills} time(s) above "
-                            f"{terminate:.0%} of its {format_bytes(limit)} limit while it ran "
-                            f"{format_shape(result.chunks or [])} chunks, and the task was given up (KilledWorker)")
-        if result.status == OK:
-            result.warnings.append(
-                f"{result.memory_kills} worker(s) exceeded their memory limit and were restarted; "
-                f"the run recovered by retrying their tasks")
-    elif result.status == FAILED and result.advice is None:
-        remedy = _suggestion(op.name, shape, limit, threads, confidence, runs_dir).split(": ", 1)[1]
-        if "paused" in (result.error or ""):
-            from explorer.chunking import DEFAULT_WORKER_BASELINE_BYTES, worker_pause_fraction
-
-            result.advice = (
-                f"the workers' memory stayed above their pause threshold ({worker_pause_fraction():.0%} of "
-                f"{format_bytes(limit)}) with no task finishing: raise --memory-limit (an idle worker alone "
-                f"takes about {format_bytes(DEFAULT_WORKER_BASELINE_BYTES)}), or {remedy}")
-        else:
-            result.advice = ("workers died without their nanny reporting a memory kill (check the worker "
-                             f"logs); if they ran out of memory: {remedy}")
-    if observer is not None:
-        expected = result.n_tasks if result.status == OK and result.error is None else None
-        observer.close(expected=expected, timeout=2.0)
-        result.observations_recorded = observer.recorded
-        result.tasks_over_bound = observer.tasks_over_bound if model is not None else None
-        result.warnings.extend(observer.warnings)
-        if observer.tasks_over_bound > MAX_OVER_BOUND_WARNINGS:
-            worst = max(o.peak_bytes / o.upper_bytes for o in observer.over_bound)
-            result.warnings.append(f"{observer.tasks_over_bound} tasks exceeded their bound in all "
-                                   f"(the worst by {worst - 1:.0%}); the first {MAX_OVER_BOUND_WARNINGS} are above")
-        result.warnings.extend(observer.errors)
-        if observer.recorded and model is not None:
-            try:
-                from explorer.live import calibration
-                from explorer.surrogate import load_model
-
-                cal = calibration(op.name, observer._store, load_model(op.name, runs_dir=runs_dir),
-                                  confidence=confidence, runs_dir=runs_dir)
-                result.calibration = cal.to_dict() if cal is not None else result.calibration
-            except Exception as exc:
-                result.warnings.append(f"calibration not updated: {_one_line(exc)}")

@@ -77,6 +77,8 @@ class ExploreResult:
     model_path: str | None
     report_path: str | None
     steps: list[Step] = field(default_factory=list)
+    #: The in-worker probes' summary (``explorer.probes.ProbeResult.to_dict``), or None.
+    probes: dict | None = None
 
     def to_dict(self) -> dict:
         return {
@@ -92,6 +94,7 @@ class ExploreResult:
             "memory_limit_bytes": self.memory_limit_bytes,
             "model_path": self.model_path,
             "report_path": self.report_path,
+            "probes": self.probes,
         }
 
 
@@ -160,10 +163,17 @@ def explore(
     seed: int = 0,
     progress=None,
     report: bool = True,
+    probes: int | None = None,
+    probe_progress=None,
 ) -> ExploreResult:
-    """Explore ``operator``'s peak memory until the bound is tight or ``budget`` profiles exist.
+    """Explore ``operator``'s peak memory until the bound is tight or ``budget`` profiles exist,
+    then probe it inside real Dask workers (``explorer.probes``) and save its calibration.
 
-    ``progress(step: Step, total_budget)`` is called after every profile.
+    ``progress(step: Step, total_budget)`` is called after every profile,
+    ``probe_progress(index, total, block, run_result)`` after every probe.  ``probes``:
+    how many (default ``explorer.probes.DEFAULT_PROBES``; 0 skips them).  Probes are
+    skipped when this call profiled nothing new and the saved calibration already holds
+    that many probes of this environment.
     """
     from explorer import acquisition, surrogate
 
@@ -265,7 +275,7 @@ def explore(
         for profiler in profilers:
             profiler.close()
 
-    model_file = report_file = None
+    model_file = report_file = probe_result = None
     if model is not None:
         model_file = paths.model_path(op.name, runs_dir)
         model_file.parent.mkdir(parents=True, exist_ok=True)
@@ -273,6 +283,8 @@ def explore(
         if run_cost.fitted:  # the chunk planner's time model starts from the operator's own speed
             model.info["seconds_per_voxel"] = run_cost.seconds_per_voxel
         model.save(model_file)
+        probe_result = _probe(op.name, model, probes, bool(steps), runs_dir, storage, confidence, probe_progress,
+                              seed)
         if report:
             from explorer.report import explore_report
 
@@ -292,4 +304,24 @@ def explore(
         model_path=str(model_file) if model_file else None,
         report_path=str(report_file) if report_file else None,
         steps=steps,
+        probes=probe_result,
     )
+
+
+def _probe(operator, model, probes, profiled_new, runs_dir, storage, confidence, progress, seed) -> dict | None:
+    """Run the in-worker probes unless told not to or already done for this model and environment."""
+    from explorer import probes as probing
+    from explorer.calibration import CalibrationFileError, load_calibration
+
+    n = probing.DEFAULT_PROBES if probes is None else int(probes)
+    if n <= 0:
+        return None
+    if not profiled_new:
+        try:
+            saved = load_calibration(operator, runs_dir)
+        except CalibrationFileError:
+            saved = None
+        if saved is not None and not saved.stale and saved.n_probe_groups >= n:
+            return {"skipped": f"the calibration already holds {saved.n_probe_groups} probes of this environment"}
+    return probing.run_probes(operator, model, n=n, runs_dir=runs_dir, storage=storage, confidence=confidence,
+                              progress=progress, seed=seed).to_dict()

@@ -1,6 +1,6 @@
 """The kernel's resident-set high-water mark: the one place ``peak_bytes`` is measured.
 
-Definition (ARCHITECTURE.md): ``peak_bytes`` is the highest resident set size
+Definition (``docs/definitions.md``): ``peak_bytes`` is the highest resident set size
 while ``operator.run(x)`` executes, minus the resident set size just before
 the call, with the input ``x`` already resident::
 

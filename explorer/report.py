@@ -108,22 +108,23 @@ def explore_report(model, records, steps, path, *, confidence=0.99, memory_limit
 def operator_report(operator: str, *, runs_dir=None, storage=None, confidence: float = 0.99) -> dict:
     """Every stored observation of ``operator`` against the model, as a table and a picture.
 
-    Isolated profiles are compared with the isolated model; production tasks (peaks
-    inside a Dask worker) with the model under its production calibration, the one
-    ``recommend_chunks`` applies.  Writes ``runs/<operator>/report.png`` and returns
+    Isolated profiles are compared with the isolated model; tasks inside Dask workers
+    (explore's probes and production) with the in-worker task model
+    (``explorer.calibration.TaskModel``), the one ``recommend_chunks`` applies.  A model
+    or calibration learnt in another environment is a ``warning:`` line of the summary.  Writes ``runs/<operator>/report.png`` and returns
     ``{"rows": [...], "summary": [...], "report_path": ...}``.
     """
     from explorer import paths
-    from explorer.calibration import calibrated_model
-    from explorer.store import SOURCE_PRODUCTION, Store
-    from explorer.surrogate import load_model
+    from explorer.calibration import IN_WORKER_SOURCES, task_model
+    from explorer.store import SOURCE_RUN, Store
 
-    model = load_model(operator, runs_dir=runs_dir)
-    calibrated = calibrated_model(operator, runs_dir)
-    records = Store(runs_dir, storage).records(operator)
+    tasks = task_model(operator, runs_dir=runs_dir)
+    model = tasks.isolated
+    calibrated = tasks if tasks.excess is not None else None
+    records = [r for r in Store(runs_dir, storage).records(operator) if r.source != SOURCE_RUN]
     rows = []
     for r in records:
-        against = calibrated if r.source == SOURCE_PRODUCTION else model
+        against = tasks if r.source in IN_WORKER_SOURCES else model
         mean, upper = against.predict(r.shape, confidence)
         measured = r.peak_bytes
         rows.append({
@@ -141,13 +142,19 @@ def operator_report(operator: str, *, runs_dir=None, storage=None, confidence: f
         over = sum(row["over_bound"] for row in chosen)
         summary.append(f"{source}: {len(chosen)} observations, mean absolute error {errors.mean():.1%}, "
                        f"{over} over the {confidence:.0%} bound")
-    if calibrated is not model:
-        summary.append(f"production calibration: in-worker peak = {calibrated.calibration[0]:.3f} "
-                       f"(sd {calibrated.calibration[1] ** 0.5:.3f}) x isolated peak")
+    if calibrated is not None:
+        e, cal = tasks.excess, tasks.calibration
+        method = e.quantile(confidence)[1]
+        summary.append(f"in-worker calibration: task peak = isolated peak {e.intercept_bytes / 2**20:+.2f} MiB "
+                       f"{e.bytes_per_voxel:+.2f} B/voxel (residual sd {e.residual_sd / 2**20:.2f} MiB, "
+                       f"{cal.n_groups} groups of which {cal.n_probe_groups} probes, {cal.n_tasks} tasks; "
+                       f"{method} quantile, {e.dof} dof)")
+    summary.extend(f"warning: {line}" for line in tasks.warnings)
 
     plt, fig, (ax, ax_ratio) = _figure()
-    _peak_panel(ax, model, records, confidence, None, calibrated=calibrated if calibrated is not model else None)
-    for source, style in (("profile", dict(marker="o", color="C0")), ("production", dict(marker="x", color="C2"))):
+    _peak_panel(ax, model, records, confidence, None, calibrated=calibrated)
+    for source, style in (("profile", dict(marker="o", color="C0")), ("probe", dict(marker="+", color="C4")),
+                          ("production", dict(marker="x", color="C2"))):
         chosen = [(row["shape"], row["peak_bytes"]) for row in rows
                   if row["source"] == source and row["ratio"] is not None]
         if chosen:
@@ -162,4 +169,5 @@ def operator_report(operator: str, *, runs_dir=None, storage=None, confidence: f
     ax_ratio.legend(fontsize=8)
     ax_ratio.grid(True, which="both", alpha=0.2)
     path = _save(plt, fig, paths.report_path(operator, runs_dir))
-    return {"operator": operator, "rows": rows, "summary": summary, "report_path": str(path)}
+    return {"operator": operator, "rows": rows, "summary": summary, "warnings": tasks.warnings,
+            "report_path": str(path)}

@@ -7,7 +7,10 @@ under the runs directory, or in any Optuna storage: an RDB URL
 machines (``journal:/path/to/file.log``).
 
 A trial's params are the shape (``n1``, ``n2``, ``n3``), its value is
-``peak_bytes``, and everything else is a user attribute.  Profiles that did
+``peak_bytes``, and everything else is a user attribute.  ``source`` says what a record
+is: an isolated ``profile``, a task inside a Dask worker (``production``, or an
+explore ``probe``), or a whole ``run`` (its shape the chunk, its value the largest
+worker high-water mark).  Profiles that did
 not end ``ok`` are kept as FAIL trials with their status (an ``exceeded``
 profile carries its lower bound).  Each record is written by one
 ``add_trial`` call, a single transaction in an RDB storage and a single
@@ -26,8 +29,14 @@ import scipy
 
 from explorer import paths
 
+#: Isolated profiles (``explorer.profiling``).
 SOURCE_PROFILE = "profile"
+#: Tasks observed inside Dask workers: production runs, and explore's in-worker probes.
 SOURCE_PRODUCTION = "production"
+SOURCE_PROBE = "probe"
+#: One record per observed run: its wall time, slots and worker high-water mark
+#: (``explorer.daskrun``); the calibration learns the time model's overhead from them.
+SOURCE_RUN = "run"
 
 _AXES = ("n1", "n2", "n3")
 _DIM_MAX = 1 << 24

@@ -3,7 +3,7 @@ r"""The surrogate: an operator's ``peak_bytes`` as a function of the block shape
 What is modelled
 ----------------
 ``peak_bytes(n1, n2, n3)`` of ``operator.run(x)`` on a float32 block ``x`` of
-exactly that shape (the definition lives in ``ARCHITECTURE.md``).  The shape
+exactly that shape (the definition lives in ``docs/definitions.md``).  The shape
 is the *block the operator runs on*: a Dask task on a chunk ``c`` of an
 operator with halo ``h`` runs on the chunk plus its halos (at most ``c + 2h``
 per axis that is not whole), so the caller (``explorer.chunking``) asks about
@@ -114,11 +114,9 @@ normal quantile of ``confidence`` and ``t_nu`` the Student-t quantile with the
 noise estimate's ``nu`` degrees of freedom (Cornish-Fisher; the noise level is
 estimated from a handful of repeats, so its tail is a t's, not a normal's).
 
-*Calibration* (a hook for production feedback): a multiplicative factor
-``c ~ (c_mean, c_var)``, independent of the model, maps the isolated peak ``P`` to the in-worker peak
-``cP``: ``mean = c_mean * m``, ``var = c_mean^2 v + m^2 c_var + v c_var`` (the
-exact variance of a product of independent factors; the last term is
-second-order).
+*In a Dask worker* a task needs more than its isolated peak (the block concatenated
+from its overlap pieces, the copies of the store): ``explorer.calibration`` models that
+excess on top of this model.
 
 *Lower bounds* (profiles that exceeded the memory cap: the true peak is at
 least the recorded value ``L``).  Never dropped: the model is first fitted on
@@ -144,7 +142,6 @@ import json
 import math
 import os
 import time
-import threading
 from functools import lru_cache
 from pathlib import Path
 from statistics import NormalDist
@@ -158,6 +155,7 @@ __all__ = [
     "DEFAULT_ABS_NOISE_FLOOR_BYTES",
     "DEFAULT_REL_NOISE_FLOOR",
     "MemoryModel",
+    "ModelFileError",
     "ModelNotFoundError",
     "fit",
     "load_model",
@@ -185,6 +183,10 @@ _FACE_EDGE_PRIOR_RELATIVE_SD = 1.0
 
 class ModelNotFoundError(LookupError):
     """No saved model for an operator: it has not been explored yet."""
+
+
+class ModelFileError(ValueError):
+    """A saved model file cannot be read (one line naming the file and the fix)."""
 
 
 # --------------------------------------------------------------------------------------
@@ -285,18 +287,23 @@ class MemoryModel:
     """A fitted peak-memory model of one operator; prediction is pure NumPy.
 
     Attributes: ``operator``, ``halo``, ``n_observations`` (profiles given to
-    ``fit``, lower bounds included), ``calibration`` (mean, variance),
+    ``fit``, lower bounds included), ``environment`` (the stamp it was learnt in),
     ``exceeded_shapes`` and ``exceeded_bytes`` (lower-bound profiles),
     ``coefficients`` (``beta_bar`` in physical units, by ``BASIS_NAMES``),
     ``info`` (fit metadata).
     """
 
     def __init__(self, operator: str, halo, n_observations: int, arrays: dict, info: dict | None = None,
-                 calibration: tuple[float, float] = (1.0, 0.0)):
+                 environment: dict | None = None):
         self.operator = str(operator)
         self.halo = tuple(int(h) for h in halo)
         self.n_observations = int(n_observations)
         self.info = dict(info or {})
+        #: The environment the profiles were measured in (``explorer.environment``); set
+        #: when the model is saved, read back when it is loaded.
+        self.environment = dict(environment) if environment else None
+        #: Differences from this process's environment, set by ``load_model`` (empty: none).
+        self.stale: list[str] = []
         missing = [name for name in _ARRAY_FIELDS if name not in arrays]
         if missing:
             raise ValueError(f"model arrays missing: {missing}")
@@ -305,10 +312,6 @@ class MemoryModel:
             if name != "train_is_lower_bound":
                 self._a[name] = self._a[name].astype(np.float64)
         self._a["train_is_lower_bound"] = self._a["train_is_lower_bound"].astype(bool)
-        c_mean, c_var = (float(calibration[0]), float(calibration[1]))
-        if not (c_mean > 0 and c_var >= 0):
-            raise ValueError(f"calibration needs mean > 0 and var >= 0, got {calibration}")
-        self.calibration = (c_mean, c_var)
         s = dict(zip(_SCALAR_NAMES, self._a["scalars"].tolist()))
         self._bytes_scale = s["bytes_scale"]
         self._outputscale = s["outputscale"]
@@ -407,21 +410,17 @@ class MemoryModel:
         return (prior - v_a.T @ v_b + q_a.T @ q_b) * self._bytes_scale**2
 
     def predict_many(self, shapes, confidence: float = 0.99) -> tuple[np.ndarray, np.ndarray]:
-        """Mean and one-sided upper bound (bytes) of the peak of a new run, calibrated.
+        """Mean and one-sided upper bound (bytes) of the isolated peak of a new run.
 
         ``m = mean_g``, ``v = var_g + (t_nu / z)^2 s^2`` (run noise with the
-        t-tail of its estimate); with calibration ``c ~ (c_mean, var_c)``:
-        ``mean = c_mean m``, ``var = c_mean^2 v + m^2 var_c + v var_c``;
-        ``upper = mean + z(confidence) sqrt(var)``.
+        t-tail of its estimate); ``upper = m + z(confidence) sqrt(v)``.  What a task
+        needs inside a Dask worker on top is ``explorer.calibration.TaskModel``'s.
         """
         confidence = float(confidence)
         z = _z_quantile(confidence)
         tail = (_t_quantile(confidence, self._noise_dof) / z) ** 2
-        mean_s, var_s = self._latent(_as_dims(shapes))
-        var_s = var_s + tail * self._run_noise_var(mean_s)
-        c, var_c = self.calibration
-        mean = c * mean_s
-        var = c * c * var_s + mean_s * mean_s * var_c + var_s * var_c
+        mean, var = self._latent(_as_dims(shapes))
+        var = var + tail * self._run_noise_var(mean)
         scale = self._bytes_scale
         return mean * scale, (mean + z * np.sqrt(var)) * scale
 
@@ -452,12 +451,7 @@ class MemoryModel:
         a.update(_posterior_arrays(a["train_dims"], a["train_bytes"] / scale, a["train_noise_var"] / scale**2,
                                    a, self._amp_floor, hyper))
         return MemoryModel(self.operator, self.halo, self.n_observations + len(y), a, self.info,
-                           calibration=self.calibration)
-
-    def with_calibration(self, mean: float, var: float) -> "MemoryModel":
-        """A copy whose predictions are of ``c * peak`` with ``c ~ (mean, var)`` (see ``predict_many``)."""
-        return MemoryModel(self.operator, self.halo, self.n_observations, self._a, self.info,
-                           calibration=(mean, var))
+                           environment=self.environment)
 
     # ---- read-only views ----------------------------------------------------------
     @property
@@ -477,6 +471,11 @@ class MemoryModel:
     @property
     def train_bytes(self) -> np.ndarray:
         return self._a["train_bytes"].copy()
+
+    @property
+    def train_is_lower_bound(self) -> np.ndarray:
+        """True where a training observation is a lower bound (an exceeded profile)."""
+        return self._a["train_is_lower_bound"].copy()
 
     @property
     def coefficients(self) -> dict[str, float]:
@@ -499,21 +498,35 @@ class MemoryModel:
         }
 
     def __repr__(self) -> str:
-        return (f"<MemoryModel {self.operator} n={self.n_observations} "
-                f"halo={self.halo} calibration={self.calibration}>")
+        return f"<MemoryModel {self.operator} n={self.n_observations} halo={self.halo}>"
 
     # ---- persistence --------------------------------------------------------------
+    def stale_reasons(self) -> list[str]:
+        """How this process's environment differs from the one the profiles were measured
+        in (``explorer.environment.stamp_differences``); empty when they agree."""
+        from explorer.environment import ISOLATED_KEYS, environment_stamp, stamp_differences
+
+        return stamp_differences(self.environment, environment_stamp(self.operator), ISOLATED_KEYS)
+
     def save(self, path) -> Path:
-        """Write one ``.npz`` (no pickles): the arrays plus a JSON metadata string."""
+        """Write one ``.npz`` (no pickles): the arrays plus a JSON metadata string.
+
+        The metadata carries the environment stamp (``explorer.environment``) of the
+        process that saves it, which is the one that profiled: ``load_model`` compares it.
+        """
+        from explorer.environment import environment_stamp
+
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
+        if self.environment is None:
+            self.environment = environment_stamp(self.operator)
         meta = {
             "format_version": FORMAT_VERSION,
             "operator": self.operator,
             "halo": list(self.halo),
             "n_observations": self.n_observations,
-            "calibration": list(self.calibration),
             "info": self.info,
+            "environment": self.environment,
         }
         tmp = path.with_name(path.name + ".tmp.npz")
         np.savez(tmp, meta=np.array(json.dumps(meta)), **self._a)
@@ -528,7 +541,7 @@ class MemoryModel:
                 raise ValueError(f"{path}: model format {meta.get('format_version')} != {FORMAT_VERSION}")
             arrays = {name: data[name] for name in _ARRAY_FIELDS}
         return cls(meta["operator"], meta["halo"], meta["n_observations"], arrays, meta["info"],
-                   calibration=tuple(meta["calibration"]))
+                   environment=meta.get("environment"))
 
 
 _CACHE: dict[tuple[str, int], MemoryModel] = {}
@@ -537,7 +550,11 @@ _CACHE: dict[tuple[str, int], MemoryModel] = {}
 def load_model(operator: str, runs_dir=None) -> MemoryModel:
     """The saved model of ``operator`` (``explorer.paths.model_path``), cached by (path, mtime).
 
-    Raises ``ModelNotFoundError`` naming the command that creates it.
+    Raises ``ModelNotFoundError`` naming the command that creates it, and
+    ``ModelFileError`` naming the file and the command that rebuilds it when the file is
+    not a readable model.  A model learnt in another environment (library versions,
+    operator code, machine: ``explorer.environment``) is returned with a
+    ``StaleModelWarning`` on first load; ``model.stale`` keeps the differences.
     """
     path = model_path(operator, runs_dir)
     try:
@@ -549,7 +566,16 @@ def load_model(operator: str, runs_dir=None) -> MemoryModel:
     key = (str(path), mtime)
     model = _CACHE.get(key)
     if model is None:
-        model = MemoryModel.load(path)
+        try:
+            model = MemoryModel.load(path)
+        except Exception as exc:  # truncated, not an npz, wrong layout: name the file and the fix
+            reason = " ".join(str(exc).split()) or type(exc).__name__
+            raise ModelFileError(f"{path} is not a readable model ({reason[:160]}): "
+                                 f"run `explore {operator}` to rebuild it") from None
+        from explorer.environment import warn_stale
+
+        model.stale = model.stale_reasons()
+        warn_stale(f"{operator}'s model ({path})", model.stale, f"explore {operator}")
         for old in [k for k in _CACHE if k[0] == key[0]]:
             del _CACHE[old]
         _CACHE[key] = model
@@ -741,9 +767,6 @@ def _posterior_arrays(dims, y_s, noise_var_s, features, amp_floor, hyper):
 # ---- torch / gpytorch part (imported lazily) -------------------------------------------
 
 
-_TORCH_LOCK = threading.Lock()
-
-
 def warm_up() -> None:
     """Import torch, GPyTorch and BoTorch now (seconds), e.g. in a thread while profiles run."""
     _torch_modules()
@@ -751,167 +774,12 @@ def warm_up() -> None:
 
 
 def _torch_modules():
-    """Build the GPyTorch classes on first use (keeps torch out of ``import explorer.surrogate``)."""
-    with _TORCH_LOCK:
-        if _TORCH is None:
-            _build_torch_modules()
-    return _TORCH
+    """The GPyTorch side of the surrogate (:mod:`explorer.gp_torch`), imported on first use
+    (Python's import lock makes a concurrent ``warm_up`` safe)."""
+    import importlib
 
+    return importlib.import_module("explorer.gp_torch")
 
-def _build_torch_modules():
-    global _TORCH
-    import warnings
-
-    with warnings.catch_warnings():  # gpytorch's import-time torch.jit deprecation notices
-        warnings.simplefilter("ignore", DeprecationWarning)
-        import gpytorch
-        import torch
-        from gpytorch.constraints import Positive
-        from gpytorch.priors import LogNormalPrior
-
-    def positive_log():
-        return Positive(transform=torch.exp, inv_transform=torch.log)
-
-    def lognormal_with_mode(mode, sd_log):
-        """LogNormal whose mode (= MAP with no data) is ``mode``: loc = log(mode) + sd^2."""
-        return LogNormalPrior(math.log(mode) + sd_log**2, sd_log)
-
-    class FeatureMap(torch.nn.Module):
-        """The torch mirror of ``_raw_basis``/``_kernel_inputs``/amplitude (fixed buffers)."""
-
-        def __init__(self, features, amp_floor):
-            super().__init__()
-            for name in ("axis_length", "basis_transform", "basis_prior_precision", "amplitude_coef",
-                         "log_lo", "log_span"):
-                self.register_buffer(name, torch.as_tensor(features[name], dtype=torch.float64))
-            self.amp_floor = float(amp_floor)
-            self.n_terms = int(self.basis_transform.shape[0])
-
-        def raw_basis(self, dims):
-            u = dims / self.axis_length
-            u1, u2, u3 = u[..., 0], u[..., 1], u[..., 2]
-            cols = [torch.ones_like(u1), u1 * u2 * u3, u1 * u2, u1 * u3, u2 * u3, u1, u2, u3]
-            return torch.stack(cols, dim=-1)
-
-        def basis(self, dims):
-            return self.raw_basis(dims) @ self.basis_transform
-
-        def amplitude(self, dims):
-            return (self.raw_basis(dims) @ self.amplitude_coef).clamp_min(self.amp_floor)
-
-        def kernel_inputs(self, dims):
-            return (torch.log(dims) - self.log_lo) / self.log_span
-
-    class RelativeResidualKernel(gpytorch.kernels.Kernel):
-        """``sigma_f^2 s(x) s(x') Matern52(z(x), z(x'))`` on raw dims."""
-
-        def __init__(self, feature_map):
-            super().__init__()
-            self.feature_map = feature_map
-            self.scaled = gpytorch.kernels.ScaleKernel(
-                gpytorch.kernels.MaternKernel(
-                    nu=2.5, ard_num_dims=3, lengthscale_prior=lognormal_with_mode(*_LENGTHSCALE_PRIOR),
-                    lengthscale_constraint=positive_log()),
-                outputscale_prior=lognormal_with_mode(*_OUTPUTSCALE_PRIOR),
-                outputscale_constraint=positive_log())
-
-        def forward(self, x1, x2, diag=False, **params):
-            fm = self.feature_map
-            k = self.scaled.forward(fm.kernel_inputs(x1), fm.kernel_inputs(x2), diag=diag)
-            s1, s2 = fm.amplitude(x1), fm.amplitude(x2)
-            if diag:
-                return s1 * k * s2
-            return s1.unsqueeze(-1) * k * s2.unsqueeze(-2)
-
-    class RelativeNuggetNoise(gpytorch.likelihoods.noise_models.Noise):
-        """Known per-point variance plus a learnt relative nugget ``rho_nug^2 y_i^2``."""
-
-        def __init__(self, fixed_var, y_ref):
-            super().__init__()
-            self.register_buffer("fixed_var", fixed_var)
-            self.register_buffer("y_ref_sq", y_ref * y_ref)
-            self.register_parameter("raw_nugget", torch.nn.Parameter(torch.zeros((), dtype=torch.float64)))
-            self.register_constraint("raw_nugget", positive_log())
-            self.register_prior("nugget_prior", lognormal_with_mode(*_NUGGET_PRIOR),
-                                lambda m: m.nugget, lambda m, v: m._set_nugget(v))
-            self._set_nugget(torch.tensor(_NUGGET_PRIOR[0], dtype=torch.float64))
-
-        @property
-        def nugget(self):
-            return self.raw_nugget_constraint.transform(self.raw_nugget)
-
-        def _set_nugget(self, value):
-            value = torch.as_tensor(value, dtype=torch.float64)
-            self.initialize(raw_nugget=self.raw_nugget_constraint.inverse_transform(value))
-
-        def forward(self, *params, shape=None, **kwargs):
-            from linear_operator.operators import DiagLinearOperator
-            return DiagLinearOperator(self.fixed_var + self.nugget * self.y_ref_sq)
-
-    class RelativeNuggetLikelihood(gpytorch.likelihoods._GaussianLikelihoodBase):
-        def __init__(self, fixed_var, y_ref):
-            super().__init__(noise_covar=RelativeNuggetNoise(fixed_var, y_ref))
-
-    class BasisMean(gpytorch.means.Mean):
-        """``h(x)^T beta`` with ``beta`` fixed (set to ``beta_bar`` after fitting)."""
-
-        def __init__(self, feature_map, beta):
-            super().__init__()
-            self.feature_map = feature_map
-            self.register_buffer("beta", beta)
-
-        def forward(self, x):
-            return self.feature_map.basis(x) @ self.beta
-
-    class ExplicitBasisGP(gpytorch.models.ExactGP):
-        def __init__(self, train_x, train_y, likelihood, feature_map, beta=None):
-            super().__init__(train_x, train_y, likelihood)
-            beta = torch.zeros(feature_map.n_terms, dtype=torch.float64) if beta is None else beta
-            self.mean_module = BasisMean(feature_map, beta)
-            self.covar_module = RelativeResidualKernel(feature_map)
-
-        def forward(self, x):
-            return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
-
-    class RestrictedMarginalLogLikelihood(gpytorch.mlls.MarginalLogLikelihood):
-        """Restricted (beta integrated out, flat prior) log marginal likelihood + log priors, / n."""
-
-        def forward(self, function_dist, target, *params, **kwargs):
-            return self.restricted_log_likelihood()
-
-        def restricted_log_likelihood(self, with_priors=True):
-            model = self.model
-            x = model.train_inputs[0]
-            y = model.train_targets
-            n = y.shape[-1]
-            k_y = model.covar_module(x).to_dense() + self.likelihood.noise_covar(x).to_dense()
-            chol = torch.linalg.cholesky(k_y)
-            h = model.covar_module.feature_map.basis(x)
-            ly = torch.linalg.solve_triangular(chol, y.unsqueeze(-1), upper=False).squeeze(-1)
-            lh = torch.linalg.solve_triangular(chol, h, upper=False)
-            prior_precision = model.covar_module.feature_map.basis_prior_precision
-            chol_a = torch.linalg.cholesky(lh.T @ lh + prior_precision)
-            c = torch.linalg.solve_triangular(chol_a, (lh.T @ ly).unsqueeze(-1), upper=False).squeeze(-1)
-            n_flat = 2  # improper directions; the prior's own normaliser is a constant
-            value = (-0.5 * (ly @ ly - c @ c) - torch.log(torch.diagonal(chol)).sum()
-                     - torch.log(torch.diagonal(chol_a)).sum() - 0.5 * (n - n_flat) * math.log(2 * math.pi))
-            if with_priors:
-                for _name, module, prior, closure, _setter in self.named_priors():
-                    value = value + prior.log_prob(closure(module)).sum()
-            return value / n
-
-        def compute_custom_loss(self, **kwargs):
-            return -self.restricted_log_likelihood()
-
-    _TORCH = {
-        "torch": torch, "gpytorch": gpytorch, "FeatureMap": FeatureMap,
-        "ExplicitBasisGP": ExplicitBasisGP, "RelativeNuggetLikelihood": RelativeNuggetLikelihood,
-        "RestrictedMarginalLogLikelihood": RestrictedMarginalLogLikelihood,
-    }
-    return _TORCH
-
-
-_TORCH = None
 
 #: Starting points of the ML-II optimisation (lengthscale, relative residual sd, nugget sd).
 _STARTS = ((0.5, 0.005, 0.001), (2.0, 0.03, 0.001))
@@ -923,7 +791,7 @@ def _fit_hyperparameters(dims, y_s, fixed_var_s, features, amp_floor):
     Runs from each of ``_STARTS`` and keeps the best; returns ``(hyperparameters, value)``.
     """
     t = _torch_modules()
-    torch = t["torch"]
+    torch = t.torch
     x = torch.as_tensor(dims, dtype=torch.float64)
     y = torch.as_tensor(y_s, dtype=torch.float64)
     fixed = torch.as_tensor(fixed_var_s, dtype=torch.float64)
@@ -948,14 +816,14 @@ def _fit_from_start(t, x, y, fixed, features, amp_floor, lengthscale, residual_s
 
     from botorch.fit import fit_gpytorch_mll
 
-    torch = t["torch"]
-    feature_map = t["FeatureMap"](features, amp_floor)
-    likelihood = t["RelativeNuggetLikelihood"](fixed, y)
-    gp = t["ExplicitBasisGP"](x, y, likelihood, feature_map)
+    torch = t.torch
+    feature_map = t.FeatureMap(features, amp_floor)
+    likelihood = t.RelativeNuggetLikelihood(fixed, y)
+    gp = t.ExplicitBasisGP(x, y, likelihood, feature_map)
     gp.covar_module.scaled.base_kernel.lengthscale = torch.full((1, 3), lengthscale, dtype=torch.float64)
     gp.covar_module.scaled.outputscale = torch.tensor(residual_sd**2, dtype=torch.float64)
     likelihood.noise_covar._set_nugget(nugget_sd**2)
-    mll = t["RestrictedMarginalLogLikelihood"](likelihood, gp)
+    mll = t.RestrictedMarginalLogLikelihood(likelihood, gp)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -983,18 +851,18 @@ def _torch_posterior(model: MemoryModel, shapes):
     explicit-basis term ``R^T A^{-1} R`` computed in torch.
     """
     t = _torch_modules()
-    torch, gpytorch = t["torch"], t["gpytorch"]
+    torch, gpytorch = t.torch, t.gpytorch
     a = model._a
     scale = model._bytes_scale
     features = {name: a[name] for name in ("axis_length", "basis_transform", "basis_prior_precision",
                                            "amplitude_coef", "log_lo", "log_span")}
-    feature_map = t["FeatureMap"](features, model._amp_floor)
+    feature_map = t.FeatureMap(features, model._amp_floor)
     x = torch.as_tensor(a["train_dims"], dtype=torch.float64)
     y = torch.as_tensor(a["train_bytes"] / scale, dtype=torch.float64)
     noise = torch.as_tensor(a["train_noise_var"] / scale**2, dtype=torch.float64)
     with gpytorch.settings.min_fixed_noise(float_value=1e-30, double_value=1e-30, half_value=1e-30):
         likelihood = gpytorch.likelihoods.FixedNoiseGaussianLikelihood(noise=noise)
-        gp = t["ExplicitBasisGP"](x, y, likelihood, feature_map,
+        gp = t.ExplicitBasisGP(x, y, likelihood, feature_map,
                                   beta=torch.as_tensor(a["beta"], dtype=torch.float64))
         gp.covar_module.scaled.base_kernel.lengthscale = torch.as_tensor(a["lengthscale"]).reshape(1, 3)
         gp.covar_module.scaled.outputscale = torch.tensor(model._outputscale, dtype=torch.float64)

@@ -16,6 +16,7 @@ block of ``c[i] + 2 * halo[i]`` samples along each axis that is not whole.
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, ClassVar
 
 import numpy as np
@@ -36,6 +37,9 @@ class Operator:
     halo: ClassVar[Shape] = (0, 0, 0)
     whole_axes: ClassVar[tuple[int, ...]] = ()
     output_dtype: ClassVar[np.dtype] = np.dtype(np.float32)
+    #: A version string for the operator's code; when None, the environment stamp of a
+    #: saved model uses a digest of the module that defines the class.
+    version: ClassVar[str | None] = None
 
     def run(self, block: np.ndarray) -> np.ndarray:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -43,24 +47,29 @@ class Operator:
     def output_shape(self, shape: Shape) -> Shape:
         return tuple(int(n) for n in shape)
 
-    def dask(self, array):
+    def dask(self, array, *, wrap=None):
         """The Dask form: equal to ``run(array.compute())``, seams included.
 
         Axes in ``whole_axes`` are rechunked to a single chunk first; the
         other axes exchange ``halo`` samples with their neighbours.  Chunks
         smaller than the halo are merged by Dask's ``map_overlap``.
+
+        ``wrap(run, block)``, when given, is called instead of ``run(block)`` for
+        every block, with this operator's bound ``run``: a hook that must return
+        ``run(block)`` (e.g. a measuring one, which then travels with the graph).
         """
         import dask.array as da
 
+        block_function = self.run if wrap is None else functools.partial(wrap, self.run)
         if self.whole_axes:
             array = array.rechunk({axis: -1 for axis in self.whole_axes})
         depth = {axis: (0 if axis in self.whole_axes else h) for axis, h in enumerate(self.halo)}
         if not any(depth.values()):
-            return array.map_blocks(self.run, dtype=self.output_dtype)
+            return array.map_blocks(block_function, dtype=self.output_dtype)
         # boundary="none": blocks at the volume's edges are not padded, so run()
         # applies its own edge handling exactly as on the whole volume.
         return da.map_overlap(
-            self.run, array, depth=depth, boundary="none", dtype=self.output_dtype, trim=True
+            block_function, array, depth=depth, boundary="none", dtype=self.output_dtype, trim=True
         )
 
     def __repr__(self) -> str:

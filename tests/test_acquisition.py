@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 
 import numpy as np
 import pytest
@@ -121,18 +120,17 @@ def test_variance_reduction_matches_brute_force_refit(model, targets):
     assert ivr.max() > 10 * ivr.min()  # the score discriminates
 
 
-def test_scoring_2000_candidates_against_300_targets_is_fast(model, targets):
+def test_scores_of_2000_candidates_are_finite_and_favour_informative_shapes(model, targets):
+    """Scoring at the loop's own scale (its latency is measured by scripts/bench_explore.py):
+    finite, non-negative, and a candidate already profiled scores far below a new one."""
     candidates = acq.candidate_shapes(2000, seed=5)
     t300 = targets[np.linspace(0, len(targets) - 1, 300).astype(int)]
-    acq.integrated_variance_reduction(model, candidates[:10], t300)  # warm
-    t0 = time.perf_counter()
     scores = acq.integrated_variance_reduction(model, candidates, t300)
-    elapsed = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    acq.propose(model, candidates, t300, acq.CostModel(), 8 * GiB, n=4)
-    elapsed_batch = time.perf_counter() - t0
-    print(f"\nIVR 2000 candidates x 300 targets: {elapsed * 1e3:.1f} ms; propose(n=4): {elapsed_batch * 1e3:.1f} ms")
     assert scores.shape == (2000,) and np.all(np.isfinite(scores)) and np.all(scores >= 0)
+    seen = model.train_shapes[np.argmax(model.train_bytes)][None, :]
+    best = candidates[np.argmax(scores)][None, :]
+    assert acq.integrated_variance_reduction(model, seen, t300)[0] < 0.1 * acq.integrated_variance_reduction(
+        model, best, t300)[0]
 
 
 def test_safety_filter_excludes_shapes_over_the_cap(model, targets):
@@ -207,7 +205,6 @@ def test_stopping_metric_decreases_as_points_are_added():
     print("\nmax relative half-width by round:", " ".join(f"{m:.3f}" for m in metric))
     assert metric[-1] < metric[0] / 10
     assert metric[-1] <= acq.DEFAULT_TOLERANCE
-    assert acq.should_stop(model, targets) == (metric[-1] <= acq.DEFAULT_TOLERANCE)
     # With hyperparameters fixed, every observation can only shrink the latent variance.
     fixed = model
     before = fixed.latent_moments(targets)[1]

@@ -1,6 +1,7 @@
 """The ``explore`` command as users run it: a real process, its exit code and output."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -67,3 +68,66 @@ def test_bad_input_is_one_line_and_non_zero(args, fragment):
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1, out.stderr
     assert fragment in lines[0]
+
+
+# --------------------------------------------------------------------------- against a user's cluster
+
+
+def one_line_failure(out, fragment):
+    assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0], out.stderr
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def small_segy(tmp_path_factory):
+    import operators
+
+    path = tmp_path_factory.mktemp("cli-cluster") / "in.sgy"
+    operators.write_segy(path, operators.synthetic_volume((24, 24, 24), seed=0))
+    return path
+
+
+def test_run_against_an_address_with_nothing_listening_is_one_line(small_segy, tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # free once closed: nothing listens there
+    out = explore("run", "gst3d", str(small_segy), "--output", str(tmp_path / "o.zarr"), "--chunks", "12x12x24",
+                  "--scheduler", f"tcp://127.0.0.1:{port}", "--connect-timeout", "2")
+    line = one_line_failure(out, f"cannot connect to scheduler tcp://127.0.0.1:{port}")
+    assert "is a scheduler running there?" in line
+    assert not any(p.name.startswith("o.zarr") for p in tmp_path.iterdir())
+
+
+def test_run_on_workers_without_the_operators_plugin_is_one_line(small_segy, tmp_path):
+    from tests.cluster import user_cluster
+
+    env = {k: v for k, v in os.environ.items() if k != "EXPLORER_PLUGINS"}
+    with user_cluster(env={"EXPLORER_PLUGINS": ""}) as address:
+        out = explore("run", "test_allocates", str(small_segy), "--output", str(tmp_path / "o.zarr"), "--chunks",
+                      "12x12x24", "--scheduler", address, "--no-refine",
+                      env={**env, "EXPLORER_PLUGINS": "tests.plugin_ops"})
+    line = one_line_failure(out, "cannot load operator 'test_allocates'")
+    assert "EXPLORER_PLUGINS" in line and "tcp://" in line
+
+
+def _can_unshare_mounts() -> bool:
+    probe = subprocess.run(["unshare", "-m", "--propagation", "private", "true"], capture_output=True)
+    return probe.returncode == 0
+
+
+@pytest.mark.skipif(not _can_unshare_mounts(), reason="needs `unshare -m` (root) to hide the input from the worker")
+def test_run_with_an_input_the_workers_cannot_read_is_one_line(small_segy, tmp_path):
+    """The worker runs in its own mount namespace where the input's directory is an empty
+    tmpfs: what a cluster on other machines sees of a local path."""
+    from tests.cluster import user_cluster
+
+    hide = f"mount -t tmpfs none {small_segy.parent} && exec \"$@\""
+    with user_cluster(worker_prefix=["unshare", "-m", "--propagation", "private", "sh", "-c", hide, "sh"]) as address:
+        out = explore("run", "gst3d", str(small_segy), "--output", str(tmp_path / "o.zarr"), "--chunks",
+                      "12x12x24", "--scheduler", address, "--no-refine")
+    line = one_line_failure(out, f"cannot read {small_segy}")
+    assert "shared file system" in line

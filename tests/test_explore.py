@@ -28,10 +28,11 @@ def explored(tmp_path_factory):
 
 def test_explore_profiles_persists_fits_and_reports(explored):
     runs, result, seen = explored
-    assert result.profiles == result.new_profiles == len(seen) <= 9
-    assert result.stopped_because.startswith(("converged", "budget"))
+    assert result.profiles == result.new_profiles == len(seen) == 9
+    # MIN_PROFILES_TO_STOP (16) is above the budget: the loop cannot converge here
+    assert result.stopped_because.startswith("budget")
     assert result.max_relative_uncertainty is not None and result.max_relative_uncertainty > 0
-    records = Store(runs).records(OPERATOR)
+    records = Store(runs).records(OPERATOR, source="profile")
     assert len(records) == result.profiles and all(r.status == "ok" for r in records)
     assert len({r.shape for r in records}) == len(records)  # never the same shape twice
     assert os.path.getsize(result.report_path) > 10_000
@@ -42,6 +43,24 @@ def test_explore_profiles_persists_fits_and_reports(explored):
     volume = np.array([np.prod(r.shape) for r in records], dtype=float)
     b = model.info["seconds_per_voxel"]
     assert 0 < b <= seconds.max() / volume[seconds.argmax()] * 2
+
+
+def test_explore_ends_with_in_worker_probes_and_saves_the_calibration(explored):
+    from explorer.calibration import load_calibration
+    from explorer.recommend import baseline_path
+
+    runs, result, _ = explored
+    probes = result.probes
+    assert probes["runs"] and all(run["status"] == "ok" for run in probes["runs"]), probes
+    probe_records = Store(runs).records(OPERATOR, source="probe")
+    assert len({r.context["run"] for r in probe_records}) == len(probes["runs"]) >= 3
+    assert all(r.context["exact"] for r in probe_records)
+    cal = load_calibration(OPERATOR, runs)
+    assert cal.excess is not None and cal.n_probe_groups == len(probes["runs"]) and cal.stale == []
+    assert cal.timing.seconds_per_voxel > 0 and cal.timing.n_runs == len(probes["runs"])
+    saved = json.loads(baseline_path(OPERATOR, runs).read_text())
+    assert saved["baseline_bytes"] == probes["baseline_bytes"] > 50 * 2**20
+    assert saved["environment"]["dask"] is not None
 
 
 def test_model_predicts_a_fresh_profile(explored):
@@ -83,10 +102,11 @@ def test_cli_json_last_and_chunks(explored):
                   "--json")
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout.strip().splitlines()[-1])
-    for key in ("operator", "profiles", "stopped_because", "seconds", "max_relative_uncertainty"):
+    for key in ("operator", "profiles", "stopped_because", "seconds", "max_relative_uncertainty", "probes"):
         assert key in data
-    assert data["profiles"] == len(Store(runs).records(OPERATOR)) >= result.profiles
-    assert data["stopped_because"].startswith(("converged", "budget"))
+    assert data["profiles"] == len(Store(runs).records(OPERATOR, source="profile")) >= result.profiles
+    assert data["stopped_because"].startswith("budget")
+    assert "skipped" in data["probes"]  # nothing new profiled: the saved calibration still holds
     chunks = run_cli("chunks", OPERATOR, "--shape", "400x300x500", "--memory-limit", "512MiB",
                      "--runs-dir", str(runs), "--json")
     assert chunks.returncode == 0, chunks.stderr
@@ -114,7 +134,7 @@ def test_sigkill_loses_no_finished_profile_and_resume_goes_on(tmp_path):
             reported = int(line[1:].split("/")[0])
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    records = Store(tmp_path).records(OPERATOR)
+    records = Store(tmp_path).records(OPERATOR, source="profile")
     assert len(records) >= reported >= 7
     assert all(r.status == "ok" and r.peak_bytes > 0 and len(r.repeats) == 2 for r in records)
     resumed = explore(OPERATOR, budget=len(records) + 1, tolerance=1e-6, memory_limit=LIMIT, runs_dir=tmp_path,
@@ -144,7 +164,7 @@ def test_cli_run_then_report_learn_from_production(explored, tmp_path):
     report = run_cli("report", OPERATOR, "--runs-dir", str(runs), "--json")
     assert report.returncode == 0, report.stderr
     rows = json.loads(report.stdout)["rows"]
-    assert {row["source"] for row in rows} == {"profile", "production"}
+    assert {row["source"] for row in rows} == {"profile", "probe", "production"}
     assert os.path.getsize(runs / OPERATOR / "report.png") > 10_000
 
 

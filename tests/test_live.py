@@ -1,24 +1,21 @@
 """Live observation on a real LocalCluster, a real SQLite store, real SEG-Y files and a
-surrogate fitted from real profiles; calibration saved, loaded and widening the bound."""
+surrogate fitted from real profiles."""
 
 from __future__ import annotations
 
-import functools
-import json
 import math
 
+import dask.array as da
+import distributed
 import numpy as np
 import pytest
 
 import operators
-from explorer import live
+from explorer import inworker, live
 from explorer.highwater import is_supported
 from explorer.store import Store
 
 pytestmark = pytest.mark.skipif(not is_supported(), reason="needs Linux /proc/self/clear_refs")
-
-distributed = pytest.importorskip("distributed")
-da = pytest.importorskip("dask.array")
 
 OPERATOR = "gst3d"
 VOLUME = (64, 48, 40)
@@ -42,37 +39,20 @@ def segy(tmp_path_factory):
     return path
 
 
-@functools.lru_cache(maxsize=None)
-def fitted_gst3d_model():
-    """gst3d's surrogate fitted from five real isolated profiles (two runs each); fitted
-    once per test session (``tests/test_daskrun.py`` uses it too).  None when the
-    surrogate or botorch is missing."""
-    try:
-        import botorch  # noqa: F401
-
-        from explorer import surrogate
-    except ImportError:
-        return None
-    from explorer.profiling import profile
-
-    shapes = [(24, 24, 24), (40, 30, 50), (60, 60, 40), (30, 70, 60), (74, 58, 50)]
-    peaks, noise = [], []
-    for shape in shapes:
-        m = profile(OPERATOR, shape, repeat=2)
-        assert m.status == "ok", m.error
-        runs = [r["peak_bytes"] for r in m.repeats]
-        peaks.append(np.mean(runs))
-        noise.append(np.var(runs, ddof=1) / len(runs))
-    return surrogate.fit(OPERATOR, shapes, peaks, noise, np.zeros(len(shapes), bool),
-                         halo=operators.get(OPERATOR).halo, n_repeats=[2] * len(shapes))
-
-
 @pytest.fixture(scope="module")
-def model():
-    fitted = fitted_gst3d_model()
-    if fitted is None:
-        pytest.skip("explorer.surrogate or botorch is not available to fit a model")
-    return fitted
+def model(gst3d_model):
+    return gst3d_model
+
+
+class Scaled:
+    """A real model whose predictions are scaled by ``factor`` (a deliberately wrong model)."""
+
+    def __init__(self, model, factor):
+        self.model, self.factor = model, factor
+
+    def predict(self, shape, confidence=0.99):
+        mean, upper = self.model.predict(shape, confidence)
+        return self.factor * mean, self.factor * upper
 
 
 def expected_blocks(shape, chunks, halo):
@@ -84,9 +64,9 @@ def expected_blocks(shape, chunks, halo):
     return sorted((a, b, c) for a in per_axis[0] for b in per_axis[1] for c in per_axis[2])
 
 
-def compute(segy, out):
+def compute(segy, out, observer):
     op = operators.get(OPERATOR)
-    da.to_zarr(op.dask(operators.read_segy(segy, chunks=CHUNKS)), str(out))
+    da.to_zarr(op.dask(operators.read_segy(segy, chunks=CHUNKS), wrap=observer.wrap), str(out))
 
 
 # --------------------------------------------------------------------------- observation
@@ -95,7 +75,7 @@ def compute(segy, out):
 def test_observations_are_stored_at_once_with_blocks_peaks_and_context(client, segy, tmp_path):
     store = Store(tmp_path)
     with live.observe(client, OPERATOR, store=store, context={"run": "test"}) as observer:
-        compute(segy, tmp_path / "out.zarr")
+        compute(segy, tmp_path / "out.zarr", observer)
     records = store.records(OPERATOR, source="production")
     blocks = expected_blocks(VOLUME, CHUNKS, operators.get(OPERATOR).halo)
     assert observer.recorded == len(records) == len(blocks) == 4
@@ -120,7 +100,7 @@ def test_in_worker_peak_is_plausible_against_the_isolated_profile(client, segy, 
 
     store = Store(tmp_path)
     with live.observe(client, OPERATOR, store=store) as observer:
-        compute(segy, tmp_path / "out.zarr")
+        compute(segy, tmp_path / "out.zarr", observer)
     largest = max(observer.observations, key=lambda o: math.prod(o.shape))
     isolated = profile(OPERATOR, largest.shape, repeat=2)
     assert isolated.status == "ok"
@@ -142,122 +122,73 @@ def test_tasks_are_found_whatever_fusion_names_them(client, segy, tmp_path):
     op = operators.get(OPERATOR)
     store = Store(tmp_path)
     with live.observe(client, OPERATOR, store=store) as observer:
-        client.compute(op.dask(operators.read_segy(segy, chunks=CHUNKS))).result()
+        client.compute(op.dask(operators.read_segy(segy, chunks=CHUNKS), wrap=observer.wrap)).result()
     assert len(observer.observations) == 4
     numpy_keys = {key_split(eval(o.key)) for o in observer.observations}
     with live.observe(client, OPERATOR, store=store) as observer:
-        compute(segy, tmp_path / "out.zarr")
+        compute(segy, tmp_path / "out.zarr", observer)
     zarr_keys = {key_split(eval(o.key)) for o in observer.observations}
     assert len(observer.observations) == 4 and len(numpy_keys) == len(zarr_keys) == 1
     assert OPERATOR not in numpy_keys | zarr_keys and "run" not in numpy_keys | zarr_keys
 
 
-def test_the_run_hook_exists_only_while_observing(client, tmp_path):
-    def hooked():
+def test_the_hook_travels_with_the_graph_and_the_operator_class_is_never_patched(client, segy, tmp_path):
+    def run_is_the_class_own():
         import operators
 
-        return bool(getattr(type(operators.get("gst3d")).run, "__explorer_observed__", False))
+        cls = type(operators.get("gst3d"))
+        return cls.run is cls.__dict__["run"] and not hasattr(cls.run, "__wrapped__")
 
-    assert not any(client.run(hooked).values())
-    with live.observe(client, OPERATOR, store=Store(tmp_path)):
-        assert all(client.run(hooked).values())
-    assert not any(client.run(hooked).values())
+    store = Store(tmp_path)
+    with live.observe(client, OPERATOR, store=store) as observer:
+        assert all(client.run(run_is_the_class_own).values())
+        op = operators.get(OPERATOR)
+        da.to_zarr(op.dask(operators.read_segy(segy, chunks=CHUNKS)), str(tmp_path / "unobserved.zarr"))
+        unobserved = len(observer.observations)
+        compute(segy, tmp_path / "out.zarr", observer)
+    assert unobserved == 0  # a graph without the hook reports nothing
+    assert len(observer.observations) == 4
 
 
 def test_tasks_over_the_bound_are_counted_and_warned(client, segy, tmp_path, model):
     store = Store(tmp_path)
     # A model that under-predicts by half: every task is over its bound.
-    low = model.with_calibration(0.5, 0.0)
+    low = Scaled(model, 0.5)
     with pytest.warns(RuntimeWarning, match="bound"):
         with live.observe(client, OPERATOR, store=store, model=low) as observer:
-            compute(segy, tmp_path / "low.zarr")
+            compute(segy, tmp_path / "low.zarr", observer)
     assert observer.tasks_over_bound == len(observer.observations) == 4
     assert all(o.peak_bytes > o.upper_bytes for o in observer.over_bound)
     stored = store.records(OPERATOR, source="production")
     assert all(r.context["upper_bytes"] is not None for r in stored)
 
     # A generous one: none is.
-    with live.observe(client, OPERATOR, store=store, model=model.with_calibration(3.0, 0.0)) as observer:
-        compute(segy, tmp_path / "high.zarr")
+    with live.observe(client, OPERATOR, store=store, model=Scaled(model, 3.0)) as observer:
+        compute(segy, tmp_path / "high.zarr", observer)
     assert observer.tasks_over_bound == 0 and len(observer.observations) == 4
 
 
-# --------------------------------------------------------------------------- calibration
+# --------------------------------------------------------------------------- what the calibration learns from
 
 
-def test_calibration_is_saved_loaded_and_widens_the_bound(client, segy, tmp_path, model):
+def test_observations_carry_run_environment_and_clocks(client, segy, tmp_path, model):
+    from explorer.calibration import calibrate, environment_digest
+    from explorer.environment import environment_stamp
+
     store = Store(tmp_path)
     with live.observe(client, OPERATOR, store=store) as observer:
-        compute(segy, tmp_path / "out.zarr")
-    observed = observer.observations
-
-    cal = live.calibration(OPERATOR, store, model, runs_dir=tmp_path)
-    assert cal.n == len(observed) == 4
-    ratios = [o.peak_bytes / model.predict(o.shape)[0] for o in observed]
-    assert cal.ratio_mean == pytest.approx(np.mean(ratios), rel=1e-6)
-    assert cal.mean >= max(1.0, cal.ratio_mean) - 1e-12 and cal.var > 0
-    mean, var = cal  # unpacks as what with_calibration takes
-
-    path = live.calibration_path(OPERATOR, tmp_path)
-    saved = json.loads(path.read_text())
-    assert saved["mean"] == mean and saved["var"] == var and saved["n"] == 4
-    assert live.load_calibration(OPERATOR, tmp_path) == (mean, var)
-
-    calibrated = model.with_calibration(*live.load_calibration(OPERATOR, tmp_path))
-    for o in observed:
-        assert calibrated.predict(o.shape)[1] > model.predict(o.shape)[1]  # wider
-        assert calibrated.predict(o.shape)[1] >= o.peak_bytes  # covers every task
-
-
-def test_a_task_over_the_bound_widens_the_next_bound(tmp_path, model):
-    """Twenty tasks 20% above the isolated prediction and one 60% above: the spread alone
-    would not cover the outlier, so the calibration's variance is raised until the
-    calibrated upper bound covers every observed task."""
-    store = Store(tmp_path)
-    shapes = [(40 + i, 34, 40) for i in range(20)] + [(50, 50, 40)]
-    factors = [1.2] * 20 + [1.6]
-    for shape, f in zip(shapes, factors):
-        store.add_observation(OPERATOR, shape, f * model.predict(shape)[0], context={"exact": True})
-    store.add_observation(OPERATOR, (50, 50, 50), 10 * model.predict((50, 50, 50))[0],
-                          context={"exact": False})  # concurrent tasks: left out
-    cal = live.calibration(OPERATOR, store, model, runs_dir=tmp_path)
-    assert cal.n == 21
-    assert cal.max_ratio == pytest.approx(1.6, rel=1e-6)
-    over = sum(f * model.predict(s)[0] > model.predict(s)[1] for s, f in zip(shapes, factors))
-    assert cal.n_over_uncalibrated_bound == over >= 1
-    assert cal.coverage_raised
-    calibrated = model.with_calibration(*cal)
-    for shape, f in zip(shapes, factors):
-        assert calibrated.predict(shape, 0.99)[1] >= f * model.predict(shape)[0]
-
-
-def test_calibration_of_in_worker_peaks_below_the_isolated_never_shrinks(tmp_path, model):
-    store = Store(tmp_path)
-    for shape in [(40, 40, 40), (44, 40, 40), (40, 44, 40)]:
-        store.add_observation(OPERATOR, shape, 0.7 * model.predict(shape)[0], context={"exact": True})
-    cal = live.calibration(OPERATOR, store, model, runs_dir=tmp_path, save=False)
-    assert cal.ratio_mean == pytest.approx(0.7, rel=1e-6)
-    from explorer.calibration import MIN_APPLIED_RATIO
-
-    assert cal.mean == MIN_APPLIED_RATIO
-    assert not live.calibration_path(OPERATOR, tmp_path).exists()
-
-
-def test_no_exact_observation_means_no_calibration(tmp_path, model):
-    store = Store(tmp_path)
-    store.add_observation(OPERATOR, (40, 40, 40), 1e7, context={"exact": False})
-    assert live.calibration(OPERATOR, store, model, runs_dir=tmp_path) is None
-    assert live.load_calibration(OPERATOR, tmp_path) is None
-
-
-def test_load_calibration_treats_a_malformed_file_as_absent(tmp_path):
-    path = live.calibration_path(OPERATOR, tmp_path)
-    path.parent.mkdir(parents=True)
-    for text in ("", "{", json.dumps({"mean": -1, "var": 0}), json.dumps({"mean": 1.0})):
-        path.write_text(text)
-        assert live.load_calibration(OPERATOR, tmp_path) is None
-    path.write_text(json.dumps({"mean": 1.1, "var": 0.01}))
-    assert live.load_calibration(OPERATOR, tmp_path) == (1.1, 0.01)
+        compute(segy, tmp_path / "out.zarr", observer)
+    records = store.records(OPERATOR, source="production")
+    digest = environment_digest(environment_stamp(OPERATOR))
+    for r in records:
+        assert r.context["run"] == observer.run_id and r.context["environment"] == digest
+        assert 0 < r.context["run_seconds"] <= r.context["task_seconds"]
+        assert r.context["other_seconds"] >= 0 and r.context["other_tasks"] >= 0
+    assert sum(r.context["other_tasks"] for r in records) > 0  # the reads and overlap slices
+    c = calibrate(OPERATOR, store, model, runs_dir=tmp_path, save=False)
+    assert c.n_groups == 1 and c.n_tasks == 4  # four equal blocks of one run: one group
+    assert c.excess is None  # one volume does not identify an affine excess
+    assert c.timing.operator_seconds_per_voxel > 0 and c.timing.io_seconds_per_voxel > 0
 
 
 # --------------------------------------------------------------------------- high-water intervals
@@ -266,7 +197,7 @@ def test_load_calibration_treats_a_malformed_file_as_absent(tmp_path):
 def test_high_water_intervals_fold_before_each_reset_and_flag_overlap():
     """An allocation freed before a second measurement begins still counts for the first:
     the current VmHWM is folded into open intervals before each reset."""
-    hw = live._HighWater()
+    hw = inworker._HighWater()
     hw.begin("a", owner="task-a")
     big = np.ones(64 * 2**20 // 8)  # 64 MiB of fresh (mmapped) pages touched, then freed
     del big
@@ -283,7 +214,7 @@ def test_high_water_intervals_fold_before_each_reset_and_flag_overlap():
 
 
 def test_nested_measurements_of_the_same_task_stay_exact():
-    hw = live._HighWater()
+    hw = inworker._HighWater()
     hw.begin("task", owner="k")
     hw.begin("run", owner="k")
     arr = np.ones(40 * 2**20 // 8)  # above glibc's largest mmap threshold (32 MiB): fresh pages
@@ -303,7 +234,7 @@ def test_observations_arrive_from_a_thread_pool_worker_with_two_threads(segy, tm
         with distributed.Client(cluster) as c:
             store = Store(tmp_path)
             with live.observe(c, OPERATOR, store=store) as observer:
-                compute(segy, tmp_path / "out.zarr")
+                compute(segy, tmp_path / "out.zarr", observer)
     assert observer.recorded == 4
     records = store.records(OPERATOR, source="production")
     assert all(r.context["threads_per_worker"] == 2 for r in records)

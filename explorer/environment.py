@@ -1,0 +1,121 @@
+"""The environment a model or a calibration was learnt in, and how it differs from this one.
+
+Peak memory depends on more than the block shape: the operator's code, the libraries it
+calls (NumPy, SciPy, torch), and, inside a Dask worker, Dask, distributed, zarr and segyio.
+Everything ``explore`` saves for reuse (``model.npz``, ``calibration.json``, the worker
+baseline) carries an :func:`environment_stamp`; :func:`stamp_differences` says what
+changed since, so that a stale file is a warning naming the fix (``explore OPERATOR``),
+never a silent reuse.
+
+Versions are read from the installed distributions' metadata, never by importing the
+packages (``recommend_chunks`` must not import torch), and cached for the process.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import platform
+import sys
+import warnings
+
+__all__ = [
+    "ISOLATED_KEYS",
+    "WORKER_KEYS",
+    "StaleModelWarning",
+    "environment_stamp",
+    "operator_code_version",
+    "stamp_differences",
+    "warn_stale",
+]
+
+#: What an isolated profile depends on: compared for ``model.npz``.
+ISOLATED_KEYS = ("operator_code", "python", "numpy", "scipy", "torch", "machine")
+#: What a task inside a Dask worker depends on besides: compared for the calibration and
+#: the worker baseline.
+WORKER_KEYS = ISOLATED_KEYS + ("dask", "distributed", "zarr", "segyio")
+
+_DISTRIBUTIONS = ("numpy", "scipy", "torch", "dask", "distributed", "zarr", "segyio")
+
+
+class StaleModelWarning(UserWarning):
+    """A saved model or calibration was learnt in another environment."""
+
+
+@functools.lru_cache(maxsize=None)
+def _version(distribution: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+@functools.lru_cache(maxsize=1)
+def _machine() -> str:
+    """``<arch> <CPU model>``: the CPU decides BLAS/oneDNN code paths and thread pools."""
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        model = platform.processor()
+    return f"{platform.machine()} {model}".strip()
+
+
+@functools.lru_cache(maxsize=None)
+def _module_digest(module_name: str) -> str:
+    module = sys.modules.get(module_name)
+    try:
+        source = inspect.getsource(module) if module is not None else module_name
+    except (OSError, TypeError):
+        source = module_name
+    return hashlib.sha256(source.encode()).hexdigest()[:12]
+
+
+def operator_code_version(operator) -> str:
+    """``<module>.<class>:<version>``: the operator class's own ``version`` when it sets
+    one, else a digest of the source of the module that defines it (any change to that
+    module, helpers included, counts as a new operator)."""
+    cls = operator if isinstance(operator, type) else type(operator)
+    version = getattr(cls, "version", None)
+    return f"{cls.__module__}.{cls.__qualname__}:{version or _module_digest(cls.__module__)}"
+
+
+def environment_stamp(operator=None) -> dict:
+    """The environment of this process: library versions, Python, machine, and the
+    operator's code version when ``operator`` (a name or an ``Operator``) is given."""
+    stamp = {name: _version(name) for name in _DISTRIBUTIONS}
+    stamp["python"] = ".".join(platform.python_version_tuple()[:2])
+    stamp["machine"] = _machine()
+    stamp["hostname"] = platform.node()
+    if operator is not None:
+        if isinstance(operator, str):
+            import operators
+
+            operator = operators.get(operator)
+        stamp["operator"] = operator.name
+        stamp["operator_code"] = operator_code_version(operator)
+    return stamp
+
+
+def stamp_differences(saved: dict | None, current: dict, keys=ISOLATED_KEYS) -> list[str]:
+    """``["numpy 2.4.6 -> 2.5.0", ...]`` over ``keys``; one line when nothing was saved."""
+    if not saved:
+        return ["it carries no environment stamp (saved by an older memory-explorer)"]
+    return [f"{key} {saved.get(key)} -> {current.get(key)}" for key in keys
+            if key in current and saved.get(key) != current.get(key)]
+
+
+def warn_stale(what: str, differences: list[str], fix: str, stacklevel: int = 3) -> str | None:
+    """Warn (:class:`StaleModelWarning`) that ``what`` was learnt elsewhere; return the line."""
+    if not differences:
+        return None
+    line = f"{what} was learnt in another environment ({'; '.join(differences)}): run `{fix}` again"
+    warnings.warn(line, StaleModelWarning, stacklevel=stacklevel)
+    return line

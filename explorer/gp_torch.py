@@ -1,0 +1,164 @@
+"""The surrogate's GPyTorch modules: imported only to fit (``explorer.surrogate.fit``).
+
+Kept out of :mod:`explorer.surrogate` so that ``load_model`` and ``recommend_chunks``
+never import torch.  The math is stated in :mod:`explorer.surrogate`'s docstring; these
+classes are its torch mirror (feature map, relative residual kernel, relative nugget
+noise, explicit-basis mean, restricted marginal likelihood).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+with warnings.catch_warnings():  # gpytorch's import-time torch.jit deprecation notices
+    warnings.simplefilter("ignore", DeprecationWarning)
+    import gpytorch
+    import torch
+    from gpytorch.constraints import Positive
+    from gpytorch.priors import LogNormalPrior
+
+from explorer.surrogate import _LENGTHSCALE_PRIOR, _NUGGET_PRIOR, _OUTPUTSCALE_PRIOR
+
+
+def positive_log():
+    return Positive(transform=torch.exp, inv_transform=torch.log)
+
+
+def lognormal_with_mode(mode, sd_log):
+    """LogNormal whose mode (= MAP with no data) is ``mode``: loc = log(mode) + sd^2."""
+    return LogNormalPrior(math.log(mode) + sd_log**2, sd_log)
+
+
+class FeatureMap(torch.nn.Module):
+    """The torch mirror of ``_raw_basis``/``_kernel_inputs``/amplitude (fixed buffers)."""
+
+    def __init__(self, features, amp_floor):
+        super().__init__()
+        for name in ("axis_length", "basis_transform", "basis_prior_precision", "amplitude_coef",
+                     "log_lo", "log_span"):
+            self.register_buffer(name, torch.as_tensor(features[name], dtype=torch.float64))
+        self.amp_floor = float(amp_floor)
+        self.n_terms = int(self.basis_transform.shape[0])
+
+    def raw_basis(self, dims):
+        u = dims / self.axis_length
+        u1, u2, u3 = u[..., 0], u[..., 1], u[..., 2]
+        cols = [torch.ones_like(u1), u1 * u2 * u3, u1 * u2, u1 * u3, u2 * u3, u1, u2, u3]
+        return torch.stack(cols, dim=-1)
+
+    def basis(self, dims):
+        return self.raw_basis(dims) @ self.basis_transform
+
+    def amplitude(self, dims):
+        return (self.raw_basis(dims) @ self.amplitude_coef).clamp_min(self.amp_floor)
+
+    def kernel_inputs(self, dims):
+        return (torch.log(dims) - self.log_lo) / self.log_span
+
+
+class RelativeResidualKernel(gpytorch.kernels.Kernel):
+    """``sigma_f^2 s(x) s(x') Matern52(z(x), z(x'))`` on raw dims."""
+
+    def __init__(self, feature_map):
+        super().__init__()
+        self.feature_map = feature_map
+        self.scaled = gpytorch.kernels.ScaleKernel(
+            gpytorch.kernels.MaternKernel(
+                nu=2.5, ard_num_dims=3, lengthscale_prior=lognormal_with_mode(*_LENGTHSCALE_PRIOR),
+                lengthscale_constraint=positive_log()),
+            outputscale_prior=lognormal_with_mode(*_OUTPUTSCALE_PRIOR),
+            outputscale_constraint=positive_log())
+
+    def forward(self, x1, x2, diag=False, **params):
+        fm = self.feature_map
+        k = self.scaled.forward(fm.kernel_inputs(x1), fm.kernel_inputs(x2), diag=diag)
+        s1, s2 = fm.amplitude(x1), fm.amplitude(x2)
+        if diag:
+            return s1 * k * s2
+        return s1.unsqueeze(-1) * k * s2.unsqueeze(-2)
+
+
+class RelativeNuggetNoise(gpytorch.likelihoods.noise_models.Noise):
+    """Known per-point variance plus a learnt relative nugget ``rho_nug^2 y_i^2``."""
+
+    def __init__(self, fixed_var, y_ref):
+        super().__init__()
+        self.register_buffer("fixed_var", fixed_var)
+        self.register_buffer("y_ref_sq", y_ref * y_ref)
+        self.register_parameter("raw_nugget", torch.nn.Parameter(torch.zeros((), dtype=torch.float64)))
+        self.register_constraint("raw_nugget", positive_log())
+        self.register_prior("nugget_prior", lognormal_with_mode(*_NUGGET_PRIOR),
+                            lambda m: m.nugget, lambda m, v: m._set_nugget(v))
+        self._set_nugget(torch.tensor(_NUGGET_PRIOR[0], dtype=torch.float64))
+
+    @property
+    def nugget(self):
+        return self.raw_nugget_constraint.transform(self.raw_nugget)
+
+    def _set_nugget(self, value):
+        value = torch.as_tensor(value, dtype=torch.float64)
+        self.initialize(raw_nugget=self.raw_nugget_constraint.inverse_transform(value))
+
+    def forward(self, *params, shape=None, **kwargs):
+        from linear_operator.operators import DiagLinearOperator
+        return DiagLinearOperator(self.fixed_var + self.nugget * self.y_ref_sq)
+
+
+class RelativeNuggetLikelihood(gpytorch.likelihoods._GaussianLikelihoodBase):
+    def __init__(self, fixed_var, y_ref):
+        super().__init__(noise_covar=RelativeNuggetNoise(fixed_var, y_ref))
+
+
+class BasisMean(gpytorch.means.Mean):
+    """``h(x)^T beta`` with ``beta`` fixed (set to ``beta_bar`` after fitting)."""
+
+    def __init__(self, feature_map, beta):
+        super().__init__()
+        self.feature_map = feature_map
+        self.register_buffer("beta", beta)
+
+    def forward(self, x):
+        return self.feature_map.basis(x) @ self.beta
+
+
+class ExplicitBasisGP(gpytorch.models.ExactGP):
+    def __init__(self, train_x, train_y, likelihood, feature_map, beta=None):
+        super().__init__(train_x, train_y, likelihood)
+        beta = torch.zeros(feature_map.n_terms, dtype=torch.float64) if beta is None else beta
+        self.mean_module = BasisMean(feature_map, beta)
+        self.covar_module = RelativeResidualKernel(feature_map)
+
+    def forward(self, x):
+        return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+
+class RestrictedMarginalLogLikelihood(gpytorch.mlls.MarginalLogLikelihood):
+    """Restricted (beta integrated out, flat prior) log marginal likelihood + log priors, / n."""
+
+    def forward(self, function_dist, target, *params, **kwargs):
+        return self.restricted_log_likelihood()
+
+    def restricted_log_likelihood(self, with_priors=True):
+        model = self.model
+        x = model.train_inputs[0]
+        y = model.train_targets
+        n = y.shape[-1]
+        k_y = model.covar_module(x).to_dense() + self.likelihood.noise_covar(x).to_dense()
+        chol = torch.linalg.cholesky(k_y)
+        h = model.covar_module.feature_map.basis(x)
+        ly = torch.linalg.solve_triangular(chol, y.unsqueeze(-1), upper=False).squeeze(-1)
+        lh = torch.linalg.solve_triangular(chol, h, upper=False)
+        prior_precision = model.covar_module.feature_map.basis_prior_precision
+        chol_a = torch.linalg.cholesky(lh.T @ lh + prior_precision)
+        c = torch.linalg.solve_triangular(chol_a, (lh.T @ ly).unsqueeze(-1), upper=False).squeeze(-1)
+        n_flat = 2  # improper directions; the prior's own normaliser is a constant
+        value = (-0.5 * (ly @ ly - c @ c) - torch.log(torch.diagonal(chol)).sum()
+                 - torch.log(torch.diagonal(chol_a)).sum() - 0.5 * (n - n_flat) * math.log(2 * math.pi))
+        if with_priors:
+            for _name, module, prior, closure, _setter in self.named_priors():
+                value = value + prior.log_prob(closure(module)).sum()
+        return value / n
+
+    def compute_custom_loss(self, **kwargs):
+        return -self.restricted_log_likelihood()

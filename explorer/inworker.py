@@ -1,0 +1,278 @@
+"""What runs inside Dask workers: warm-up and baseline, the measured run, the observation plugin.
+
+Imported on the workers (by unpickling :func:`measured_run`, :class:`ObservationPlugin`
+or :func:`warm_worker`) and by the client side that sends them (``explorer.live``,
+``explorer.daskrun``); never by the core, which stays free of distributed.
+
+Baseline (:func:`warm_worker`, run on every worker with ``client.run`` before planning)
+    imports what a run of the operator needs (the operator's module, its lazy imports by
+    running it on a tiny block, segyio, zarr, dask.array), collects garbage, and reports
+    the worker process's resident set: ``baseline_bytes`` of the worker footprint
+    (``explorer.chunking.worker_footprint``), measured on the workers that do the work.
+    No task pays a first-use import afterwards.
+
+Task peaks (definitions in ``docs/definitions.md``), with the kernel high-water method of
+:mod:`explorer.highwater` in the worker process:
+
+* ``peak_bytes``: the highest resident set size of the worker process while the *task*
+  executes, minus its resident set size when the task starts executing, with the task's
+  inputs already resident.  The task is what Dask runs: with blockwise fusion (dask
+  2026.8) the task that calls ``operator.run`` also concatenates the overlap pieces
+  before it and trims and stores after it.  This is the in-worker task peak that
+  ``explorer.calibration`` models and ``worker_footprint`` counts per thread.
+* ``run_peak_bytes``: the same around ``operator.run(block)`` only (the isolated
+  definition, in a worker), measured by :func:`measured_run`.
+* ``shape``: the block ``operator.run`` received (chunk plus halos).
+
+The operator's Dask form applies :func:`measured_run` around ``run`` when it is given it
+(``operator.dask(x, wrap=measured_run)``): the hook is part of the graph, not a patch of
+the operator class inside workers.  A task is an operator task when ``measured_run`` left
+a note under its key (``distributed.worker.thread_state.key``); key names are not used
+(fusion renames them).
+
+High-water segments: writing to ``/proc/self/clear_refs`` resets the one process-wide
+``VmHWM``.  Before every reset the current ``VmHWM`` is folded into every measurement
+still open, so each measurement is the exact process maximum over its own interval,
+however many begin or end inside it.  With one thread per worker a task runs alone in
+its process, so its figure is exact (``exact=True``).  With ``T > 1`` threads, tasks
+overlap and a figure is the process's growth during the task, which mixes the
+concurrent tasks' allocations into it; such observations carry ``exact=False``.
+
+Clocks: each operator task reports its own seconds, the seconds inside ``run``, and the
+seconds and count of the worker's other tasks (reads, overlap slices) since its previous
+report, so ``explorer.calibration`` can learn a run's time per voxel.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import os
+import threading
+import time
+import uuid
+
+import numpy as np
+from distributed.diagnostics.plugin import WorkerPlugin
+
+from explorer.highwater import is_supported, read_status, reset_high_water_mark
+
+__all__ = ["ObservationPlugin", "measured_run", "warm_worker", "worker_high_water_bytes"]
+
+
+class _Interval:
+    __slots__ = ("owner", "rss_before", "high", "overlapped", "started")
+
+    def __init__(self, owner, rss_before: int):
+        self.owner = owner
+        self.rss_before = rss_before
+        self.high = rss_before
+        self.overlapped = False
+        self.started = time.perf_counter()
+
+
+class _HighWater:
+    """Open measurements over the process's one kernel high-water mark (thread-safe).
+
+    ``begin`` folds the current ``VmHWM`` into every open interval, then resets it;
+    ``end`` returns ``(peak_bytes, rss_before, process_peak, exact, seconds)`` with
+    ``peak_bytes = max VmHWM over the interval - RSS at begin``.  ``lifetime_peak`` keeps
+    the largest ``VmHWM`` ever folded, so resets do not lose the process's own peak.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._open: dict = {}
+        self.lifetime_peak = 0
+
+    def begin(self, token, owner) -> None:
+        with self._lock:
+            high = read_status()["VmHWM"]
+            self.lifetime_peak = max(self.lifetime_peak, high)
+            others = False
+            for iv in self._open.values():
+                iv.high = max(iv.high, high)
+                if iv.owner != owner:
+                    iv.overlapped = True
+                    others = True
+            interval = _Interval(owner, reset_high_water_mark())
+            interval.overlapped = others
+            self._open[token] = interval
+
+    def end(self, token):
+        with self._lock:
+            interval = self._open.pop(token, None)
+            if interval is None:
+                return None
+            high = read_status()["VmHWM"]
+            self.lifetime_peak = max(self.lifetime_peak, high)
+            process_peak = max(interval.high, high)
+            return (process_peak - interval.rss_before, interval.rss_before, process_peak,
+                    not interval.overlapped, time.perf_counter() - interval.started)
+
+
+_HIGH_WATER = _HighWater()
+
+#: Per task key: the measured ``run`` calls in that task, as
+#: ``(operator, shape, run_peak_bytes, exact, run_seconds)``.
+_RUNS: dict = {}
+_RUNS_LOCK = threading.Lock()
+
+
+def worker_high_water_bytes() -> int:
+    """This process's peak resident set size in bytes: ``VmHWM``, or the largest value it
+    had before an observation reset it (run it on workers with ``client.run``)."""
+    return max(_HIGH_WATER.lifetime_peak, read_status()["VmHWM"])
+
+
+def measured_run(run, block):
+    """``run(block)``, measured: the hook an operator's Dask form applies when observed.
+
+    Inside a Dask task with a supported kernel, notes the block's shape and the peak of
+    the ``run`` call (``run_peak_bytes``) under the task's key for
+    :class:`ObservationPlugin`; anywhere else it is just ``run(block)``.
+    """
+    from distributed.worker import thread_state
+
+    key = getattr(thread_state, "key", None)
+    if key is None or not is_supported():
+        return run(block)
+    operator = getattr(getattr(run, "__self__", None), "name", None)
+    token = object()
+    _HIGH_WATER.begin(token, key)
+    try:
+        return run(block)
+    finally:
+        measured = _HIGH_WATER.end(token)
+        if measured is not None:
+            note = (operator, [int(n) for n in np.shape(block)], measured[0], measured[3], measured[4])
+            with _RUNS_LOCK:
+                _RUNS.setdefault(key, []).append(note)
+
+
+def warm_worker(operator: str, readable: tuple[str, ...] = (), writable: tuple[str, ...] = ()) -> dict:
+    """Load and warm ``operator`` in this worker; report its resident set and environment.
+
+    Returns ``{"rss_bytes", "environment", "threads", "pid"}``, or ``{"error": line}`` when
+    the operator cannot be loaded here (a plugin module missing on the worker, say) or a
+    path in ``readable`` cannot be read / a directory in ``writable`` cannot be written
+    from this worker.  Run with ``client.run`` on every worker before planning.
+    """
+    try:
+        import dask.array  # noqa: F401
+        import segyio  # noqa: F401
+        import zarr  # noqa: F401
+
+        import operators
+        from explorer.environment import environment_stamp
+        from explorer.plugins import load_plugins
+
+        load_plugins()
+        op = operators.get(operator)
+        op.run(np.zeros((8, 8, 8), dtype=np.float32))
+    except Exception as exc:
+        text = " ".join(str(exc).split())
+        return {"error": f"cannot load operator {operator!r}: {type(exc).__name__}: {text}"[:300]}
+    for path in readable:
+        if not os.access(path, os.R_OK):
+            return {"error": f"cannot read {path}"}
+    for path in writable:
+        if not (os.path.isdir(path) and os.access(path, os.W_OK)):
+            return {"error": f"cannot write into {path}"}
+    gc.collect()
+    try:
+        from distributed import get_worker
+
+        threads = int(get_worker().state.nthreads)
+    except ValueError:
+        threads = None
+    return {"rss_bytes": int(read_status()["VmRSS"]), "environment": environment_stamp(op),
+            "threads": threads, "pid": os.getpid()}
+
+
+class ObservationPlugin(WorkerPlugin):
+    """A worker plugin reporting, for each task of ``operator``, its block shape and peak.
+
+    Each report is ``worker.log_event(topic, msg)`` with ``msg`` a dict: ``operator``,
+    ``shape`` (the block ``run`` saw), ``peak_bytes`` (task), ``run_peak_bytes``,
+    ``seconds``, ``run_seconds``, ``other_seconds``, ``other_tasks``, ``exact``,
+    ``n_runs``, ``rss_before_bytes``, ``process_peak_bytes``, ``worker``, ``threads``,
+    ``memory_limit``, ``environment`` (digest), ``key``, ``id``.
+    """
+
+    idempotent = False
+
+    def __init__(self, operator: str, topic: str, name: str):
+        self.operator = operator
+        self.topic = topic
+        self.name = name
+        self.worker = None
+
+    def setup(self, worker):
+        from explorer.calibration import environment_digest
+        from explorer.environment import environment_stamp
+        from explorer.plugins import load_plugins
+
+        self.worker = worker
+        self.supported = is_supported()
+        if not self.supported:
+            worker.log_event(self.topic, {"unsupported": True, "worker": worker.address})
+            return
+        load_plugins()
+        self._threads = int(worker.state.nthreads)
+        self._limit = int(getattr(worker.memory_manager, "memory_limit", None) or 0)
+        self._environment = environment_digest(environment_stamp(self.operator))
+        self._lock = threading.Lock()
+        self._other_seconds = 0.0
+        self._other_tasks = 0
+
+    def transition(self, key, start, finish, *args, **kwargs):
+        if not self.supported:
+            return
+        if finish == "executing":
+            _HIGH_WATER.begin((self.name, key), key)
+            return
+        if start not in ("executing", "long-running") or finish == "long-running":
+            return
+        measured = _HIGH_WATER.end((self.name, key))
+        with _RUNS_LOCK:
+            notes = _RUNS.get(key)
+            mine = [n for n in notes if n[0] == self.operator] if notes else []
+            if notes is not None and len(mine) == len(notes):
+                del _RUNS[key]
+            elif mine:
+                _RUNS[key] = [n for n in notes if n[0] != self.operator]
+        if measured is None:
+            return
+        peak, rss_before, process_peak, exact, seconds = measured
+        if not mine:
+            with self._lock:
+                self._other_seconds += seconds
+                self._other_tasks += 1
+            return
+        if finish != "memory":
+            return
+        with self._lock:
+            other_seconds, other_tasks = self._other_seconds, self._other_tasks
+            self._other_seconds, self._other_tasks = 0.0, 0
+        largest = max(mine, key=lambda n: math.prod(n[1]))
+        self.worker.log_event(self.topic, {
+            "id": uuid.uuid4().hex,
+            "operator": self.operator,
+            "shape": largest[1],
+            "peak_bytes": int(peak),
+            "run_peak_bytes": int(largest[2]),
+            "seconds": float(seconds),
+            "run_seconds": float(sum(n[4] for n in mine)),
+            "other_seconds": float(other_seconds),
+            "other_tasks": int(other_tasks),
+            "exact": bool(exact and largest[3] and len(mine) == 1),
+            "n_runs": len(mine),
+            "rss_before_bytes": int(rss_before),
+            "process_peak_bytes": int(process_peak),
+            "worker": self.worker.address,
+            "threads": self._threads,
+            "memory_limit": self._limit,
+            "environment": self._environment,
+            "key": str(key),
+        })

@@ -1,0 +1,164 @@
+"""In-worker probes: what the operator's tasks cost inside a real Dask worker, before production.
+
+``explore`` ends here.  The isolated profiles measure ``operator.run`` alone; a task in a
+Dask worker also concatenates its block from the overlap pieces and copies its output
+for the store (``explorer.calibration``).  Each probe is a real production run
+(``explorer.daskrun.run``, the same graph, observation and store) of the operator on a
+synthetic SEG-Y, on a local cluster of one-thread workers (exact task figures), recorded
+as ``source="probe"``.  Then the calibration is fitted from the probes (and any production
+runs of this environment) and saved, and the workers' measured baseline is saved as this
+machine's (``explorer.recommend.local_worker_baseline``).
+
+Probe blocks: ``n`` cubes of edge ``e_j``, log-spaced from :data:`MIN_PROBE_EDGE` (at least
+``3 h + 1``, so that two chunks of ``e - h`` fit ``map_overlap``) up to the largest cube
+whose volume the exact isolated profiles reached (the isolated model is measured there,
+so the excess ``y - P_mean`` is not an extrapolation's error), lowered until the probes'
+predicted seconds fit :data:`PROBE_SECONDS_BUDGET`.  A probe's volume has two chunks
+along every axis the operator splits (``e - h`` each with a halo ``h``, ``e`` without),
+so all its tasks run on blocks of exactly ``e`` per axis, with the neighbour gathering
+and concatenation of a real plan; an axis the operator needs whole is ``e`` long.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["ProbeResult", "probe_blocks", "run_probes"]
+
+#: Probes ``explore`` runs by default (``n`` groups: the excess fit keeps ``n - 2`` dof).
+DEFAULT_PROBES = 6
+#: Smallest probe cube edge (a task per 24^3 samples is mostly fixed overhead, which the
+#: excess's intercept should see).
+MIN_PROBE_EDGE = 24
+#: Predicted seconds all probes may take together (operator time, from its profiles,
+#: times the in-worker factor below, over the probe workers).  A cost control, not a
+#: safety term: fewer seconds means smaller probes and a longer extrapolation of the
+#: excess's line, whose bound then widens with its leverage.
+PROBE_SECONDS_BUDGET = 30.0
+#: A task in a worker takes about this many times the operator's own seconds (reading,
+#: concatenating and storing around ``run``); only used to size the probes.
+IN_WORKER_TIME_FACTOR = 2.0
+#: Workers of the probe cluster (one thread each: exact task figures).
+PROBE_WORKERS = 2
+
+
+@dataclass
+class ProbeResult:
+    """What the probes did: the blocks, each run, the calibration and the baseline."""
+
+    blocks: list = field(default_factory=list)
+    runs: list = field(default_factory=list)
+    calibration: object = None
+    baseline_bytes: int | None = None
+    seconds: float = 0.0
+    warnings: list = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        cal = self.calibration
+        return {
+            "blocks": [list(b) for b in self.blocks],
+            "runs": [{"block": list(b), "status": r.status, "n_tasks": r.n_tasks, "seconds": r.seconds,
+                      "error": r.error} for b, r in zip(self.blocks, self.runs)],
+            "baseline_bytes": self.baseline_bytes,
+            "seconds": round(self.seconds, 3),
+            "calibration": cal.to_dict() if cal is not None else None,
+            "warnings": self.warnings,
+        }
+
+
+def probe_blocks(op, max_volume: float, seconds_per_voxel: float | None, n: int = DEFAULT_PROBES,
+                 budget_seconds: float = PROBE_SECONDS_BUDGET, workers: int = PROBE_WORKERS) -> list[tuple]:
+    """The probes' block shapes (module docstring): ``n`` distinct cubes, smallest first."""
+    smallest = max(MIN_PROBE_EDGE, 3 * max(op.halo) + 1)
+    largest = max(smallest + n, int(math.floor(max_volume ** (1 / 3))))
+    split = [axis not in op.whole_axes for axis in range(3)]
+    tasks_per_probe = 2 ** sum(split)
+
+    def seconds(edges):
+        if not seconds_per_voxel:
+            return 0.0
+        voxels = sum(tasks_per_probe * float(e) ** 3 for e in edges)
+        return voxels * seconds_per_voxel * IN_WORKER_TIME_FACTOR / workers
+
+    while True:
+        edges = np.unique(np.rint(np.geomspace(smallest, largest, n)).astype(int))
+        if seconds(edges) <= budget_seconds or largest <= smallest + n:
+            return [(int(e),) * 3 for e in edges]
+        largest = int(largest * 0.9)
+
+
+def _probe_volume(op, block) -> tuple[tuple, tuple]:
+    """``(volume_shape, chunks)`` whose every task sees exactly ``block``."""
+    volume, chunks = [], []
+    for axis, (b, h) in enumerate(zip(block, op.halo)):
+        if axis in op.whole_axes:
+            volume.append(b)
+            chunks.append(b)
+        else:
+            c = b - h
+            volume.append(2 * c)
+            chunks.append(c)
+    return tuple(volume), tuple(chunks)
+
+
+def run_probes(operator: str, model, *, n: int = DEFAULT_PROBES, runs_dir=None, storage=None,
+               confidence: float = 0.99, progress=None, seed: int = 0) -> ProbeResult:
+    """Run the in-worker probes of ``operator`` (module docstring), fit and save the calibration.
+
+    ``model``: the freshly fitted isolated ``MemoryModel`` (it sizes the probes; the
+    excess is against its mean).  ``progress(index, total, block, run_result)`` after each.
+    """
+    import time
+
+    from distributed import Client, LocalCluster
+
+    import operators
+    from explorer.calibration import calibrate
+    from explorer.daskrun import run
+    from explorer.recommend import measure_worker_baseline, save_worker_baseline
+    from explorer.store import Store
+
+    started = time.perf_counter()
+    op = operators.get(operator)
+    exact = model.train_shapes[~model.train_is_lower_bound]
+    max_volume = float(np.prod(exact.astype(np.float64), axis=1).max())
+    blocks = probe_blocks(op, max_volume, model.info.get("seconds_per_voxel"), n=n)
+    result = ProbeResult(blocks=blocks)
+    tmp = Path(tempfile.mkdtemp(prefix=f"explorer-probes-{operator}-"))
+    environment = None
+    try:
+        with LocalCluster(n_workers=PROBE_WORKERS, threads_per_worker=1, processes=True, dashboard_address=None,
+                          silence_logs=logging.CRITICAL, scheduler_kwargs={"dashboard_address": ":0"}) as cluster:
+            # The idle, warmed workers before any task: this machine's baseline, saved.
+            with Client(cluster) as client:
+                baseline = measure_worker_baseline(client, operator)
+            baseline.source = "local"
+            save_worker_baseline(operator, baseline, runs_dir)
+            result.baseline_bytes, environment = baseline.bytes, baseline.environment
+            for index, block in enumerate(blocks):
+                volume, chunks = _probe_volume(op, block)
+                source = tmp / f"probe-{index}.sgy"
+                operators.write_segy(source, operators.synthetic_volume(volume, seed=seed + index))
+                r = run(operator, source, tmp / f"probe-{index}.zarr", scheduler=cluster.scheduler_address,
+                        chunks=chunks, runs_dir=runs_dir, storage=storage, confidence=confidence, replan=False,
+                        calibrate=False, source="probe", context={"probe": index})
+                source.unlink()
+                result.runs.append(r)
+                if r.status != "ok":
+                    result.warnings.append(f"probe {index + 1} ({'x'.join(map(str, block))}) {r.status}: {r.error}")
+                if progress is not None:
+                    progress(index + 1, len(blocks), block, r)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if environment is not None and any(r.status == "ok" for r in result.runs):
+        result.calibration = calibrate(operator, Store(runs_dir, storage), model, confidence=confidence,
+                                       runs_dir=runs_dir, environment=environment)
+    result.seconds = time.perf_counter() - started
+    return result

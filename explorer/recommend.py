@@ -1,0 +1,240 @@
+"""``recommend_chunks``: a learnt model, a calibration and a measured worker, turned into a plan.
+
+An edge module: it reads what ``explore`` saved (the isolated model, the in-worker
+calibration) and the worker baseline, and calls the pure planner
+(``explorer.chunking.plan_chunks``).
+
+The worker baseline (``baseline_bytes`` of the worker footprint) is measured where the
+work runs, never a constant:
+
+* on a cluster, with :func:`measure_worker_baseline` (``client.run`` of
+  ``explorer.inworker.warm_worker`` on every worker: the largest resident set of an idle
+  worker with the operator loaded); ``explorer.daskrun`` does this before every run and
+  passes it as ``baseline_bytes``;
+* without one (``baseline_bytes=None``), measured once per environment on this machine
+  in a one-worker ``LocalCluster`` (:func:`local_worker_baseline`) and saved, with its
+  environment stamp, in ``runs/<operator>/worker_baseline.json``; ``explore`` saves it
+  with its in-worker probes, and a stamp that no longer matches (another version of
+  Dask, NumPy, the operator, another machine) is measured again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from explorer import paths
+from explorer.chunking import (
+    DEFAULT_GRAPH_TASK_SECONDS,
+    INPUT_ITEMSIZE,
+    ChunkPlan,
+    plan_chunks,
+    run_seconds_per_voxel,
+    worker_pause_fraction,
+)
+from explorer.units import parse_shape, parse_size
+
+__all__ = ["WorkerBaseline", "local_worker_baseline", "measure_worker_baseline", "recommend_chunks"]
+
+#: Baseline file name under ``runs/<operator>/``.
+BASELINE_FILE = "worker_baseline.json"
+
+
+class WorkerError(RuntimeError):
+    """Workers cannot run the operator (one line naming the workers and the cause)."""
+
+
+@dataclass
+class WorkerBaseline:
+    """Idle workers with the operator loaded: the footprint's ``baseline_bytes`` and more.
+
+    ``bytes`` is the largest resident set over ``per_worker`` (address -> bytes);
+    ``environment`` the workers' stamp (``explorer.environment``; the first worker's);
+    ``source`` ``"cluster"`` or ``"local"``.
+    """
+
+    bytes: int
+    per_worker: dict = field(default_factory=dict)
+    environment: dict | None = None
+    threads: dict = field(default_factory=dict)
+    source: str = "cluster"
+
+
+def measure_worker_baseline(client, operator: str, *, readable=(), writable=()) -> WorkerBaseline:
+    """Load and warm ``operator`` on every worker of ``client`` and measure their resident sets.
+
+    ``readable``/``writable``: paths every worker must be able to read / directories it
+    must be able to write into.  Raises :class:`WorkerError` (one line naming the first
+    worker that cannot, and why) when a worker cannot load the operator (its plugin
+    module missing there) or reach a path.
+    """
+    from explorer.inworker import warm_worker
+
+    try:
+        replies = client.run(warm_worker, operator, tuple(map(str, readable)), tuple(map(str, writable)))
+    except Exception as exc:  # a worker died (killed above its memory limit) or vanished meanwhile
+        text = " ".join(str(exc).split())[:160]
+        raise WorkerError(f"a worker was lost while loading {operator} ({type(exc).__name__}: {text}); if its "
+                          f"memory limit is below an idle worker with the operator loaded, raise it") from None
+    if not replies:
+        raise WorkerError("the cluster has no workers")
+    failed = {address: reply["error"] for address, reply in replies.items() if "error" in reply}
+    if failed:
+        address, error = next(iter(failed.items()))
+        more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
+        hint = ""
+        if "cannot load operator" in error:
+            hint = "; the workers need the operator's module (EXPLORER_PLUGINS and the package) installed"
+        elif "cannot read" in error or "cannot write" in error:
+            hint = "; the workers must reach the input and the output's directory (a shared file system)"
+        raise WorkerError(f"worker {address}{more}: {error}{hint}")
+    per_worker = {address: int(reply["rss_bytes"]) for address, reply in replies.items()}
+    first = next(iter(replies.values()))
+    return WorkerBaseline(bytes=max(per_worker.values()), per_worker=per_worker,
+                          environment=first.get("environment"),
+                          threads={a: r.get("threads") for a, r in replies.items()}, source="cluster")
+
+
+def baseline_path(operator: str, runs_dir=None) -> Path:
+    return paths.operator_dir(operator, runs_dir) / BASELINE_FILE
+
+
+def save_worker_baseline(operator: str, baseline: WorkerBaseline, runs_dir=None) -> Path:
+    path = baseline_path(operator, runs_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    with open(tmp, "w") as f:
+        json.dump({"operator": operator, "baseline_bytes": baseline.bytes, "per_worker": baseline.per_worker,
+                   "environment": baseline.environment, "measured": time.time()}, f, indent=2)
+    os.replace(tmp, path)
+    return path
+
+
+def _baseline_keys() -> tuple[str, ...]:
+    from explorer.environment import WORKER_KEYS
+
+    return WORKER_KEYS + ("hostname",)
+
+
+_LOCAL: dict[tuple[str, int], WorkerBaseline] = {}
+
+
+def _load_local(operator: str, runs_dir) -> WorkerBaseline | None:
+    """The saved local baseline when it was measured in this environment, else None."""
+    from explorer.environment import environment_stamp, stamp_differences
+
+    path = baseline_path(operator, runs_dir)
+    try:
+        key = (str(path), path.stat().st_mtime_ns)
+    except FileNotFoundError:
+        return None
+    baseline = _LOCAL.get(key)
+    if baseline is None:
+        try:
+            with open(path) as f:
+                data = json.load(f)
+            baseline = WorkerBaseline(bytes=int(data["baseline_bytes"]), per_worker=dict(data.get("per_worker") or {}),
+                                      environment=data.get("environment"), source="local")
+        except (OSError, ValueError, KeyError, TypeError):
+            return None  # not ours to trust: measured again and overwritten below
+        if baseline.bytes <= 0:
+            return None
+        _LOCAL[key] = baseline
+    if stamp_differences(baseline.environment, environment_stamp(operator), _baseline_keys()):
+        return None
+    return baseline
+
+
+def local_worker_baseline(operator: str, runs_dir=None, *, measure: bool = True) -> WorkerBaseline | None:
+    """This machine's worker baseline for ``operator``: saved, or measured now and saved.
+
+    Measuring starts a one-worker ``LocalCluster`` (a few seconds, once per environment).
+    ``measure=False``: None instead of measuring.
+    """
+    saved = _load_local(operator, runs_dir)
+    if saved is not None or not measure:
+        return saved
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None,
+                      silence_logs=logging.CRITICAL, scheduler_kwargs={"dashboard_address": ":0"}) as cluster, \
+            Client(cluster) as client:
+        baseline = measure_worker_baseline(client, operator)
+    baseline.source = "local"
+    save_worker_baseline(operator, baseline, runs_dir)
+    return baseline
+
+
+def recommend_chunks(
+    operator: str,
+    shape,
+    memory_limit: int | str,
+    *,
+    threads_per_worker: int = 1,
+    confidence: float = 0.99,
+    runs_dir=None,
+    workers: int = 1,
+    baseline_bytes: "int | WorkerBaseline | None" = None,
+) -> ChunkPlan:
+    """The safe chunks for ``operator`` on a float32 volume of ``shape``.
+
+    ``shape``: a tuple or ``"800x600x1000"``; ``memory_limit``: bytes or ``"4GiB"`` (a
+    Dask worker's ``memory_limit``); ``workers``: how many such workers share the work
+    (``explorer.chunking.plan_chunks``).  ``baseline_bytes``: an idle worker's resident
+    memory with the operator loaded, measured on the cluster that runs the work: bytes,
+    or the :class:`WorkerBaseline` of :func:`measure_worker_baseline` (whose workers'
+    environment the calibration is then checked against); ``None``: measured once per
+    environment on this machine and saved (:func:`local_worker_baseline`).
+
+    Halo and whole axes come from the operator registry; a task's peak from the saved
+    model plus its in-worker calibration (``explorer.calibration.TaskModel``); the pause
+    fraction from Dask's config; the time model's terms from the calibration's learnt
+    timings, else from the operator's profiled speed.  The plan's ``warnings`` say what
+    the bound does not know (a stale model, no calibration).  Raises ``KeyError`` for an
+    unknown operator, ``ModelNotFoundError`` naming the ``explore`` command when no model
+    is saved, ``ChunkPlanError`` when the limit is too small, ``ValueError`` for a
+    malformed shape, size or calibration file.
+    """
+    shape = parse_shape(shape)
+    limit_bytes = parse_size(memory_limit)
+    import operators
+    from explorer.calibration import task_model
+
+    op = operators.get(operator)
+    measured = baseline_bytes if isinstance(baseline_bytes, WorkerBaseline) else None
+    model = task_model(operator, runs_dir=runs_dir, environment=measured.environment if measured else None)
+    if measured is not None:
+        baseline = measured
+    elif baseline_bytes is not None:
+        baseline = WorkerBaseline(bytes=int(baseline_bytes), source="given")
+    else:
+        baseline = local_worker_baseline(operator, runs_dir)  # after the model: no cluster for a missing model
+    learnt = model.seconds_per_voxel
+    seconds_per_voxel = learnt if learnt is not None else run_seconds_per_voxel(model.info.get("seconds_per_voxel"))
+    graph_task_seconds = model.graph_task_seconds
+    return plan_chunks(
+        shape,
+        op.halo,
+        op.whole_axes,
+        model.predict_many,
+        limit_bytes,
+        baseline_bytes=baseline.bytes,
+        baseline_source=baseline.source,
+        threads_per_worker=threads_per_worker,
+        confidence=confidence,
+        pause_fraction=worker_pause_fraction(),
+        itemsize=INPUT_ITEMSIZE,
+        output_itemsize=np.dtype(op.output_dtype).itemsize,
+        operator=operator,
+        workers=workers,
+        seconds_per_voxel=seconds_per_voxel,
+        graph_task_seconds=DEFAULT_GRAPH_TASK_SECONDS if graph_task_seconds is None else graph_task_seconds,
+        warnings=tuple(model.warnings),
+    )

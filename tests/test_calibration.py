@@ -1,0 +1,223 @@
+"""The in-worker calibration: the excess fit and its quantiles (pure), grouping and timings
+(records), and the saved file (a real SQLite store and a surrogate fitted from real profiles)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from explorer import calibration as cal
+from explorer.environment import StaleModelWarning, environment_stamp
+from explorer.store import Record, Store
+
+MiB = 2**20
+OPERATOR = "gst3d"
+#: The environment digest the workers of this process would report (explorer.inworker).
+HERE = cal.environment_digest(environment_stamp(OPERATOR))
+
+
+# --------------------------------------------------------------------------- the excess fit (pure)
+
+
+def test_fit_recovers_intercept_and_bytes_per_voxel():
+    rng = np.random.default_rng(0)
+    v = np.geomspace(1e4, 5e6, 12)
+    r = -0.8 * MiB + 4.4 * v + rng.normal(0, 0.3 * MiB, v.size)
+    fit = cal.fit_excess(v, r)
+    assert fit.bytes_per_voxel == pytest.approx(4.4, rel=0.05)
+    assert fit.intercept_bytes == pytest.approx(-0.8 * MiB, abs=0.4 * MiB)
+    assert fit.dof == 10 and fit.residual_sd == pytest.approx(0.3 * MiB, rel=0.6)
+
+
+def test_the_excess_is_not_identified_from_too_few_groups_or_one_volume():
+    assert cal.fit_excess([1e5, 2e5], [1.0, 2.0]) is None
+    assert cal.fit_excess([1e5, 1e5, 1e5], [1.0, 2.0, 3.0]) is None
+    assert cal.fit_excess([1e5, 2e5, 3e5], [1.0, 2.0, 2.5]) is not None
+
+
+def test_few_groups_use_scipys_student_t_with_n_minus_2_dof():
+    v = np.geomspace(1e4, 1e6, 6)
+    fit = cal.fit_excess(v, 3.0 * v + np.array([1, -2, 0.5, 1.5, -1, 0]) * MiB)
+    q, method = fit.quantile(0.99)
+    assert method == "student-t" and q == pytest.approx(stats.t.ppf(0.99, 4), rel=1e-10)
+    mean, half = fit.predict([5e5], 0.99)
+    x = np.array([1.0, 5e5 / fit.v_ref])
+    leverage = x @ np.array(fit.xtx_inv).reshape(2, 2) @ x
+    assert half[0] == pytest.approx(q * fit.residual_sd * math.sqrt(1 + leverage), rel=1e-10)
+    # extrapolating 10x beyond the largest group widens the bound
+    assert fit.predict([1e7], 0.99)[1][0] > 3 * half[0]
+
+
+def test_enough_groups_switch_to_the_conformal_rank_of_studentised_residuals():
+    rng = np.random.default_rng(1)
+    v = rng.uniform(1e4, 1e6, 120)
+    fit = cal.fit_excess(v, 4.0 * v + rng.normal(0, MiB, v.size))
+    assert cal.conformal_rank(120, 0.99) == 120 and cal.conformal_rank(98, 0.99) is None
+    q, method = fit.quantile(0.99)
+    assert method == "conformal" and q == fit.scores[119] == max(fit.scores)
+    q95, _ = fit.quantile(0.95)
+    assert q95 == fit.scores[math.ceil(121 * 0.95) - 1] < q
+
+
+def coverage(draw, n_groups, trials, seed, confidence=0.99):
+    """Share of new groups under the fitted bound, over independent data sets."""
+    rng = np.random.default_rng(seed)
+    covered = 0
+    for _ in range(trials):
+        v = np.geomspace(2e4, 4e6, n_groups)
+        fit = cal.fit_excess(v, 1e6 + 4.0 * v + draw(rng, n_groups))
+        v_new = rng.uniform(2e4, 8e6)
+        mean, half = fit.predict([v_new], confidence)
+        covered += 1e6 + 4.0 * v_new + draw(rng, 1)[0] <= mean[0] + half[0]
+    return covered / trials
+
+
+def test_the_student_t_bound_covers_99_percent_of_new_groups_from_six():
+    gaussian = lambda rng, n: rng.normal(0, 2 * MiB, n)  # noqa: E731
+    assert coverage(gaussian, 6, 6000, seed=2) >= 0.985
+
+
+def test_the_conformal_bound_covers_heavy_tailed_groups():
+    """Student-t(2) residuals: a Gaussian-based interval from many groups would undercover."""
+    heavy = lambda rng, n: 2 * MiB * rng.standard_t(2, n)  # noqa: E731
+    assert coverage(heavy, 150, 3000, seed=3) >= 0.98
+
+
+# --------------------------------------------------------------------------- groups and timings (records)
+
+
+def record(shape, peak, *, run="r1", source="production", exact=True, **context):
+    return Record(shape=tuple(shape), peak_bytes=float(peak), status="ok", source=source,
+                  context={"run": run, "exact": exact, **context})
+
+
+def test_groups_are_run_and_block_shape_with_their_largest_task():
+    records = [record((40, 40, 40), 10), record((40, 40, 40), 12), record((40, 40, 30), 7),
+               record((40, 40, 40), 30, run="r2"), record((40, 40, 40), 99, exact=False),
+               record((40, 40, 40), 50, source="profile"), record((40, 40, 40), 77, run="r3", environment="other")]
+    g = cal.task_groups(records)
+    assert sorted(zip(map(tuple, g.shapes), g.peak_bytes, g.n_tasks)) == [
+        ((40, 40, 30), 7.0, 1), ((40, 40, 40), 12.0, 2), ((40, 40, 40), 30.0, 1), ((40, 40, 40), 77.0, 1)]
+    only = cal.task_groups(records, environment="other")
+    assert list(only.peak_bytes) == [77.0]
+
+
+def test_equal_tasks_of_one_run_are_one_piece_of_evidence():
+    shapes = [(30, 30, 30), (50, 50, 50), (70, 70, 70), (90, 90, 90)]
+    one = [record(s, 4.0 * math.prod(s) + i * 1e4, run=f"r{i}") for i, s in enumerate(shapes)]
+    many = one + [record(shapes[0], 4.0 * 27000, run="r0") for _ in range(200)]
+    a, b = cal.task_groups(one), cal.task_groups(many)
+    assert len(b.peak_bytes) == len(a.peak_bytes) == 4
+    fa = cal.fit_excess(a.shapes.prod(1), a.peak_bytes)
+    fb = cal.fit_excess(b.shapes.prod(1), b.peak_bytes)
+    assert fa.residual_sd == fb.residual_sd and fa.quantile(0.99) == fb.quantile(0.99)
+
+
+def test_timings_are_learnt_from_the_workers_clocks_and_the_runs_wall_time():
+    from explorer.chunking import schedule_waves
+
+    v = 100**3
+    tasks = [record((100, 100, 100), 1, run="r1", task_seconds=0.30, run_seconds=0.20, other_seconds=0.05)
+             for _ in range(8)]
+    wall = schedule_waves(8, 2) * (0.35 + 0.004 * 10)  # g = 4 ms per graph task, 10 graph tasks per chunk
+    run_record = Record(shape=(96, 96, 96), peak_bytes=1.0, status="ok", source="run",
+                        context={"run": "r1", "seconds": wall, "n_tasks": 8, "slots": 2, "tasks_per_chunk": 10})
+    t = cal.fit_timing(tasks + [run_record])
+    assert t.operator_seconds_per_voxel == pytest.approx(0.20 / v)
+    assert t.io_seconds_per_voxel == pytest.approx(0.15 / v)
+    assert t.seconds_per_voxel == pytest.approx(0.35 / v)
+    assert t.graph_task_seconds == pytest.approx(0.004)
+    assert t.n_tasks == 8 and t.n_runs == 1
+    assert cal.fit_timing([]).seconds_per_voxel is None
+
+
+# --------------------------------------------------------------------------- the task model
+
+
+class Isolated:
+    """A stand-in isolated model with a known mean and half-width (pure arithmetic)."""
+
+    operator, halo, info, stale = OPERATOR, (5, 5, 5), {}, []
+
+    def predict_many(self, shapes, confidence=0.99):
+        v = np.asarray(shapes, dtype=float).reshape(-1, 3).prod(1)
+        return 90.0 * v, 92.0 * v
+
+
+def test_task_bound_adds_the_excess_and_never_falls_below_the_isolated_bound():
+    v = np.geomspace(1e4, 2e6, 6)
+    excess = cal.fit_excess(v, -2 * MiB + 4.0 * v + np.array([1, -1, 0.5, -0.5, 0.2, -0.2]) * 1e5)
+    c = cal.WorkerCalibration(OPERATOR, excess, cal.fit_timing([]), 6, 6, 48, 0.99, 0, environment_stamp(OPERATOR))
+    model = cal.TaskModel(Isolated(), c)
+    shapes = np.array([[20, 20, 20], [150, 150, 150]])
+    mean, upper = model.predict_many(shapes, 0.99)
+    m0, u0 = Isolated().predict_many(shapes)
+    d_mean, d_half = excess.predict(shapes.prod(1), 0.99)
+    np.testing.assert_allclose(mean, m0 + d_mean)
+    np.testing.assert_allclose(upper, np.maximum(u0, mean + np.sqrt((u0 - m0) ** 2 + d_half**2)))
+    assert upper[0] == u0[0]  # heap reuse on a tiny block never lowers the bound below isolation
+    assert upper[1] > u0[1] and model.warnings == []
+    assert "no in-worker calibration" in cal.TaskModel(Isolated(), None).warnings[0]
+
+
+def test_a_small_crop_run_moves_a_large_plan_only_as_its_evidence_warrants():
+    """Probes over 24^3..161^3 plus one run on a 23x18x75 crop whose tasks carry a fixed
+    overhead: the 800x600x1000 @ 4 GiB block's excess barely moves (the old ratio did 1.5-2x)."""
+    rng = np.random.default_rng(4)
+    probes = [record((e, e, e), 90.0 * e**3 + 0.3 * MiB + 4.4 * e**3 + rng.normal(0, 0.5 * MiB), run=f"p{e}",
+                     source="probe") for e in (24, 35, 51, 75, 110, 161)]
+    crop = record((23, 18, 75), 90.0 * 23 * 18 * 75 + 3 * MiB, run="crop")
+    before = cal.task_groups(probes)
+    after = cal.task_groups(probes + [crop])
+    large = (210.0, 210.0, 210.0)
+    fits = [cal.fit_excess(g.shapes.prod(1), g.peak_bytes - 90.0 * g.shapes.prod(1)) for g in (before, after)]
+    (m0, h0), (m1, h1) = [f.predict([math.prod(large)], 0.99) for f in fits]
+    task = 90.0 * math.prod(large)
+    assert abs((m1[0] + h1[0]) - (m0[0] + h0[0])) < 0.02 * task
+
+
+# --------------------------------------------------------------------------- the saved calibration
+
+
+def test_calibrate_saves_a_stamped_file_that_loads_back(tmp_path, gst3d_model):
+    store = Store(tmp_path)
+    for i, e in enumerate((24, 40, 56, 72)):
+        shape = (e, e, e)
+        for _ in range(3):
+            store.add_observation(OPERATOR, shape, gst3d_model.predict(shape)[0] + 4.0 * e**3 + 1e5 * i,
+                                  source="probe", context={"run": f"p{i}", "exact": True, "environment": HERE})
+    c = cal.calibrate(OPERATOR, store, gst3d_model, runs_dir=tmp_path)
+    assert c.n_groups == c.n_probe_groups == 4 and c.n_tasks == 12
+    assert c.excess.bytes_per_voxel == pytest.approx(4.0, rel=0.2)
+    saved = json.loads(cal.calibration_path(OPERATOR, tmp_path).read_text())
+    assert saved["format_version"] == cal.FORMAT_VERSION and saved["environment"]["numpy"] == np.__version__
+    loaded = cal.load_calibration(OPERATOR, tmp_path)
+    assert loaded.excess == c.excess and loaded.stale == []
+    gst3d_model.save(cal.paths.model_path(OPERATOR, tmp_path))
+    tasks = cal.task_model(OPERATOR, tmp_path)
+    assert tasks.predict((60, 60, 60))[0] > gst3d_model.predict((60, 60, 60))[0]
+
+
+def test_a_calibration_from_other_workers_is_stale_and_a_garbage_file_names_the_fix(tmp_path, gst3d_model):
+    store = Store(tmp_path)
+    for i, e in enumerate((24, 40, 56)):
+        other = dict(environment_stamp(OPERATOR), distributed="1999.1.0")
+        store.add_observation(OPERATOR, (e, e, e), gst3d_model.predict((e, e, e))[0] * 1.05, source="probe",
+                              context={"run": f"p{i}", "exact": True, "environment": cal.environment_digest(other)})
+    cal.calibrate(OPERATOR, store, gst3d_model, runs_dir=tmp_path, environment=other)
+    loaded = cal.load_calibration(OPERATOR, tmp_path)
+    assert loaded.stale and "distributed 1999.1.0" in loaded.stale[0]
+    gst3d_model.save(cal.paths.model_path(OPERATOR, tmp_path))
+    assert any("in-worker calibration was learnt in another environment" in w
+               for w in cal.task_model(OPERATOR, tmp_path).warnings)
+    path = cal.calibration_path(OPERATOR, tmp_path)
+    for garbage in ("", "{", json.dumps({"mean": 1.1, "var": 0.01})):
+        path.write_text(garbage)
+        with pytest.raises(cal.CalibrationFileError) as err:
+            cal.load_calibration(OPERATOR, tmp_path)
+        assert str(path) in str(err.value) and "explore gst3d" in str(err.value) and "\n" not in str(err.value)
+    assert StaleModelWarning  # the class users filter on

@@ -1,0 +1,131 @@
+"""recommend_chunks on real parts: a surrogate fitted from real profiles, its calibration from
+real in-worker probes, a worker baseline measured on a real LocalCluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import warnings
+
+import pytest
+
+from explorer import paths
+from explorer.chunking import ChunkPlanError
+from explorer.environment import StaleModelWarning
+from explorer.recommend import baseline_path, recommend_chunks
+from explorer.surrogate import ModelNotFoundError
+
+OPERATOR = "gst3d"
+SHAPE = (300, 240, 200)
+MiB, GiB = 2**20, 2**30
+
+
+@pytest.fixture
+def runs(tmp_path, probed_runs):
+    copy = tmp_path / "runs"
+    shutil.copytree(probed_runs, copy)
+    return copy
+
+
+def test_string_and_int_limits_and_shapes_agree(runs):
+    by_string = recommend_chunks(OPERATOR, "300x240x200", "2GiB", runs_dir=runs)
+    by_int = recommend_chunks(OPERATOR, SHAPE, 2 * GiB, runs_dir=runs)
+    assert by_string == by_int and by_string.limit_bytes == 2 * GiB
+    assert by_string.upper_bytes <= by_string.budget_bytes
+
+
+def test_confidence_threads_and_dask_pause_fraction_are_applied(runs):
+    import dask
+
+    loose = recommend_chunks(OPERATOR, SHAPE, "1GiB", runs_dir=runs, confidence=0.9)
+    tight = recommend_chunks(OPERATOR, SHAPE, "1GiB", runs_dir=runs, confidence=0.999)
+    assert (loose.confidence, tight.confidence) == (0.9, 0.999)
+    assert loose.footprint.task_peak_bytes <= tight.footprint.task_peak_bytes or loose.block != tight.block
+    four = recommend_chunks(OPERATOR, SHAPE, "1GiB", runs_dir=runs, threads_per_worker=4)
+    assert four.threads_per_worker == 4 and four.n_tasks > loose.n_tasks
+    with dask.config.set({"distributed.worker.memory.pause": 0.5}):
+        half = recommend_chunks(OPERATOR, SHAPE, "1GiB", runs_dir=runs)
+    assert half.pause_fraction == 0.5 and half.upper_bytes <= 0.5 * GiB
+
+
+def test_the_bound_is_the_in_worker_one_and_the_time_terms_are_learnt(runs, gst3d_model):
+    from explorer.calibration import load_calibration
+
+    plan = recommend_chunks(OPERATOR, SHAPE, "1GiB", runs_dir=runs)
+    isolated_upper = gst3d_model.predict(plan.block)[1]
+    assert plan.footprint.task_peak_bytes > isolated_upper  # the in-worker excess is counted
+    cal = load_calibration(OPERATOR, runs)
+    assert plan.seconds_per_voxel == pytest.approx(cal.timing.seconds_per_voxel)
+    assert plan.graph_task_seconds == pytest.approx(cal.timing.graph_task_seconds)
+    assert plan.warnings == ()
+
+
+def test_the_local_baseline_is_measured_once_per_environment_and_saved(runs):
+    saved = json.loads(baseline_path(OPERATOR, runs).read_text())  # the probes saved it
+    plan = recommend_chunks(OPERATOR, SHAPE, "1GiB", runs_dir=runs)
+    assert plan.baseline_source == "local" and plan.footprint.baseline_bytes == saved["baseline_bytes"]
+    # A second process reuses the file: no cluster, distributed never imported.
+    code = ("import sys, explorer; p = explorer.recommend_chunks('gst3d', (300, 240, 200), '1GiB', "
+            f"runs_dir={str(runs)!r}); print(p.footprint.baseline_bytes, 'distributed' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [str(saved["baseline_bytes"]), "False"]
+    # Measured on another host: measured again here, on a real one-worker LocalCluster.
+    saved["environment"]["hostname"] = "elsewhere"
+    saved["baseline_bytes"] = 1
+    baseline_path(OPERATOR, runs).write_text(json.dumps(saved))
+    again = recommend_chunks(OPERATOR, SHAPE, "1GiB", runs_dir=runs)
+    remeasured = json.loads(baseline_path(OPERATOR, runs).read_text())
+    assert again.footprint.baseline_bytes == remeasured["baseline_bytes"] > 50 * MiB
+    assert remeasured["environment"]["hostname"] != "elsewhere"
+
+
+def test_a_given_baseline_is_planned_for_and_one_too_large_is_one_line(runs):
+    light = recommend_chunks(OPERATOR, SHAPE, "1.5GiB", runs_dir=runs, baseline_bytes=100 * MiB)
+    heavy = recommend_chunks(OPERATOR, SHAPE, "1.5GiB", runs_dir=runs, baseline_bytes=750 * MiB)
+    assert heavy.baseline_source == "given" and heavy.footprint.baseline_bytes == 750 * MiB
+    assert heavy.n_tasks > light.n_tasks and heavy.upper_bytes <= heavy.budget_bytes
+    with pytest.raises(ChunkPlanError) as err:
+        recommend_chunks(OPERATOR, SHAPE, "1.5GiB", runs_dir=runs, baseline_bytes=1300 * MiB)
+    assert "baseline" in str(err.value) and "1.27 GiB" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_stale_model_is_a_warning_on_the_plan(runs):
+    import numpy as np
+
+    path = paths.model_path(OPERATOR, runs)
+    with np.load(path, allow_pickle=False) as data:
+        arrays = {k: data[k] for k in data.files}
+    meta = json.loads(str(arrays.pop("meta")[()]))
+    meta["environment"]["scipy"] = "0.1.0"
+    np.savez(path, meta=np.array(json.dumps(meta)), **arrays)
+    with pytest.warns(StaleModelWarning):
+        plan = recommend_chunks(OPERATOR, SHAPE, "1GiB", runs_dir=runs)
+    assert any("scipy 0.1.0 ->" in w and f"explore {OPERATOR}" in w for w in plan.warnings)
+    assert plan.to_dict()["warnings"] == list(plan.warnings)
+
+
+def test_without_probes_the_plan_says_the_bound_is_isolated(tmp_path, gst3d_model):
+    runs = tmp_path / "runs"
+    gst3d_model.save(paths.model_path(OPERATOR, runs))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", StaleModelWarning)
+        plan = recommend_chunks(OPERATOR, SHAPE, "1GiB", runs_dir=runs, baseline_bytes=100 * MiB)
+    assert len(plan.warnings) == 1 and "no in-worker calibration" in plan.warnings[0]
+    assert not os.path.exists(baseline_path(OPERATOR, runs))  # a given baseline measures nothing
+
+
+def test_errors_name_the_fix(tmp_path, runs):
+    with pytest.raises(KeyError, match="unknown operator 'nope'"):
+        recommend_chunks("nope", SHAPE, "2GiB", runs_dir=runs)
+    with pytest.raises(ModelNotFoundError, match="explore gst3d"):
+        recommend_chunks(OPERATOR, SHAPE, "2GiB", runs_dir=tmp_path / "empty")
+    assert not (tmp_path / "empty").exists()  # no cluster started, nothing written for a missing model
+    with pytest.raises(ChunkPlanError, match="raise the memory limit"):
+        recommend_chunks(OPERATOR, SHAPE, "100MiB", runs_dir=runs)
+    with pytest.raises(ValueError, match="malformed size"):
+        recommend_chunks(OPERATOR, SHAPE, "lots", runs_dir=runs)
+    with pytest.raises(ValueError, match="malformed shape"):
+        recommend_chunks(OPERATOR, "300by240", "2GiB", runs_dir=runs)
