@@ -57,7 +57,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from explorer.highwater import is_supported, read_status, reset_high_water_mark
 
-__all__ = ["ObservationPlugin", "measured_run", "warm_worker", "worker_high_water_bytes"]
+__all__ = ["ObservationPlugin", "measured_run", "resident_bytes", "warm_worker", "worker_high_water_bytes"]
 
 
 class _Interval:
@@ -125,6 +125,12 @@ def worker_high_water_bytes() -> int:
     return max(_HIGH_WATER.lifetime_peak, read_status()["VmHWM"])
 
 
+def resident_bytes() -> int:
+    """This process's resident set size in bytes (after a garbage collection)."""
+    gc.collect()
+    return int(read_status()["VmRSS"])
+
+
 def measured_run(run, block):
     """``run(block)``, measured: the hook an operator's Dask form applies when observed.
 
@@ -150,13 +156,16 @@ def measured_run(run, block):
                 _RUNS.setdefault(key, []).append(note)
 
 
-def warm_worker(operator: str, readable: tuple[str, ...] = (), writable: tuple[str, ...] = ()) -> dict:
+def warm_worker(operator: str, readable: tuple[str, ...] = (), writable: tuple[str, ...] = (), *,
+                dask_worker=None) -> dict:
     """Load and warm ``operator`` in this worker; report its resident set and environment.
 
-    Returns ``{"rss_bytes", "environment", "threads", "pid"}``, or ``{"error": line}`` when
+    Returns ``{"rss_bytes", "environment", "threads", "paused", "pid"}`` (``paused``: the
+    worker is paused, or its resident set is at its pause threshold already), or ``{"error": line}`` when
     the operator cannot be loaded here (a plugin module missing on the worker, say) or a
     path in ``readable`` cannot be read / a directory in ``writable`` cannot be written
-    from this worker.  Run with ``client.run`` on every worker before planning.
+    from this worker.  Run with ``client.run`` on every worker before planning (which
+    passes the worker as ``dask_worker``).
     """
     try:
         import dask.array  # noqa: F401
@@ -180,14 +189,16 @@ def warm_worker(operator: str, readable: tuple[str, ...] = (), writable: tuple[s
         if not (os.path.isdir(path) and os.access(path, os.W_OK)):
             return {"error": f"cannot write into {path}"}
     gc.collect()
-    try:
-        from distributed import get_worker
-
-        threads = int(get_worker().state.nthreads)
-    except ValueError:
-        threads = None
-    return {"rss_bytes": int(read_status()["VmRSS"]), "environment": environment_stamp(op),
-            "threads": threads, "pid": os.getpid()}
+    rss = int(read_status()["VmRSS"])
+    threads, paused = None, False
+    if dask_worker is not None:
+        threads = int(dask_worker.state.nthreads)
+        memory = dask_worker.memory_manager
+        pause = memory.memory_pause_fraction
+        paused = dask_worker.status.name == "paused" or bool(memory.memory_limit and pause
+                                                              and rss >= pause * memory.memory_limit)
+    return {"rss_bytes": rss, "environment": environment_stamp(op), "threads": threads, "paused": paused,
+            "pid": os.getpid()}
 
 
 class ObservationPlugin(WorkerPlugin):

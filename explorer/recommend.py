@@ -8,9 +8,10 @@ The worker baseline (``baseline_bytes`` of the worker footprint) is measured whe
 work runs, never a constant:
 
 * on a cluster, with :func:`measure_worker_baseline` (``client.run`` of
-  ``explorer.inworker.warm_worker`` on every worker: the largest resident set of an idle
-  worker with the operator loaded); ``explorer.daskrun`` does this before every run and
-  passes it as ``baseline_bytes``;
+  ``explorer.inworker.warm_worker`` on every worker, then a tiny graph of the operator's
+  Dask form: the largest resident set of an idle worker that has loaded the operator and
+  run its tasks); ``explorer.daskrun`` does this before every run and passes it as
+  ``baseline_bytes``;
 * without one (``baseline_bytes=None``), measured once per environment on this machine
   in a one-worker ``LocalCluster`` (:func:`local_worker_baseline`) and saved, with its
   environment stamp, in ``runs/<operator>/worker_baseline.json``; ``explore`` saves it
@@ -95,11 +96,54 @@ def measure_worker_baseline(client, operator: str, *, readable=(), writable=()) 
         elif "cannot read" in error or "cannot write" in error:
             hint = "; the workers must reach the input and the output's directory (a shared file system)"
         raise WorkerError(f"worker {address}{more}: {error}{hint}")
-    per_worker = {address: int(reply["rss_bytes"]) for address, reply in replies.items()}
+    rss = {}
+    if not any(reply.get("paused") for reply in replies.values()):  # a paused worker runs no graph
+        _run_warm_up_graph(client, operator, len(replies))
+        from explorer.inworker import resident_bytes
+
+        rss = client.run(resident_bytes)
+    per_worker = {address: int(rss.get(address, reply["rss_bytes"])) for address, reply in replies.items()}
     first = next(iter(replies.values()))
     return WorkerBaseline(bytes=max(per_worker.values()), per_worker=per_worker,
                           environment=first.get("environment"),
                           threads={a: r.get("threads") for a, r in replies.items()}, source="cluster")
+
+
+#: Chunks per worker of the warm-up graph (:func:`_run_warm_up_graph`), their edge, and
+#: how long it may take (it is milliseconds of work; a paused or saturated cluster is not).
+WARM_UP_CHUNKS_PER_WORKER = 4
+WARM_UP_CHUNK_EDGE = 16
+WARM_UP_TIMEOUT_SECONDS = 60.0
+
+
+def _run_warm_up_graph(client, operator: str, n_workers: int) -> None:
+    """Run the operator's Dask form on a tiny random volume, a few chunks per worker.
+
+    A worker that has executed tasks holds a few MiB more than one that has only
+    imported the operator (its task thread pool, the task path's buffers and lazy
+    imports): the baseline is measured after this, as a production run sees it.  The
+    volume is generated on the workers; nothing is stored.
+    """
+    import dask.array as da
+
+    import operators
+
+    op = operators.get(operator)
+    edge = max(WARM_UP_CHUNK_EDGE, 2 * max(op.halo) + 1)
+    per_axis = max(2, round((WARM_UP_CHUNKS_PER_WORKER * n_workers) ** (1 / 3) + 0.5))
+    shape = tuple(edge if axis in op.whole_axes else edge * per_axis for axis in range(3))
+    x = da.random.default_rng(0).random(shape, chunks=edge, dtype="f4")
+    future = client.compute(op.dask(x).sum())
+    try:
+        future.result(timeout=WARM_UP_TIMEOUT_SECONDS)
+    except TimeoutError:
+        future.cancel()
+        raise WorkerError(f"the workers did not run a {'x'.join(map(str, shape))} warm-up volume of {operator} "
+                          f"in {WARM_UP_TIMEOUT_SECONDS:.0f} s: are they paused, or busy with other work?") from None
+    except Exception as exc:  # the operator's own failure, or a worker lost, on a tiny volume
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise WorkerError(f"{operator} failed on a {'x'.join(map(str, shape))} warm-up volume in the workers: "
+                          f"{type(exc).__name__}: {first}") from None
 
 
 def baseline_path(operator: str, runs_dir=None) -> Path:

@@ -59,14 +59,17 @@ LEAKED: list = []
 @register
 class Leaks(Operator):
     """Keeps ``EXPLORER_TEST_LEAK_MB`` MB (default 240) for good on its first real block
-    (more than 8^3 samples: a worker's warm-up call leaks nothing), then copies the input:
-    a worker running it stays above its pause threshold, paused for good."""
+    (larger than the chunks of the baseline's warm-up graph, so measuring the baseline
+    leaks nothing), then copies the input: a worker running it stays above its pause
+    threshold, paused for good."""
 
     name = "test_leaks"
 
     def run(self, block):
         import os
 
-        if block.size > 8**3 and not LEAKED:
+        from explorer.recommend import WARM_UP_CHUNK_EDGE
+
+        if block.size > WARM_UP_CHUNK_EDGE**3 and not LEAKED:
             LEAKED.append(np.ones(int(os.environ.get("EXPLORER_TEST_LEAK_MB", "240")) * 10**6, dtype=np.uint8))
         return block.astype(np.float32)

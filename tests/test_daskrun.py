@@ -126,9 +126,9 @@ def test_workers_paused_for_good_mid_run_end_the_run_instead_of_hanging(tmp_path
     monkeypatch.setenv("EXPLORER_PLUGINS", "tests.plugin_ops")
     monkeypatch.setenv("EXPLORER_TEST_LEAK_MB", "790")
     source = tmp_path / "small.sgy"
-    operators.write_segy(source, operators.synthetic_volume((48, 48, 24), seed=0))
+    operators.write_segy(source, operators.synthetic_volume((96, 96, 24), seed=0))
     with small_cluster("1000MB") as c, ThreadPoolExecutor(1) as pool:
-        r = pool.submit(run, "test_leaks", source, tmp_path / "out.zarr", chunks="12x12x24",
+        r = pool.submit(run, "test_leaks", source, tmp_path / "out.zarr", chunks="24x24x24",
                         scheduler=c.scheduler_address, refine=False, stall_seconds=2).result(timeout=60)
     assert r.status == "failed", r.to_dict()
     assert "paused" in r.error and "\n" not in r.error
