@@ -55,16 +55,20 @@ Time
 ----
 From the same observations' clocks (``explorer.live`` reports each operator task's
 seconds, the seconds inside ``operator.run``, and the seconds of the worker's other
-tasks, reads and overlap slices, since its previous report)::
+tasks, reads and overlap slices, since its previous report), least-squares lines in the
+block's voxel count ``V`` (a task has fixed costs, opening the input, Python and the
+scheduler's bookkeeping, that a ratio of sums would charge per voxel: on small blocks
+they dominate)::
 
-    operator_seconds_per_voxel = sum run_seconds / sum V
-    io_seconds_per_voxel       = sum (task_seconds - run_seconds + other_seconds) / sum V
+    run_seconds                            ~ a_op + operator_seconds_per_voxel * V
+    task_seconds - run_seconds + other     ~ a_io + io_seconds_per_voxel * V
 
-and from each run's wall time ``W`` (``source="run"`` records), the planner's own time
-model (``explorer.chunking.plan_seconds``) solved for the overhead per graph task::
+(the ratio of sums when the blocks have a single volume, or a line comes out with a
+negative slope or intercept), and from each run's wall time ``W`` (``source="run"``
+records), the planner's own time model (``explorer.chunking.plan_seconds``) solved for
+the overhead per graph task, which so absorbs a chunk's fixed costs ``a_op + a_io``::
 
-    g_run = (W / schedule_waves(n, C) - chunk_seconds) / tasks_per_chunk,
-    chunk_seconds = sum (task_seconds + other_seconds) / n
+    g_run = (W / schedule_waves(n, C) - seconds_per_voxel * mean V) / tasks_per_chunk
 
 ``graph_task_seconds`` is the median of ``g_run`` (clipped at 0) over the runs.  These
 replace ``explorer.chunking``'s defaults once a probe or a production run has taught them.
@@ -266,14 +270,25 @@ class TimingFit:
         return self.operator_seconds_per_voxel + self.io_seconds_per_voxel
 
 
+def _slope_through(volume: np.ndarray, seconds: np.ndarray) -> tuple[float, float]:
+    """``(slope, intercept)`` of ``seconds ~ intercept + slope * volume`` by least squares,
+    or the ratio of sums and 0 when the volumes do not identify a slope (fewer than two
+    distinct volumes, or a slope that comes out negative)."""
+    ratio = float(seconds.sum() / volume.sum())
+    if len(np.unique(volume)) < 2:
+        return ratio, 0.0
+    slope, intercept = np.polyfit(volume, seconds, 1)
+    if slope <= 0 or intercept < 0:
+        return ratio, 0.0
+    return float(slope), float(intercept)
+
+
 def fit_timing(records, environment: str | None = None) -> TimingFit:
     """Operator and I/O seconds per voxel from in-worker task clocks, and the overhead per
     graph task from the runs' wall times (module docstring)."""
     from explorer.chunking import schedule_waves
 
-    volume = run = io = 0.0
-    n_tasks = 0
-    per_run: dict[str, list[float]] = {}
+    rows, runs = [], []
     for r in records:
         if (r.source not in IN_WORKER_SOURCES or r.status != "ok"
                 or (environment is not None and r.context.get("environment") != environment)):
@@ -283,28 +298,34 @@ def fit_timing(records, environment: str | None = None) -> TimingFit:
         if task is None or inside is None:
             continue
         other = float(c.get("other_seconds") or 0.0)
-        volume += float(math.prod(r.shape))
-        run += float(inside)
-        io += max(0.0, float(task) - float(inside)) + other
-        n_tasks += 1
-        per_run.setdefault(str(c.get("run", "")), []).append(float(task) + other)
+        rows.append((float(math.prod(r.shape)), float(inside), max(0.0, float(task) - float(inside)) + other))
+        runs.append(str(c.get("run", "")))
+    if not rows:
+        return TimingFit(None, None, None, 0, 0)
+    volume, inside, around = (np.asarray(col) for col in zip(*rows))
+    operator_slope, _ = _slope_through(volume, inside)
+    io_slope, _ = _slope_through(volume, around)
+    per_run_volume: dict[str, list[float]] = {}
+    for run, v in zip(runs, volume):
+        per_run_volume.setdefault(run, []).append(float(v))
     overheads = []
     for r in records:
         if r.source != RUN_SOURCE or r.status != "ok":
             continue
         c = r.context
-        chunk_seconds = per_run.get(str(c.get("run", "")))
+        volumes = per_run_volume.get(str(c.get("run", "")))
         needed = ("seconds", "n_tasks", "slots", "tasks_per_chunk")
-        if not chunk_seconds or any(c.get(k) is None for k in needed):
+        if not volumes or any(c.get(k) is None for k in needed):
             continue
         waves = float(schedule_waves(c["n_tasks"], c["slots"]))
-        g = (float(c["seconds"]) / waves - float(np.mean(chunk_seconds))) / float(c["tasks_per_chunk"])
+        per_voxel = (operator_slope + io_slope) * float(np.mean(volumes))
+        g = (float(c["seconds"]) / waves - per_voxel) / float(c["tasks_per_chunk"])
         overheads.append(max(0.0, g))
     return TimingFit(
-        operator_seconds_per_voxel=run / volume if volume > 0 else None,
-        io_seconds_per_voxel=io / volume if volume > 0 else None,
+        operator_seconds_per_voxel=operator_slope,
+        io_seconds_per_voxel=io_slope,
         graph_task_seconds=float(np.median(overheads)) if overheads else None,
-        n_tasks=n_tasks,
+        n_tasks=len(rows),
         n_runs=len(overheads),
     )
 

@@ -135,6 +135,33 @@ def test_timings_are_learnt_from_the_workers_clocks_and_the_runs_wall_time():
     assert cal.fit_timing([]).seconds_per_voxel is None
 
 
+def test_a_tasks_fixed_cost_is_not_charged_per_voxel():
+    """Tasks of 20 ms fixed plus 100 ns/voxel (operator) and 10 ms fixed plus 50 ns/voxel
+    (around it): the slopes are the per-voxel costs, where a ratio of sums would make the
+    small blocks' fixed costs a per-voxel cost of every plan; the fixed costs go to the
+    overhead per graph task (4 graph tasks per chunk)."""
+    from explorer.chunking import schedule_waves
+
+    shapes = [(20, 20, 20), (40, 40, 40), (80, 80, 80)]
+    tasks, runs = [], []
+    for shape in shapes:
+        v = math.prod(shape)
+        inside, around = 0.020 + 100e-9 * v, 0.010 + 50e-9 * v
+        run = "x".join(map(str, shape))
+        tasks += [record(shape, 1, run=run, task_seconds=inside + around - 0.002, run_seconds=inside,
+                         other_seconds=0.002) for _ in range(4)]
+        runs.append(Record(shape=shape, peak_bytes=1.0, status="ok", source="run",
+                           context={"run": run, "seconds": schedule_waves(4, 2) * (inside + around), "n_tasks": 4,
+                                    "slots": 2, "tasks_per_chunk": 4}))
+    t = cal.fit_timing(tasks + runs)
+    assert t.operator_seconds_per_voxel == pytest.approx(100e-9)
+    assert t.io_seconds_per_voxel == pytest.approx(50e-9)
+    assert t.graph_task_seconds == pytest.approx(0.030 / 4)
+    ratio = sum(r.context["task_seconds"] + r.context["other_seconds"] for r in tasks) / sum(
+        math.prod(r.shape) for r in tasks)
+    assert ratio > 1.1 * t.seconds_per_voxel  # what the ratio of sums would have charged
+
+
 # --------------------------------------------------------------------------- the task model
 
 
