@@ -28,6 +28,7 @@ def _peak_panel(ax, model, records, confidence, memory_limit, calibrated=None) -
     groups = {
         ("profile", "ok"): dict(marker="o", color="C0", label="isolated profile"),
         ("profile", "exceeded"): dict(marker="^", color="C3", label="exceeded cap (lower bound)"),
+        ("probe", "ok"): dict(marker="+", color="C4", label="in-worker probe task"),
         ("production", "ok"): dict(marker="x", color="C2", label="production task (in a worker)"),
     }
     for (source, status), style in groups.items():
