@@ -4,6 +4,7 @@ auto chunks kill workers.
 
     python scripts/bench_chunks.py [--scenarios gst3d:256:1.5GiB,envelope:320:640MiB,semblance:320:512MiB,...]
         [--cache runs/bench] [--repeat 3] [--budget 30] [--proto-edges 50,200] [--no-refine-run]
+        [--user-clusters gst3d:256:1.5GiB --preload-mib 0,650 --user-threads 1,2,4 --user-repeat 3]
         [--json PATH]
     python scripts/bench_chunks.py --refit RUNS.json [RUNS.json ...]
 
@@ -28,13 +29,15 @@ fresh ``LocalCluster``, with ``refine=False`` unless said otherwise.  Per scenar
   without a restart in at most 1.5x the fastest one's time (at most three) are the oracle
   candidates and run again up to ``--repeat`` times, interleaved with ours; the **oracle**
   is the candidate with the lowest median ``seconds`` (all candidates have as many runs).
-* **ours**: ``chunks="model"``: ``recommend_chunks(op, shape, L, workers=2)`` on the
-  model of ``explore(op, budget=--budget, memory_limit=L)`` (isolated profiles only) in
-  the scenario's own runs directory ``<cache>/chunks/runs-<op>-<L bytes>`` (reused when its
-  model exists: the profiles and exploration seconds are those of the run that made it),
-  ``--repeat`` runs with ``refine=False``; then once with ``refine=True`` (observation,
-  calibration, possible re-plan) on a throw-away copy of that directory, so the
-  benchmark's model stays isolated-only from one invocation to the next.
+* **ours**: ``chunks="model"``: ``recommend_chunks(op, shape, L, workers=2)`` (with the
+  workers' measured baseline) on the model and in-worker calibration of
+  ``explore(op, budget=--budget, memory_limit=L)`` (isolated profiles, then explore's
+  in-worker probes; no production run) in the scenario's own runs directory
+  ``<cache>/chunks/runs-<op>-<L bytes>`` (reused when its model exists: the profiles and
+  exploration seconds are those of the run that made it), ``--repeat`` runs with
+  ``refine=False``; then once with ``refine=True`` (observation, calibration, possible
+  re-plan) on a throw-away copy of that directory, so the benchmark's calibration stays
+  the probes' from one invocation to the next.
 
 Per run: status, ``seconds`` (daskrun's: graph submitted to output complete), tasks, chunk
 shape, worker peak (max over workers of the sampled RSS, ``worker_peak_bytes``), worker
@@ -66,11 +69,28 @@ Scenarios (defaults), chosen so that ``chunks="auto"`` is killed, measured here 
 
 The time model (after the summary): ``explorer.chunking.plan_seconds`` fitted to every
 grid and ours shape that ended ok, one graph-task overhead for all operators and one
-seconds-per-voxel per operator, printed beside the planner's own (unfitted) prediction,
-so the constants in ``explorer.chunking`` can be checked; ``--json`` keeps every run and
-``--refit`` fits again from such files (several runs together) without running anything.
-Then the footprint check: for every shape that ran without a restart, the worker
-footprint bound ``recommend_chunks`` would promise for it, against the measured HWM.
+seconds-per-voxel per operator, printed beside the planner's own prediction with the
+terms it learnt from the probes' clocks (``explorer.calibration.TimingFit``), and those
+learnt terms against the constants they replace (``DEFAULT_GRAPH_TASK_SECONDS``, the
+profiled operator speed plus ``RUN_IO_SECONDS_PER_VOXEL``); ``--json`` keeps every run
+and ``--refit`` fits again from such files (several runs together) without running
+anything.  Then the footprint check: for every shape that ran without a restart, the
+worker footprint bound ``recommend_chunks`` would promise for it (the in-worker task
+model, the run's measured baseline), against the measured HWM.
+
+User clusters (``--user-clusters``, issue 11): a cluster started as a user starts one,
+``dask scheduler`` plus ``dask worker --nworkers W --nthreads T --memory-limit L``
+(W = ``--user-workers``, default 2)
+(``tests/cluster.py``), idle or with ``--preload tests.heavy_preload`` holding
+``--preload-mib`` MiB per worker (a library loaded at start), for each T in
+``--user-threads``.  Per configuration, ``--user-repeat`` runs of ours
+(``explore run --scheduler``: the workers' own baseline measured, ``chunks="model"``,
+observed against the bound, no recalibration, no re-plan) and as many of the plan the
+code made before issue 11 would have made: the isolated model's bound, the fixed
+160 MiB baseline, the profiled speed plus 60 ns/voxel and 2 ms per graph task
+(``plan_chunks`` with those inputs), run with explicit chunks on the same cluster.
+Targets: every run of ours ends ok, without a restart, with every worker's kernel
+high-water mark under the pause threshold.
 
 Inputs are written once (``operators.write_segy(path, operators.synthetic_volume(shape))``)
 to ``<cache>/chunks/`` and reused; prototype profiles are cached there too.  Prints a
@@ -95,6 +115,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.cluster, tests.heavy_preload
 import operators  # noqa: E402
 from explorer.daskrun import run  # noqa: E402
 from explorer.units import format_bytes, format_shape, parse_shape, parse_size  # noqa: E402
@@ -344,10 +365,11 @@ def run_scenario(sc: Scenario, args, cache: Path, tmp: Path, profiles: Prototype
     tag = sc.op
 
     explored = ensure_model(sc.op, sc.limit, runs_dir, args.budget)
-    from explorer.calibration import calibration_path
+    from explorer.store import Store
 
-    if calibration_path(sc.op, runs_dir).exists():
-        raise SystemExit(f"{calibration_path(sc.op, runs_dir)} exists: the benchmark's model must be isolated-only")
+    if Store(runs_dir).records(sc.op, source="production"):
+        raise SystemExit(f"{runs_dir} holds production observations: the benchmark's calibration must be the "
+                         f"probes' alone")
 
     edge, bpv, intercept, n_profiles = prototype_rule(sc.op, sc.limit, args.proto_edges, profiles)
     auto_chunk = normalise(op, sc.shape, auto_chunks(source))
@@ -487,7 +509,8 @@ def print_outcome(o: Outcome) -> None:
     p(f"\nOurs' model: explore({sc.op}, budget={e.get('budget')}, memory_limit={format_bytes(sc.limit)}): "
       f"{e.get('profiles')} isolated profiles, {e.get('seconds', 0):.0f} s of exploration "
       f"({e.get('operator_seconds', 0):.0f} s in the operator), {e.get('stopped_because')}"
-      f"{' (reused from an earlier invocation)' if e.get('reused') else ''}.  No production calibration.")
+      f"{' (reused from an earlier invocation)' if e.get('reused') else ''}; in-worker calibration from "
+      f"{len((e.get('probes') or {}).get('runs') or [])} probes, no production run.")
     p("Utilisation = max(peak, HWM) / limit; '>=' when every HWM was lost with its worker (sampled peak only).\n")
     for name, passed, detail in o.verdicts:
         p(f"- {'PASS' if passed else 'FAIL'} {name}: {detail}")
@@ -524,13 +547,24 @@ def print_summary(outcomes: list[Outcome]) -> None:
 # --------------------------------------------------------------------------- the time model
 
 
-def run_records(outcomes: list[Outcome]) -> list[dict]:
-    """Every run of every method, JSON-ready: what ``--json`` writes and ``--refit`` reads."""
+def learnt_timing(op: str, runs_dir) -> dict:
+    """The scenario's learnt time terms (explore's probes) and the constants they replace."""
+    from explorer.calibration import load_calibration
     from explorer.surrogate import load_model
 
+    timing = load_calibration(op, runs_dir).timing
+    return {"learnt_seconds_per_voxel": timing.seconds_per_voxel,
+            "learnt_operator_seconds_per_voxel": timing.operator_seconds_per_voxel,
+            "learnt_io_seconds_per_voxel": timing.io_seconds_per_voxel,
+            "learnt_graph_task_seconds": timing.graph_task_seconds,
+            "profiled_seconds_per_voxel": load_model(op, runs_dir=runs_dir).info.get("seconds_per_voxel")}
+
+
+def run_records(outcomes: list[Outcome]) -> list[dict]:
+    """Every run of every method, JSON-ready: what ``--json`` writes and ``--refit`` reads."""
     data = []
     for o in outcomes:
-        profiled = load_model(o.scenario.op, runs_dir=o.runs_dir).info.get("seconds_per_voxel") if o.runs_dir else None
+        terms = learnt_timing(o.scenario.op, o.runs_dir) if o.runs_dir else {}
         for m in o.methods:
             if m.same_as:
                 continue
@@ -542,8 +576,8 @@ def run_records(outcomes: list[Outcome]) -> list[dict]:
                              "n_tasks": res.n_tasks, "status": res.status, "seconds": res.seconds,
                              "workers_restarted": res.workers_restarted, "memory_kills": res.memory_kills,
                              "worker_peak_bytes": res.worker_peak_bytes, "worker_hwm_bytes": res.worker_hwm_bytes,
-                             "load": r.load, "oracle": m is o.oracle,
-                             "profiled_seconds_per_voxel": profiled})
+                             "worker_baseline_bytes": res.worker_baseline_bytes, "load": r.load,
+                             "oracle": m is o.oracle, **terms})
     return data
 
 
@@ -559,13 +593,17 @@ class TimedPlan:
     tasks_per_chunk: float
     #: median over the runs
     seconds: float
-    #: what the planner itself uses for this operator (profiled b + run I/O)
+    #: what the planner uses for this operator: learnt from the probes' clocks
     planner_seconds_per_voxel: float
+    planner_graph_task_seconds: float
+    #: what it used before issue 11: profiled b + RUN_IO_SECONDS_PER_VOXEL, DEFAULT_GRAPH_TASK_SECONDS
+    constant_seconds_per_voxel: float
 
 
 def timed_plans(records: list[dict]) -> list[TimedPlan]:
     """The grid shapes and ours (refine=False) of ``records``, one per scenario and method."""
-    from explorer.chunking import axis_blocks, graph_tasks_per_chunk, run_seconds_per_voxel
+    from explorer.chunking import (DEFAULT_GRAPH_TASK_SECONDS, axis_blocks, graph_tasks_per_chunk,
+                                   run_seconds_per_voxel)
 
     groups: dict[tuple, list[dict]] = {}
     for r in records:
@@ -579,20 +617,23 @@ def timed_plans(records: list[dict]) -> list[TimedPlan]:
         chunks = tuple(int(c) for c in runs[0]["chunks"])
         counts = [-(-n // c) for n, c in zip(shape, chunks)]
         block = [int(axis_blocks(n, [c], h)[0]) for n, c, h in zip(shape, chunks, halo)]
+        constant = run_seconds_per_voxel(runs[0].get("profiled_seconds_per_voxel"))
+        learnt_g = runs[0].get("learnt_graph_task_seconds")
         out.append(TimedPlan(op_name, name, chunks, math.prod(counts), math.prod(block),
                              float(graph_tasks_per_chunk(counts, halo)), statistics.median(r["seconds"] for r in runs),
-                             run_seconds_per_voxel(runs[0].get("profiled_seconds_per_voxel"))))
+                             runs[0].get("learnt_seconds_per_voxel") or constant,
+                             DEFAULT_GRAPH_TASK_SECONDS if learnt_g is None else learnt_g, constant))
     return out
 
 
 def print_time_model(records: list[dict]) -> None:
-    """Fit ``explorer.chunking.plan_seconds`` to the measured runs, beside the planner's own constants.
+    """Fit ``explorer.chunking.plan_seconds`` to the measured runs, beside the planner's own terms.
 
     Least squares on relative errors: one ``graph_task_seconds`` shared by every
     operator and one ``seconds_per_voxel`` per operator.  The planner's column uses
-    its defaults (``DEFAULT_GRAPH_TASK_SECONDS``, the operator's profiled b +
-    ``RUN_IO_SECONDS_PER_VOXEL``), scaled per operator to the measured median: a plan
-    depends only on how the model ranks shapes of one volume.
+    the terms it learnt from explore's probes (``explorer.calibration.TimingFit``),
+    scaled per operator to the measured median: a plan depends only on how the model
+    ranks shapes of one volume.  Then the learnt terms against the constants they replace.
     """
     from scipy.optimize import least_squares
 
@@ -615,20 +656,20 @@ def print_time_model(records: list[dict]) -> None:
     fit = least_squares(lambda x: fitted_seconds(x) / measured - 1.0, x0=[2.0] + [100.0] * len(ops),
                         bounds=(0.0, np.inf))
     fitted = fitted_seconds(fit.x)
-    planner = np.array([model(p, p.planner_seconds_per_voxel, DEFAULT_GRAPH_TASK_SECONDS) for p in plans])
+    planner = np.array([model(p, p.planner_seconds_per_voxel, p.planner_graph_task_seconds) for p in plans])
+    raw_error = planner / measured - 1.0
     scale = np.array([float(np.median((measured / planner)[index == index[i]])) for i in range(len(plans))])
     error = fitted / measured - 1.0
     p = print
     p("\n### Time model: `plan_seconds` against the measured runs\n")
     p(f"`(n / C + 1 - 1 / C) * (g * tasks_per_chunk + s * prod(block))` with C = {WORKERS * THREADS} slots, fitted "
       f"by least squares on relative errors to the {len(plans)} grid and ours (refine=False) shapes whose runs all "
-      f"ended ok (median seconds): g = {fit.x[0]:.2f} ms per graph task (the planner's default: "
-      f"{DEFAULT_GRAPH_TASK_SECONDS * 1e3:g} ms), "
+      f"ended ok (median seconds): g = {fit.x[0]:.2f} ms per graph task, "
       + ", ".join(f"s({op}) = {s:.0f} ns/voxel" for op, s in zip(ops, fit.x[1:]))
       + f"; RMS error {float(np.sqrt(np.mean(error ** 2))):.1%}, worst {float(np.max(np.abs(error))):.1%}.  "
-      f"The planner's own s is the operator's profiled b + {RUN_IO_SECONDS_PER_VOXEL * 1e9:.0f} ns of run I/O; its "
-      "column is scaled per operator to the measured median, since a plan depends only on how the model ranks "
-      "the shapes of one volume.\n")
+      f"The planner's column uses the terms learnt from the probes (unscaled RMS error "
+      f"{float(np.sqrt(np.mean(raw_error ** 2))):.1%}), scaled per operator to the measured median, since a plan "
+      "depends only on how the model ranks the shapes of one volume.\n")
     p("| operator | method | chunks | chunks x graph tasks | measured s | fitted s | error | planner (scaled) | "
       "planner s/voxel |")
     p("|---|---|---|---|---|---|---|---|---|")
@@ -636,6 +677,24 @@ def print_time_model(records: list[dict]) -> None:
         p(f"| {plan.op} | {plan.name} | {format_shape(plan.chunks)} | {plan.n_tasks} x {plan.tasks_per_chunk:.1f} | "
           f"{plan.seconds:.2f} | {fitted[i]:.2f} | {error[i]:+.1%} | {planner[i] * scale[i]:.2f} | "
           f"{plan.planner_seconds_per_voxel * 1e9:.0f} ns |")
+    p("\n#### Learnt time terms against the constants they replace\n")
+    p("Learnt: from the in-worker probes' clocks (`explorer.calibration.TimingFit`: operator and I/O seconds per "
+      "voxel from the workers' task timings, the overhead per graph task from the probe runs' wall times).  "
+      f"Constants before: the operator's isolated profiled speed + {RUN_IO_SECONDS_PER_VOXEL * 1e9:.0f} ns/voxel of "
+      f"run I/O, {DEFAULT_GRAPH_TASK_SECONDS * 1e3:g} ms per graph task.  Fitted: this benchmark's wall times "
+      "(above).\n")
+    p("| operator | learnt operator s/voxel | learnt I/O s/voxel | learnt s/voxel | constant s/voxel "
+      "(profiled + I/O) | fitted s/voxel | learnt g | constant g | fitted g |")
+    p("|---|---|---|---|---|---|---|---|---|")
+    for i, op in enumerate(ops):
+        r = next(x for x in records if x["operator"] == op)
+        learnt_g = r.get("learnt_graph_task_seconds")
+        cells = [f"{(r.get(k) or 0) * 1e9:.0f} ns" for k in ("learnt_operator_seconds_per_voxel",
+                                                             "learnt_io_seconds_per_voxel", "learnt_seconds_per_voxel")]
+        constant = next(p.constant_seconds_per_voxel for p in plans if p.op == op)
+        p(f"| {op} | {' | '.join(cells)} | {constant * 1e9:.0f} ns | {fit.x[1 + i]:.0f} ns | "
+          f"{'—' if learnt_g is None else f'{learnt_g * 1e3:.2f} ms'} | {DEFAULT_GRAPH_TASK_SECONDS * 1e3:g} ms | "
+          f"{fit.x[0]:.2f} ms |")
 
 
 # --------------------------------------------------------------------------- the footprint
@@ -645,19 +704,21 @@ def print_footprint_check(outcomes: list[Outcome]) -> None:
     """Every shape that ran without a restart: its worker footprint bound against the measured HWM.
 
     The bound is ``explorer.chunking.worker_footprint`` of the shape's block and chunks
-    with the scenario's isolated model's 99% upper bound of ``peak_bytes`` and the chunks
-    kept for halos (``neighbour_chunks_held``, 2 workers): what ``recommend_chunks``
-    would promise for that shape.  HWM: the highest ``worker_hwm_bytes`` over its runs.
+    with the scenario's in-worker task model's 99% upper bound
+    (``explorer.calibration.TaskModel``), the chunks kept for halos
+    (``neighbour_chunks_held``, 2 workers) and the largest baseline the runs measured:
+    what ``recommend_chunks`` would promise for that shape.  HWM: the highest
+    ``worker_hwm_bytes`` over its runs.
     """
+    from explorer.calibration import task_model
     from explorer.chunking import axis_blocks, neighbour_chunks_held, worker_footprint
-    from explorer.surrogate import load_model
 
     rows = []
     for o in outcomes:
         sc, op = o.scenario, operators.get(o.scenario.op)
         if o.runs_dir is None:
             continue
-        model = load_model(sc.op, runs_dir=o.runs_dir)
+        model = task_model(sc.op, runs_dir=o.runs_dir)
         for m in o.methods:
             if m.same_as or not m.runs or m is o.ours_refine or not all(r.ok for r in m.runs) or m.hwm is None:
                 continue
@@ -666,24 +727,164 @@ def print_footprint_check(outcomes: list[Outcome]) -> None:
             block = tuple(int(axis_blocks(n, [c], h)[0]) for n, c, h in zip(sc.shape, chunks, op.halo))
             upper = model.predict(block, 0.99)[1]
             held = int(neighbour_chunks_held(counts, op.halo, WORKERS))
+            baseline = max(r.result.worker_baseline_bytes for r in m.runs)
             bound = worker_footprint(block, upper, threads_per_worker=THREADS, chunk_shapes=chunks,
-                                     neighbour_chunks=held, output_itemsize=np.dtype(op.output_dtype).itemsize)
+                                     neighbour_chunks=held, output_itemsize=np.dtype(op.output_dtype).itemsize,
+                                     baseline_bytes=baseline)
             rows.append((sc, m, chunks, held, bound, m.hwm))
     if not rows:
         return
     p = print
     p("\n### Worker footprint bound against the measured high-water mark\n")
-    p("Per shape: `worker_footprint` with the isolated model's 99% bound and the chunks kept for halos "
-      f"(`neighbour_chunks_held`, {WORKERS} workers), against the highest `worker_hwm_bytes` of its runs.\n")
-    p("| scenario | method | chunks | kept chunks | bound | of which kept chunks | HWM | HWM / bound |")
-    p("|---|---|---|---|---|---|---|---|")
+    p("Per shape: `worker_footprint` with the in-worker task model's 99% bound, the chunks kept for halos "
+      f"(`neighbour_chunks_held`, {WORKERS} workers) and the baseline measured on the workers, against the highest "
+      "`worker_hwm_bytes` of its runs.\n")
+    p("| scenario | method | chunks | kept chunks | bound | of which baseline | of which kept chunks | HWM | "
+      "HWM / bound |")
+    p("|---|---|---|---|---|---|---|---|---|")
     for sc, m, chunks, held, bound, hwm in rows:
         p(f"| {sc.name} | {m.name} | {format_shape(chunks)} | {held} | {mib(bound.total)} | "
-          f"{mib(bound.neighbour_chunk_bytes)} | {mib(hwm)} | {hwm / bound.total:.2f} |")
+          f"{mib(bound.baseline_bytes)} | {mib(bound.neighbour_chunk_bytes)} | {mib(hwm)} | "
+          f"{hwm / bound.total:.2f} |")
     over = [r for r in rows if r[5] > r[4].total]
     p(f"\nShapes whose HWM exceeded the bound: {len(over)} of {len(rows)}"
       + (": " + ", ".join(f"{r[0].op} {format_shape(r[2])} ({r[5] / r[4].total:.2f})" for r in over) if over else "")
       + ".")
+
+
+# --------------------------------------------------------------------------- user clusters
+
+
+@dataclass
+class UserOutcome:
+    """One user-cluster configuration: ours' runs and those of the pre-issue-11 plan."""
+
+    scenario: Scenario
+    preload_mib: int
+    threads: int
+    pause_bytes: int
+    workers: int = WORKERS
+    ours: list = field(default_factory=list)
+    fixed_plan: object = None
+    fixed: list = field(default_factory=list)
+    fixed_same: bool = False
+
+    def ok(self, r) -> bool:
+        hwm = [h for h in r.worker_hwm_bytes if h is not None]
+        return (r.status == "ok" and r.workers_restarted == 0 and r.memory_kills == 0
+                and len(hwm) == len(r.worker_hwm_bytes) and max(hwm, default=0) <= self.pause_bytes)
+
+
+def fixed_160_plan(op, shape, limit: int, threads: int, workers: int, runs_dir):
+    """The plan the code made before issue 11: the isolated model's bound, a fixed 160 MiB
+    baseline, the profiled speed + 60 ns/voxel, 2 ms per graph task."""
+    from explorer.chunking import (DEFAULT_GRAPH_TASK_SECONDS, plan_chunks, run_seconds_per_voxel,
+                                   worker_pause_fraction)
+    from explorer.surrogate import load_model
+
+    isolated = load_model(op.name, runs_dir=runs_dir)
+    return plan_chunks(shape, op.halo, op.whole_axes, isolated.predict_many, limit, baseline_bytes=160 * 2**20,
+                       threads_per_worker=threads, pause_fraction=worker_pause_fraction(),
+                       output_itemsize=np.dtype(op.output_dtype).itemsize, operator=op.name, workers=workers,
+                       seconds_per_voxel=run_seconds_per_voxel(isolated.info.get("seconds_per_voxel")),
+                       graph_task_seconds=DEFAULT_GRAPH_TASK_SECONDS)
+
+
+def run_user_clusters(args, cache: Path, tmp: Path) -> list[UserOutcome]:
+    from explorer.chunking import worker_pause_fraction
+    from tests.cluster import user_cluster
+
+    outcomes = []
+    for sc in args.user_clusters:
+        op = operators.get(sc.op)
+        source = ensure_input(cache, sc.shape)
+        runs_dir = cache / f"runs-{sc.op}-{sc.limit}"
+        ensure_model(sc.op, sc.limit, runs_dir, args.budget)
+        for preload in args.preload_mib:
+            for threads in args.user_threads:
+                o = UserOutcome(sc, preload, threads, math.floor(worker_pause_fraction() * sc.limit),
+                                args.user_workers)
+                o.fixed_plan = fixed_160_plan(op, sc.shape, sc.limit, threads, args.user_workers, runs_dir)
+                tag = f"user {sc.op} preload {preload} MiB W={args.user_workers} T={threads}"
+                log(f"{tag}: starting dask scheduler + dask worker")
+                with user_cluster(workers=args.user_workers, threads=threads, memory_limit=str(sc.limit),
+                                  preload=["tests.heavy_preload"] if preload else (),
+                                  env={"EXPLORER_TEST_PRELOAD_MIB": str(preload)}) as address:
+                    copy = tmp / "runs-user"
+                    shutil.rmtree(copy, ignore_errors=True)
+                    shutil.copytree(runs_dir, copy)
+                    for rep in range(args.user_repeat):
+                        order = ("ours", "fixed") if rep % 2 == 0 else ("fixed", "ours")
+                        for method in order:
+                            if method == "ours":
+                                r = run(sc.op, source, tmp / "out.zarr", scheduler=address, chunks="model",
+                                        runs_dir=copy, refine=True, calibrate=False, replan=False,
+                                        stall_seconds=STALL_SECONDS)
+                                o.ours.append(r)
+                            else:
+                                chunk = normalise(op, sc.shape, o.fixed_plan.chunks)
+                                if o.ours and tuple(o.ours[0].chunks or ()) == chunk:
+                                    o.fixed_same = True
+                                    continue
+                                r = run(sc.op, source, tmp / "out.zarr", scheduler=address, chunks=chunk,
+                                        runs_dir=copy, refine=False, stall_seconds=STALL_SECONDS)
+                                o.fixed.append(r)
+                            hwm = max((h for h in r.worker_hwm_bytes if h), default=None)
+                            log(f"{tag} {method}: {r.status} {format_shape(r.chunks or [])} x{r.n_tasks}, "
+                                f"baseline {mib(r.worker_baseline_bytes)}, HWM {mib(hwm)} (pause {mib(o.pause_bytes)}), "
+                                f"restarts {r.workers_restarted}, over bound {r.tasks_over_bound}"
+                                + (f" | {r.error}" if r.error else ""))
+                    shutil.rmtree(copy, ignore_errors=True)
+                outcomes.append(o)
+    return outcomes
+
+
+def print_user_clusters(outcomes: list[UserOutcome]) -> None:
+    if not outcomes:
+        return
+    p = print
+    p("\n### Clusters started like a user's: `dask scheduler` + `dask worker`, idle and with a preload\n")
+    p("W workers x T threads; a preload is `--preload tests.heavy_preload` holding that many MiB per worker "
+      "from its start.  Ours: `explore run --scheduler ADDR` (the workers' baseline measured, the in-worker task "
+      "model; observed, not recalibrated, not re-planned).  Before: the plan the code made before issue 11 (the "
+      "isolated bound, a fixed 160 MiB baseline), run with explicit chunks on the same cluster.  HWM: the highest "
+      "kernel high-water mark of a worker over the method's runs, against the pause threshold.\n")
+    p("| scenario | preload | workers x threads | method | chunks | tasks | measured baseline | plan upper | pause threshold | "
+      "HWM (max) | HWM / pause | runs ok, no restart, HWM <= pause | restarts | tasks over bound | seconds (median) |")
+    p("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for o in outcomes:
+        rows = [("ours", o.ours, o.ours[0].plan["upper_bytes"] if o.ours and o.ours[0].plan else None)]
+        if o.fixed_same:
+            rows.append(("before (fixed 160 MiB)", None, o.fixed_plan.upper_bytes))
+        else:
+            rows.append(("before (fixed 160 MiB)", o.fixed, o.fixed_plan.upper_bytes))
+        for name, runs, upper in rows:
+            if runs is None:
+                p(f"| {o.scenario.name} | {o.preload_mib} MiB | {o.workers} x {o.threads} | {name} | "
+                  f"{format_shape(o.fixed_plan.chunks)} | | | {mib(upper)} | | | | same chunks as ours | | | |")
+                continue
+            if not runs:
+                continue
+            hwm = max((h for r in runs for h in r.worker_hwm_bytes if h), default=None)
+            good = sum(o.ok(r) for r in runs)
+            over = [r.tasks_over_bound for r in runs if r.tasks_over_bound is not None]
+            secs = [r.seconds for r in runs if r.seconds is not None]
+            p(f"| {o.scenario.name} | {o.preload_mib} MiB | {o.workers} x {o.threads} | {name} | "
+              f"{format_shape(runs[0].chunks or [])} "
+              f"| {runs[0].n_tasks} | {mib(max(r.worker_baseline_bytes or 0 for r in runs))} | {mib(upper)} | "
+              f"{mib(o.pause_bytes)} | {mib(hwm)} | {'—' if hwm is None else f'{hwm / o.pause_bytes:.2f}'} | "
+              f"{good} of {len(runs)} | {sum(r.workers_restarted for r in runs)} | "
+              f"{'—' if not over else f'{sum(over)} of {sum(r.n_tasks or 0 for r in runs)}'} | "
+              f"{statistics.median(secs) if secs else float('nan'):.1f} |")
+    ours = [r for o in outcomes for r in o.ours]
+    good = sum(o.ok(r) for o in outcomes for r in o.ours)
+    before = [(o, r) for o in outcomes for r in o.fixed]
+    bad_before = sum(not o.ok(r) for o, r in before)
+    p(f"\n- {'PASS' if good == len(ours) else 'FAIL'} every run of ours ended ok, without a restart, every worker's "
+      f"HWM under the pause threshold: {good} of {len(ours)} runs")
+    p(f"- before issue 11 (fixed 160 MiB, isolated bound), runs over the pause threshold, restarted or failed: "
+      f"{bad_before} of {len(before)} runs (configurations where its chunks equal ours are not run twice: "
+      f"{sum(o.fixed_same for o in outcomes)})")
 
 
 # --------------------------------------------------------------------------- main
@@ -710,6 +911,12 @@ def main() -> None:
                         help="min,max edge of the prototype's 4x4x4 grid; its 8 corners are profiled")
     parser.add_argument("--no-refine-run", dest="refine_run", action="store_false",
                         help="skip ours with refine=True")
+    parser.add_argument("--user-clusters", default="",
+                        help="OPERATOR:EDGE_OR_SHAPE:LIMIT scenarios run on dask scheduler + dask worker clusters")
+    parser.add_argument("--preload-mib", default="0,650", help="worker preloads (MiB) of the user clusters")
+    parser.add_argument("--user-threads", default="1,2,4", help="threads per worker of the user clusters")
+    parser.add_argument("--user-repeat", type=int, default=3, help="runs of each method per user cluster")
+    parser.add_argument("--user-workers", type=int, default=WORKERS, help="workers of the user clusters")
     parser.add_argument("--json", type=Path, default=None, help="also write every run to this JSON file")
     parser.add_argument("--refit", type=Path, nargs="+", metavar="JSON",
                         help="run nothing: print the time-model fit of runs written by --json")
@@ -724,6 +931,9 @@ def main() -> None:
     if len(args.proto_edges) != 2:
         raise SystemExit("--proto-edges: two edges, min,max")
     scenarios = [parse_scenario(s) for s in args.scenarios.split(",") if s]
+    args.user_clusters = [parse_scenario(s) for s in args.user_clusters.split(",") if s]
+    args.preload_mib = [int(m) for m in args.preload_mib.split(",") if m]
+    args.user_threads = [int(t) for t in args.user_threads.split(",") if t]
     cache = Path(args.cache) / "chunks"
     cache.mkdir(parents=True, exist_ok=True)
 
@@ -742,13 +952,18 @@ def main() -> None:
             outcomes.append(outcome)
             print_outcome(outcome)
             sys.stdout.flush()
+        user_outcomes = run_user_clusters(args, cache, tmp)
     finally:
         profiles.close()
         shutil.rmtree(tmp, ignore_errors=True)
-    print_summary(outcomes)
-    records = run_records(outcomes)
-    print_time_model(records)
-    print_footprint_check(outcomes)
+    if outcomes:
+        print_summary(outcomes)
+        records = run_records(outcomes)
+        print_time_model(records)
+        print_footprint_check(outcomes)
+    else:
+        records = []
+    print_user_clusters(user_outcomes)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(records, indent=1))

@@ -2,8 +2,9 @@
 
 Per operator, in one run:
 
-1. **Ours**: ``explore(op, budget=B, tolerance=1e-6, runs_dir=<fresh tmp>, report=False)``
-   (the tiny tolerance makes it spend the whole budget).  The model after ``N``
+1. **Ours**: ``explore(op, budget=B, tolerance=1e-6, runs_dir=<fresh tmp>, report=False,
+   probes=0)`` (the tiny tolerance makes it spend the whole budget; the loop alone, without
+   the in-worker probes ``explore`` ends with, which ``scripts/bench_first_run.py`` times).  The model after ``N``
    profiles is refitted with ``surrogate.fit`` on the first ``N`` stored records
    (``Store.records`` keeps trial order; the loop's own model at ``N`` is fitted on
    exactly these), for ``N = 5..B``.  The profile at which the loop itself would have
@@ -538,7 +539,7 @@ def run_operator(name: str, args, bench: Bench, limit: int, cap: int) -> Operato
     try:
         with instrumented(timers):
             loop = explore(name, budget=budget, tolerance=1e-6, memory_limit=limit, runs_dir=runs, seed=args.seed,
-                           report=False, progress=progress)
+                           report=False, progress=progress, probes=0)
         records = [r for r in Store(runs).records(name) if r.source == SOURCE_PROFILE]
     finally:
         shutil.rmtree(runs, ignore_errors=True)

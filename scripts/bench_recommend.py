@@ -3,22 +3,24 @@
     python scripts/bench_recommend.py [--operators gst3d,envelope,...] [--cache runs/bench]
         [--budget 30] [--calls 10] [--children 3]
 
-1. **Models**: per operator, the model of ``explore(op, budget=--budget)`` (isolated
-   profiles, default target memory) in ``<cache>/recommend/runs-<op>``, explored there
-   first if absent (``bench_chunks.ensure_model``), reused otherwise.
+1. **Models**: per operator, the model, in-worker calibration and worker baseline of
+   ``explore(op, budget=--budget)`` (isolated profiles, then explore's in-worker probes;
+   default target memory) in ``<cache>/recommend/runs-<op>``, explored there first if
+   absent (``bench_chunks.ensure_model``), reused otherwise.
 2. **Children**: ``--children`` fresh ``python`` processes per setting, each started
    with nothing but this file's ``child`` function, so the benchmark's own imports
    (torch from exploring, distributed) neither slow nor flatter a call.  A child
    times, with ``time.perf_counter``:
 
    * **cold**: ``import explorer`` and the first ``explorer.recommend_chunks`` call
-     (importing ``explorer.chunking``, the operators, loading the model's ``.npz``,
-     reading Dask's config); the interpreter's own start-up is not counted;
+     (importing ``explorer.recommend`` and ``explorer.chunking``, the operators, loading
+     the model's ``.npz``, the calibration and the saved worker baseline, reading Dask's
+     config, the environment stamp); the interpreter's own start-up is not counted;
    * **warm**: then every case of the grid below, ``--calls`` calls each, the cases
      interleaved (one call of each case per round), so a case's calls are not
      back-to-back repeats on a hot cache line.  A warm call does everything a user's
-     second call does: ``stat`` the model file (the cache is keyed on its mtime),
-     read the calibration file if any, plan (vectorised footprints of up to
+     second call does: ``stat`` the model, calibration and baseline files (the caches are
+     keyed on their mtimes), compare the environment stamps, plan (vectorised footprints of up to
      :data:`explorer.chunking.MAX_CANDIDATES` shapes, model predictions of the
      candidates that can win);
    * which of torch, optuna and distributed are in ``sys.modules`` at the end
@@ -28,10 +30,9 @@
    2000x2000x1500 (a 22 GiB survey), limits 1.5, 4 and 16 GiB, 1 or 4 threads per
    worker, 1 or 8 workers: 36 per operator.  A case whose limit is too small ends in
    ``ChunkPlanError``; its calls are timed like the rest (that is an answer, too).
-3. **Settings**: without a calibration, then with one saved to each operator's runs
-   directory (``explorer.calibration``'s own file; ratio 1.05, variance 0.003: values for
-   timing only, removed at the end), since production runs leave one and the warm
-   path then reads and applies it.
+3. **Settings**: with explore's in-worker calibration (what a user has after ``explore``),
+   then without it (the file moved aside, and back at the end): the isolated model alone,
+   as a model explored with ``--probes 0`` plans.
 
 Per operator and setting: the cold first call (median over children), the warm calls'
 median, 95th percentile and maximum over every call, the slowest case's median, and the
@@ -60,8 +61,6 @@ SHAPES = ("256x256x256", "800x600x1000", "2000x2000x1500")
 LIMITS = ("1.5GiB", "4GiB", "16GiB")
 THREADS = (1, 4)
 WORKERS = (1, 8)
-#: The calibration saved for the calibrated setting: timing only, not a measurement.
-TIMING_CALIBRATION = (1.05, 0.003)
 HEAVY_MODULES = ("torch", "optuna", "distributed")
 
 
@@ -174,14 +173,10 @@ def main(argv=None) -> int:
         runs = Path(args.cache) / "recommend" / f"runs-{name}"
         explored = ensure_model(name, default_memory_limit(), runs, args.budget)
         cal_path = calibration.calibration_path(name, runs)
-        cal_path.unlink(missing_ok=True)
-        for setting in ("none", "saved"):
-            if setting == "saved":
-                mean, var = TIMING_CALIBRATION
-                calibration._save_calibration(calibration.Calibration(
-                    operator=name, mean=mean, var=var, n=0, ratio_mean=mean, ratio_var=var,
-                    max_ratio=mean, confidence=0.99, coverage_raised=False, n_over_uncalibrated_bound=0,
-                    updated=time.time()), cal_path)
+        aside = cal_path.with_name(cal_path.name + ".aside")
+        for setting in ("probes", "none"):
+            if setting == "none":
+                os.replace(cal_path, aside)
             spec = {"runs_dir": str(runs), "operator": name, "cases": grid, "calls": args.calls}
             results = []
             for k in range(args.children):
@@ -191,7 +186,7 @@ def main(argv=None) -> int:
             summary = summarise(results, grid)
             summary.update(operator=name, setting=setting, profiles=explored.get("profiles"))
             rows.append(summary)
-        cal_path.unlink(missing_ok=True)
+        os.replace(aside, cal_path)
 
     load = os.getloadavg()
     print("## recommend_chunks latency\n")
