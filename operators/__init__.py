@@ -6,7 +6,7 @@ Knows nothing about ``explorer``.
 from operators.base import RESERVED_NAMES, Operator, get, names, register
 from operators import seismic as _seismic  # noqa: F401  (registers the operators)
 from operators.synthetic import synthetic_volume
-from operators.segy import SegyGeometryError, read_segy, write_segy
+from operators.segy import SegyGeometryError, read_segy, write_segy, write_segy_like
 
 __all__ = [
     "Operator",
@@ -18,4 +18,5 @@ __all__ = [
     "register",
     "synthetic_volume",
     "write_segy",
+    "write_segy_like",
 ]

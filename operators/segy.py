@@ -363,3 +363,124 @@ def _write(path, data, spec, shape, dt, iline_start, xline_start, slab_bytes):
                     }
                     f.trace[trace] = slab[i - i0, j]
             del slab
+
+
+# --------------------------------------------------------------------------- same survey out
+
+#: What :func:`write_segy` and :func:`write_segy_like` write into the textual header, so
+#: that a file this project wrote is recognisable as such (:func:`written_by_explorer`).
+HISTORY_MARK = "memory-explorer:"
+
+_TEXT_BYTES, _BINARY_BYTES, _TRACE_HEADER_BYTES = 3200, 400, 240
+_FORMAT_OFFSET, _SAMPLES_OFFSET, _EXT_TEXT_OFFSET = 3224, 3220, 3504  # in the file (0-based)
+_TRACE_SAMPLES_OFFSET = 114  # in a trace header (bytes 115-116)
+
+
+def _text_lines(text: bytes) -> tuple[list[bytes], str]:
+    """The 40 lines of a textual header, and its encoding (``"cp037"`` EBCDIC or ``"ascii"``)."""
+    ebcdic = text.count(b"\x40") + text.count(b"\xc3") > text.count(b" ") + text.count(b"C")
+    return [text[k:k + 80] for k in range(0, _TEXT_BYTES, 80)], "cp037" if ebcdic else "ascii"
+
+
+def written_by_explorer(path) -> bool:
+    """Whether the SEG-Y at ``path`` carries this project's history line (it wrote the file)."""
+    try:
+        with open(path, "rb") as fh:
+            text = fh.read(_TEXT_BYTES)
+    except OSError:
+        return False
+    if len(text) < _TEXT_BYTES:
+        return False
+    return any(HISTORY_MARK in line.decode(codec, "replace")
+               for line in _text_lines(text)[0] for codec in ("ascii", "cp037"))
+
+
+def _with_history(text: bytes, history: str) -> bytes:
+    """``text`` with ``history`` in its last blank line (line 40 when none is blank),
+    in the header's own encoding: a processing-history line, as processing systems add."""
+    lines, codec = _text_lines(text)
+    blank = [n for n, line in enumerate(lines) if not line.decode(codec, "replace")[4:].strip(" \x00")]
+    at = blank[-1] if blank else len(lines) - 1
+    line = f"C{at + 1:2d} {HISTORY_MARK} {history}"[:80].ljust(80)
+    lines[at] = line.encode(codec, "replace")
+    return b"".join(lines)
+
+
+def _layout(path: str, geometry: SegyGeometry) -> tuple[int, int, int]:
+    """``(header_bytes, traces, bytes per sample)`` of a regular SEG-Y file (fixed-length traces)."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as fh:
+        fh.seek(_EXT_TEXT_OFFSET)
+        ext = int.from_bytes(fh.read(2), geometry.endian, signed=True)
+    if ext < 0:
+        raise SegyGeometryError(f"{path}: a variable number of extended textual headers is not supported")
+    header = _TEXT_BYTES + _BINARY_BYTES + ext * _TEXT_BYTES
+    traces, ns = geometry.shape[0] * geometry.shape[1], geometry.shape[2]
+    per_trace, rest = divmod(size - header, traces)
+    itemsize, odd = divmod(per_trace - _TRACE_HEADER_BYTES, ns)
+    if rest or odd or itemsize not in (1, 2, 4, 8):
+        raise SegyGeometryError(f"{path}: traces are not of one fixed length ({size} bytes for {traces} traces "
+                                f"of {ns} samples after {header} header bytes)")
+    return header, traces, itemsize
+
+
+def write_segy_like(path, data, like, *, history: str = "", slab_bytes: int = 256 * 2**20) -> None:
+    """Write ``data`` (inline, crossline, samples) as a SEG-Y on the survey of the SEG-Y ``like``.
+
+    The output is ``like`` byte for byte except what the data changes: the textual and
+    binary headers (every extended textual header too) and every trace header are copied
+    unchanged, so inline/crossline numbers, coordinates and their scalars, dt, delay,
+    sorting and byte order are the input's; the samples are IEEE float32 (format code 5
+    in the binary header) in the input's byte order, each trace where the input's trace
+    at that (inline, crossline) position is.  A trace count of samples other than the
+    input's is written to the binary header and every trace header.  ``history`` goes
+    into the textual header's last blank line after :data:`HISTORY_MARK` (so
+    :func:`written_by_explorer` knows the file).  A Dask array is computed a slab of
+    inlines at a time (at most ``slab_bytes`` of float32), and the file is written under
+    a temporary name and renamed when complete.
+    """
+    path, like = os.fspath(path), os.fspath(like)
+    geometry = segy_geometry(like, iline=INLINE_BYTE, xline=CROSSLINE_BYTE)
+    shape = tuple(int(n) for n in getattr(data, "shape", ()))
+    if len(shape) != 3 or shape[:2] != geometry.shape[:2] or shape[2] <= 0:
+        raise ValueError(f"data of shape {shape} is not on the survey of {like} "
+                         f"({geometry.shape[0]} inlines x {geometry.shape[1]} crosslines)")
+    header_bytes, traces, itemsize = _layout(like, geometry)
+    nil, nxl, ns = shape
+    order = ">" if geometry.endian == "big" else "<"
+    source = np.memmap(like, mode="r", offset=header_bytes,
+                       dtype=np.dtype([("header", "V240"), ("data", f"V{geometry.shape[2] * itemsize}")]))
+    with open(like, "rb") as fh:
+        head = bytearray(fh.read(header_bytes))
+    head[:_TEXT_BYTES] = _with_history(bytes(head[:_TEXT_BYTES]), history)
+    head[_FORMAT_OFFSET:_FORMAT_OFFSET + 2] = (5).to_bytes(2, geometry.endian)
+    if ns != geometry.shape[2]:
+        head[_SAMPLES_OFFSET:_SAMPLES_OFFSET + 2] = ns.to_bytes(2, geometry.endian)
+
+    partial = f"{path}.partial"
+    try:
+        with open(partial, "wb") as fh:
+            fh.write(head)
+            fh.truncate(header_bytes + traces * (_TRACE_HEADER_BYTES + 4 * ns))
+        out = np.memmap(partial, mode="r+", offset=header_bytes,
+                        dtype=np.dtype([("header", "V240"), ("data", f"{order}f4", (ns,))]))
+        step = max(1, 2**16)
+        for t0 in range(0, traces, step):
+            out["header"][t0:t0 + step] = source["header"][t0:t0 + step]
+        if ns != geometry.shape[2]:
+            counts = out["header"].view(np.uint8).reshape(traces, _TRACE_HEADER_BYTES)
+            counts[:, _TRACE_SAMPLES_OFFSET:_TRACE_SAMPLES_OFFSET + 2] = np.frombuffer(
+                ns.to_bytes(2, geometry.endian), dtype=np.uint8)
+        columns = np.arange(nxl)
+        for i0, i1 in _slabs(data, nil, slab_bytes):
+            slab = np.asarray(data[i0:i1], dtype=np.float32)  # computes a Dask slab
+            for i in range(i0, i1):
+                out["data"][geometry.trace_index(i, columns)] = slab[i - i0]
+            del slab
+        out.flush()
+        del out
+        os.replace(partial, path)
+    finally:
+        del source
+        if os.path.exists(partial):
+            os.remove(partial)
