@@ -14,6 +14,12 @@ profiling child and ``recommend_chunks`` never import torch.
 from __future__ import annotations
 
 import importlib
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("memory-explorer")
+except PackageNotFoundError:  # run from a source tree that was never installed
+    __version__ = "0+unknown"
 
 _PUBLIC = {
     "profile": "explorer.profiling",

@@ -19,11 +19,15 @@ ends the run with one line naming it.  The largest resident set of these idle, w
 workers is the plan's ``baseline_bytes`` (``worker_baseline_bytes``): measured on the
 workers that do the work, with whatever they preload.
 
-Output.  ``.zarr``: the tasks store their blocks in parallel (``da.store``, zarr 3, one
-zarr chunk per Dask block, no locks) into ``<output>.partial``, renamed when complete.
-``.sgy``: the same into ``<output>.partial.zarr``, then ``operators.write_segy`` converts
-it in this process a slab of inlines at a time (at most 256 MiB), so the operator runs in
-parallel and only the conversion is sequential.
+Output (``explorer.outputs``).  An existing output is refused unless ``overwrite``, and
+even then only an output this tool wrote is replaced; the input itself never.  ``.zarr``:
+the tasks store their blocks in parallel (``da.store``, zarr 3, one zarr chunk per Dask
+block, no locks) into a hidden partial array beside the output, renamed into place when
+complete; its attributes carry the operator, the input and the input's survey geometry.
+``.sgy``/``.segy``: the same partial array, then ``operators.write_segy_like`` writes it on
+the input's survey (every header copied, IEEE float32 samples) in this process a slab of
+inlines at a time (at most 256 MiB), so the operator runs in parallel and only the
+conversion is sequential.
 
 Chunks.  ``"model"`` (default): ``explorer.recommend.recommend_chunks`` for the workers'
 memory limit, threads and measured baseline.  ``"auto"``: Dask's, sized by input bytes
@@ -52,8 +56,9 @@ twice raises ``KilledWorker`` after two kills instead of four.  The run then end
 ``status="failed"``, a one-line ``error`` and ``advice``, never a traceback.  Other task
 errors give ``status="error"``.  The run never waits forever: if every worker stays
 paused (memory above ``distributed.worker.memory.pause``) or no worker is connected for
-``stall_seconds``, the monitor cancels it as ``failed``.  A failed run leaves no partial
-output: results go to ``<output>.partial`` and are renamed when complete.
+``stall_seconds``, the monitor cancels it as ``failed``.  A failed or interrupted run
+leaves no partial output (removed again after the cluster closed, in case a task was
+still running) and the old output, if any, untouched.
 
 Observation (``refine=True``, default): :func:`explorer.live.observe` records every
 operator task's block, peak and clocks in the store (``source="production"``, or
@@ -73,7 +78,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import threading
 import time
 from dataclasses import dataclass, field
@@ -82,6 +86,7 @@ from pathlib import Path
 import numpy as np
 
 from explorer.live import MAX_OVER_BOUND_WARNINGS
+from explorer.outputs import ZARR_MARK, OutputError, check_output, partial_path, put_in_place, remove_own
 from explorer.units import format_bytes, format_shape, parse_shape, parse_size
 
 __all__ = ["RunResult", "run"]
@@ -90,8 +95,6 @@ OK, FAILED, ERROR = "ok", "failed", "error"
 #: Seconds between two samples of the workers' memory metrics (and stall checks).
 SAMPLE_SECONDS = 0.2
 #: Output suffixes.
-ZARR_SUFFIXES = (".zarr",)
-SEGY_SUFFIXES = (".sgy", ".segy")
 
 
 @dataclass
@@ -193,9 +196,12 @@ class RunContext:
     source: str = "production"
     context: dict = field(default_factory=dict)
     calibrate: bool = True
+    overwrite: bool = False
     # learnt as the run goes
     kind: str = ""
     shape: tuple = ()
+    geometry: object = None
+    partials: list = field(default_factory=list)
     limit: int = 0
     cluster: object = None
     client: object = None
@@ -355,23 +361,6 @@ class _Replanner(threading.Thread):
 # --------------------------------------------------------------------------- helpers
 
 
-def _output_kind(path: str) -> str:
-    lower = path.lower().rstrip("/")
-    if lower.endswith(ZARR_SUFFIXES):
-        return "zarr"
-    if lower.endswith(SEGY_SUFFIXES):
-        return "segy"
-    raise _RunError(ERROR, f"output {path!r} must end in .zarr, .sgy or .segy")
-
-
-def _remove(path) -> None:
-    path = Path(path)
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    elif path.exists() or path.is_symlink():
-        path.unlink()
-
-
 def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
@@ -419,6 +408,8 @@ class ZarrTarget:
         return (ZarrTarget, (self.path, self.shape, self.dtype.str))
 
     def __setitem__(self, index, value) -> None:
+        if not os.path.isdir(self.path):  # the run was given up and its partial output removed
+            return
         array = ZarrTarget._open.get(self.path)
         if array is None:
             import zarr
@@ -474,6 +465,7 @@ def run(
     source: str = "production",
     context: dict | None = None,
     calibrate: bool = True,
+    overwrite: bool = False,
 ) -> RunResult:
     """Run ``operator`` on the SEG-Y at ``input_path`` into ``output_path`` on Dask.
 
@@ -500,7 +492,7 @@ def run(
                      confidence=float(confidence), refine=bool(refine), replan=bool(replan), progress=progress,
                      allowed_failures=int(allowed_failures), stall_seconds=float(stall_seconds),
                      connect_timeout=float(connect_timeout), source=source, context=dict(context or {}),
-                     calibrate=bool(calibrate))
+                     calibrate=bool(calibrate), overwrite=bool(overwrite))
     try:
         _prepare(ctx, memory_limit)
         _connect(ctx)
@@ -516,6 +508,8 @@ def run(
         result.status, result.error = ERROR, _one_line(exc)
     finally:
         _close_quietly(ctx.client, ctx.cluster)
+        for path in ctx.partials:  # again: a task still running at the end may have written into one
+            remove_own(path)
     result.wall_seconds = time.perf_counter() - wall_started
     return result
 
@@ -531,11 +525,15 @@ def _prepare(ctx: RunContext, memory_limit) -> None:
         ctx.operator = operators.get(ctx.operator)
     except KeyError as exc:
         raise _RunError(ERROR, exc.args[0]) from None
-    ctx.kind = _output_kind(ctx.output)
     try:
-        ctx.shape = tuple(segy_geometry(ctx.input).shape)
+        ctx.kind = check_output(ctx.output, overwrite=ctx.overwrite, input_path=ctx.input)
+    except OutputError as exc:
+        raise _RunError(ERROR, str(exc)) from None
+    try:
+        ctx.geometry = segy_geometry(ctx.input)
     except (SegyGeometryError, OSError) as exc:
         raise _RunError(ERROR, str(exc) if isinstance(exc, SegyGeometryError) else _one_line(exc)) from None
+    ctx.shape = tuple(ctx.geometry.shape)
     ctx.result.shape = list(ctx.shape)
     # The store (Optuna, SQLite: ~0.9 s of CPU to import and open) opens while the
     # cluster starts, so that no observation waits for it during the computation.
@@ -545,10 +543,15 @@ def _prepare(ctx: RunContext, memory_limit) -> None:
             ctx.chunks_request = parse_shape(ctx.chunks_request)
         except ValueError as exc:
             raise _RunError(ERROR, f"--chunks: {exc}") from None
+    from explorer import validate
+
     try:
-        ctx.requested_limit = parse_size(memory_limit) if memory_limit is not None else None
+        ctx.requested_limit = validate.size(memory_limit, "--memory-limit") if memory_limit is not None else None
+        ctx.confidence = validate.confidence(ctx.confidence, "--confidence")
+        ctx.workers = validate.positive_int(ctx.workers, "--workers")
+        ctx.threads = validate.positive_int(ctx.threads, "--threads")
     except ValueError as exc:
-        raise _RunError(ERROR, f"--memory-limit: {exc}") from None
+        raise _RunError(ERROR, str(exc)) from None
 
 
 def _connect(ctx: RunContext) -> None:
@@ -582,6 +585,7 @@ def _connect(ctx: RunContext) -> None:
         with dask.config.set({"distributed.scheduler.allowed-failures": ctx.allowed_failures}):
             ctx.cluster = LocalCluster(n_workers=ctx.workers, threads_per_worker=ctx.threads, memory_limit=ctx.limit,
                                        processes=True, dashboard_address=None, silence_logs=logging.CRITICAL,
+                                       preload=["explorer.inworker"],  # workers leave Ctrl-C to this process
                                        # no dashboard; its HTTP server (health checks) on a free port
                                        scheduler_kwargs={"dashboard_address": ":0"})
         ctx.client = Client(ctx.cluster)
@@ -639,8 +643,15 @@ def _choose_chunks(ctx: RunContext) -> None:
         result.chunks_source = "explicit"
     ctx.chunk = _whole(op, ctx.shape, chunk)
     if ctx.chunk != chunk and result.chunks_source == "explicit":
-        result.warnings.append(f"{op.name} needs axes {list(op.whole_axes)} whole: chunks "
-                               f"{format_shape(chunk)} become {format_shape(ctx.chunk)}")
+        reasons = []
+        whole = [axis for axis in op.whole_axes if chunk[axis] != ctx.shape[axis]]
+        if whole:
+            reasons.append(f"{op.name} needs axes {whole} whole")
+        larger = [axis for axis in range(3) if axis not in op.whole_axes and chunk[axis] > ctx.shape[axis]]
+        if larger:
+            reasons.append(f"axes {larger} are longer than the volume {format_shape(ctx.shape)}")
+        result.warnings.append(f"chunks {format_shape(chunk)} become {format_shape(ctx.chunk)}: "
+                               + "; ".join(reasons))
     try:
         ctx.model = task_model(op.name, ctx.runs_dir, environment=ctx.baseline.environment)
     except (ModelNotFoundError, ModelFileError, CalibrationFileError):  # nothing to compare the tasks with
@@ -659,12 +670,10 @@ def _compute(ctx: RunContext) -> None:
     ctx.monitor.start()
     ctx.started_at = time.time()
     replanner = _start_observing(ctx, interrupt)
-    partials: list[Path] = []
+    partials = ctx.partials
     try:
         while True:
-            partial = Path(f"{ctx.output}.partial" + (".zarr" if ctx.kind == "segy" else ""))
-            if partials:
-                partial = partial.with_name(partial.name + f"-{len(partials)}")
+            partial = partial_path(ctx.output)
             partials.append(partial)
             new_plan = _store(ctx, partial, interrupt)
             if new_plan is None:
@@ -684,7 +693,7 @@ def _compute(ctx: RunContext) -> None:
         if replanner is not None:
             replanner.stop()
         for path in partials:
-            _remove(path)
+            remove_own(path)
         _finish(ctx)
 
 
@@ -730,9 +739,9 @@ def _store(ctx: RunContext, partial: Path, interrupt: _Interrupt):
     if not _regular(y.chunks):  # zarr chunks must not be shared by two tasks
         y = y.rechunk(tuple(c[0] for c in y.chunks))
     ctx.result.n_tasks = int(np.prod(y.numblocks))
-    _remove(partial)
-    zarr.create_array(store=str(partial), shape=y.shape, chunks=tuple(c[0] for c in y.chunks), dtype=y.dtype,
-                      overwrite=True)
+    target = zarr.create_array(store=str(partial), shape=y.shape, chunks=tuple(c[0] for c in y.chunks),
+                               dtype=y.dtype)
+    target.attrs[ZARR_MARK] = _output_attributes(ctx)
     stored = da.store(y, ZarrTarget(partial, y.shape, y.dtype), lock=False, compute=False, return_stored=True,
                       load_stored=False)
 
@@ -774,18 +783,35 @@ def _store(ctx: RunContext, partial: Path, interrupt: _Interrupt):
         del persisted, futures, unfinished
 
 
+def _output_attributes(ctx: RunContext) -> dict:
+    """What a Zarr output records of its making, and the input's survey geometry (so that
+    ``operators.write_segy_like(path, array, like=attrs["input"])`` puts it back on it)."""
+    from explorer import __version__
+
+    g = ctx.geometry
+    return {"writer": f"memory-explorer {__version__}", "operator": ctx.operator.name,
+            "input": os.path.abspath(ctx.input),
+            "geometry": {"inlines": list(g.inlines), "crosslines": list(g.crosslines),
+                         "sample_interval_us": g.sample_interval_us, "first_sample_ms": g.first_sample_ms,
+                         "sorting": g.sorting, "input_sample_format": g.sample_format}}
+
+
 def _write_output(ctx: RunContext, partial: Path) -> None:
+    """Put the complete result in place: the Zarr itself, or a SEG-Y on the input's survey."""
     if ctx.kind == "segy":
         import zarr
 
-        from operators import write_segy
+        from operators import write_segy_like
 
         started = time.perf_counter()
-        write_segy(ctx.output, zarr.open_array(str(partial), mode="r"))
+        segy = partial_path(ctx.output)
+        ctx.partials.append(segy)
+        write_segy_like(segy, zarr.open_array(str(partial), mode="r"), like=ctx.input,
+                        history=f"{ctx.operator.name} of {os.path.basename(ctx.input)}")
+        put_in_place(segy, ctx.output, overwrite=ctx.overwrite)
         ctx.result.seconds += time.perf_counter() - started
     else:
-        _remove(ctx.output)
-        os.replace(partial, ctx.output)
+        put_in_place(partial, ctx.output, overwrite=ctx.overwrite)
 
 
 def _finish(ctx: RunContext) -> None:

@@ -287,3 +287,15 @@ class ObservationPlugin(WorkerPlugin):
             "environment": self._environment,
             "key": str(key),
         })
+
+
+def dask_setup(worker) -> None:
+    """Preload hook (``preload=["explorer.inworker"]``) of the workers of a ``LocalCluster``
+    that ``explorer.daskrun`` starts: they ignore SIGINT.  A Ctrl-C in the terminal reaches
+    the whole process group; the run's own process handles it (cancels, removes the
+    partial output, closes the cluster, which stops its workers) instead of every worker
+    printing a ``KeyboardInterrupt`` traceback of its event loop."""
+    import signal
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)

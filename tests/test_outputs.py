@@ -1,0 +1,186 @@
+"""A user's data is sacred: outputs never clobber, a SEG-Y output stays on its survey,
+an interrupted run leaves nothing behind.  Real files, real `explore run` processes."""
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import segyio
+
+import operators
+from explorer.outputs import ZARR_MARK, OutputError, check_output, put_in_place, written_by_explorer
+from operators.segy import HISTORY_MARK, segy_geometry, write_segy_like
+
+DATA = Path(__file__).parent / "data"
+VOLVE = DATA / "segysak_volve10-migvel-depth-sub3d.sgy"
+F3_IBM = DATA / "segyio_f3_ibm_float32.sgy"
+F3_INT16 = DATA / "segyio_f3_int16.sgy"
+
+
+def explore(*args, cwd=None, timeout=180):
+    return subprocess.run([sys.executable, "-m", "explorer.cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd)
+
+
+def one_line(out, fragment):
+    assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0], out.stderr
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    path = tmp_path_factory.mktemp("outputs") / "in.sgy"
+    operators.write_segy(path, operators.synthetic_volume((24, 20, 32), seed=0))
+    return path
+
+
+def run_args(source, output, *more):
+    return ("run", "envelope", source, "--output", output, "--chunks", "12x20x32", "--no-refine", "--workers", "1",
+            "--memory-limit", "1GiB", *more)
+
+
+# --------------------------------------------------------------------------- never clobber
+
+
+def test_an_existing_directory_is_refused_and_kept(small, tmp_path):
+    target = tmp_path / "p.zarr"
+    target.mkdir()
+    (target / "important.txt").write_text("x")
+    one_line(explore(*run_args(small, target)), "exists: pass --overwrite")
+    one_line(explore(*run_args(small, target, "--overwrite")), "was not written by memory-explorer")
+    assert (target / "important.txt").read_text() == "x"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.zarr"]  # no partial left
+
+
+def test_a_foreign_segy_is_not_replaced_even_with_overwrite(tmp_path):
+    import shutil
+
+    target = tmp_path / "mine.sgy"
+    shutil.copy(F3_IBM, target)
+    before = target.read_bytes()
+    one_line(explore(*run_args(F3_IBM, target, "--overwrite")), "was not written by memory-explorer")
+    one_line(explore(*run_args(F3_IBM, F3_IBM, "--overwrite")), "is the input file")
+    assert target.read_bytes() == before
+
+
+def test_overwrite_replaces_only_what_this_tool_wrote(small, tmp_path):
+    out = tmp_path / "o.zarr"
+    first = explore(*run_args(small, out))
+    assert first.returncode == 0, first.stderr
+    assert written_by_explorer(out)
+    one_line(explore(*run_args(small, out)), "exists: pass --overwrite")
+    again = explore(*run_args(small, out, "--overwrite"))
+    assert again.returncode == 0, again.stderr
+    import zarr
+
+    attrs = zarr.open_array(str(out), mode="r").attrs[ZARR_MARK]
+    g = segy_geometry(small)
+    assert attrs["operator"] == "envelope" and attrs["input"] == str(small.resolve())
+    assert attrs["geometry"]["inlines"] == list(g.inlines) and attrs["geometry"]["crosslines"] == list(g.crosslines)
+    assert attrs["geometry"]["sample_interval_us"] == g.sample_interval_us
+    assert [p.name for p in tmp_path.iterdir() if p.name != "runs"] == ["o.zarr"]  # nothing partial or replaced
+
+
+def test_check_output_and_put_in_place_rules(tmp_path):
+    with pytest.raises(OutputError, match="must end in .zarr, .sgy or .segy"):
+        check_output(tmp_path / "x.npy")
+    with pytest.raises(OutputError, match="does not exist"):
+        check_output(tmp_path / "nowhere" / "x.zarr")
+    foreign = tmp_path / "f.zarr"
+    foreign.mkdir()
+    partial = tmp_path / ".f.zarr.partial-1"
+    partial.mkdir()
+    with pytest.raises(OutputError, match="not written by memory-explorer"):
+        put_in_place(partial, foreign, overwrite=True)
+    assert foreign.is_dir() and partial.is_dir()  # neither touched
+
+
+# --------------------------------------------------------------------------- SEG-Y on its survey
+
+
+def trace_headers(path):
+    with segyio.open(path, ignore_geometry=True) as f:
+        return [dict(h) for h in f.header]
+
+
+def text_lines(path):
+    with open(path, "rb") as fh:
+        raw = fh.read(3200)
+    return [raw[k:k + 80] for k in range(0, 3200, 80)]
+
+
+@pytest.mark.parametrize("source", [VOLVE, F3_IBM, F3_INT16], ids=["volve", "f3-ibm", "f3-int16"])
+def test_a_segy_output_keeps_every_header_of_its_input(source, tmp_path):
+    out = tmp_path / "out.sgy"
+    r = explore("run", "gaussian", source, "--output", out, "--chunks", "9x26x226", "--no-refine", "--workers", "1",
+                "--memory-limit", "1GiB")
+    assert r.returncode == 0, r.stderr
+    assert trace_headers(out) == trace_headers(source)
+    with segyio.open(source, ignore_geometry=True) as a, segyio.open(out, ignore_geometry=True) as b:
+        binary_in, binary_out = dict(a.bin), dict(b.bin)
+        assert binary_out.pop(segyio.BinField.Format) == 5
+        binary_in.pop(segyio.BinField.Format)
+        assert binary_out == binary_in
+        assert list(b.samples) == list(a.samples) and b.tracecount == a.tracecount
+    changed = [n for n, (x, y) in enumerate(zip(text_lines(source), text_lines(out))) if x != y]
+    assert len(changed) == 1 and written_by_explorer(out) and not written_by_explorer(source)
+    g_in, g_out = segy_geometry(source), segy_geometry(out)
+    assert (g_out.inlines, g_out.crosslines, g_out.sample_interval_us, g_out.first_sample_ms, g_out.sorting) == \
+        (g_in.inlines, g_in.crosslines, g_in.sample_interval_us, g_in.first_sample_ms, g_in.sorting)
+    x = np.asarray(operators.read_segy(source)).astype(np.float32)
+    expected = operators.get("gaussian").run(x)
+    np.testing.assert_allclose(np.asarray(operators.read_segy(out)), expected, rtol=1e-5, atol=1e-5 * np.abs(x).max())
+
+
+def test_the_volve_crop_keeps_its_survey_numbers(tmp_path):
+    """The issue's case: dt 20 ms, inlines from 10087 in steps of 4, real CDP X (not 0)."""
+    out = tmp_path / "v.sgy"
+    write_segy_like(out, np.zeros(segy_geometry(VOLVE).shape, np.float32), VOLVE, history="test")
+    g = segy_geometry(out)
+    assert g.sample_interval_us == 20000 and g.inlines[:3] == (10087, 10091, 10095)
+    headers = trace_headers(out)
+    assert headers[0][segyio.TraceField.CDP_X] == 43641570 and headers[0][segyio.TraceField.SourceGroupScalar] == -100
+    assert any(HISTORY_MARK.encode() in line or HISTORY_MARK.encode("cp037") in line for line in text_lines(out))
+
+
+def test_write_segy_like_refuses_data_off_the_survey(tmp_path):
+    with pytest.raises(ValueError, match="not on the survey"):
+        write_segy_like(tmp_path / "x.sgy", np.zeros((5, 5, 5), np.float32), VOLVE)
+    assert list(tmp_path.iterdir()) == []
+
+
+# --------------------------------------------------------------------------- interrupted
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_an_interrupted_run_leaves_no_partial_output_and_no_worker_traceback(tmp_path, sig):
+    """A Ctrl-C reaches the whole process group (the workers too), a SIGTERM the run's
+    process: one line, exit 130, no partial array left though tasks were writing into it."""
+    source = tmp_path / "in.sgy"
+    operators.write_segy(source, operators.synthetic_volume((128, 128, 128), seed=0))
+    command = ["run", "gst3d", "in.sgy", "--output", "out.zarr", "--chunks", "32x32x32", "--no-refine",
+               "--memory-limit", "1GiB"]
+    p = subprocess.Popen([sys.executable, "-m", "explorer.cli", *command], cwd=tmp_path, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    started = time.monotonic()
+    while not glob.glob(str(tmp_path / ".out.zarr.partial-*" / "c")) and time.monotonic() - started < 90:
+        time.sleep(0.05)
+    assert glob.glob(str(tmp_path / ".out.zarr.partial-*")), "the run never started writing"
+    if sig == signal.SIGINT:
+        os.killpg(p.pid, sig)  # as a terminal's Ctrl-C does
+    else:
+        p.send_signal(sig)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert err.strip().splitlines()[-1].startswith("explore: interrupted")
+    time.sleep(1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.sgy"], list(tmp_path.iterdir())
