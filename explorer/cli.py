@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 
@@ -26,6 +27,10 @@ class CLIError(Exception):
     """A one-line error for the user."""
 
 
+def _terminate(signum, frame):
+    raise KeyboardInterrupt
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, not usage + message
         raise CLIError(f"{self.prog}: {message}")
@@ -33,9 +38,18 @@ class _Parser(argparse.ArgumentParser):
 
 def _shape(text: str) -> tuple[int, ...]:
     try:
-        return parse_shape(text)
+        return parse_shape(text)  # its limits are explorer.validate's
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _confidence(text: str) -> float:
+    from explorer import validate
+
+    try:
+        return validate.confidence(text, "")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).lstrip(" ")) from None
 
 
 def _size(text: str) -> int:
@@ -189,7 +203,8 @@ def _cmd_explore(argv: list[str]) -> int:
                         help="total isolated profiles in the store for this operator (default 30)")
     parser.add_argument("--tolerance", type=_fraction, default=0.05,
                         help="stop when the bound's relative half-width over the target region is below this (0.05)")
-    parser.add_argument("--confidence", type=_fraction, default=0.99, help="confidence of the upper bound (0.99)")
+    parser.add_argument("--confidence", type=_confidence, default=0.99,
+                        help="confidence of the upper bound, in (0.5, 1) (0.99)")
     parser.add_argument("--memory-limit", type=_size, default=None,
                         help="target worker memory the chunks will be sized for (default: min(4GiB, RAM/cores))")
     parser.add_argument("--memory-cap", type=_size, default=None,
@@ -293,7 +308,7 @@ def _cmd_chunks(argv: list[str]) -> int:
     parser.add_argument("--threads", type=_positive_int, default=1, help="threads per worker (default 1)")
     parser.add_argument("--workers", type=_positive_int, default=1,
                         help="workers sharing the work (default 1): the time model ranks shapes on workers x threads slots")
-    parser.add_argument("--confidence", type=_fraction, default=0.99)
+    parser.add_argument("--confidence", type=_confidence, default=0.99, help="in (0.5, 1) (0.99)")
     parser.add_argument("--baseline", type=_size, default=None,
                         help="an idle worker's resident memory on your cluster, like 800MiB (default: measured "
                              "once on this machine; `explore run --scheduler` measures the cluster's own)")
@@ -341,7 +356,10 @@ def _cmd_run(argv: list[str]) -> int:
                                  "and learn from what the workers really used.")
     parser.add_argument("operator", type=_operator_name)
     parser.add_argument("input", help="a SEG-Y file with regular 3D geometry")
-    parser.add_argument("--output", required=True, help="PATH.zarr or PATH.sgy")
+    parser.add_argument("--output", required=True,
+                        help="PATH.zarr or PATH.sgy (a SEG-Y output keeps the input's headers and geometry)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an existing output, if memory-explorer wrote it (never anything else)")
     parser.add_argument("--memory-limit", type=_size, default=None,
                         help="per worker, like 2GiB (default: this machine's memory / workers)")
     parser.add_argument("--workers", type=_positive_int, default=2, help="LocalCluster workers (default 2)")
@@ -351,7 +369,7 @@ def _cmd_run(argv: list[str]) -> int:
                         help="seconds to reach --scheduler (default 10)")
     parser.add_argument("--chunks", type=_chunks_option, default="model",
                         help="model (default: explore's recommendation), auto (Dask's) or AxBxC")
-    parser.add_argument("--confidence", type=_fraction, default=0.99)
+    parser.add_argument("--confidence", type=_confidence, default=0.99, help="in (0.5, 1) (0.99)")
     parser.add_argument("--refine", action=argparse.BooleanOptionalAction, default=True,
                         help="observe every task's memory and refine the model (default: on)")
     _add_store_options(parser)
@@ -374,7 +392,7 @@ def _cmd_run(argv: list[str]) -> int:
     result = run(args.operator, args.input, args.output, memory_limit=args.memory_limit, workers=args.workers,
                  threads_per_worker=args.threads, scheduler=args.scheduler, chunks=args.chunks,
                  runs_dir=args.runs_dir, storage=args.storage, confidence=args.confidence, refine=args.refine,
-                 progress=progress, connect_timeout=args.connect_timeout)
+                 progress=progress, connect_timeout=args.connect_timeout, overwrite=args.overwrite)
     if result.status == "error":  # bad input, no model, no plan fits: one line, like any CLI error
         if args.json:
             print(json.dumps(result.to_dict()))
@@ -410,7 +428,7 @@ def _cmd_report(argv: list[str]) -> int:
     parser.add_argument("operator", type=_operator_name)
     _add_store_options(parser)
     parser.add_argument("--storage", default=None, help="an Optuna storage URL instead of the SQLite file")
-    parser.add_argument("--confidence", type=_fraction, default=0.99)
+    parser.add_argument("--confidence", type=_confidence, default=0.99, help="in (0.5, 1) (0.99)")
     parser.add_argument("--json", action="store_true", help="print the table as JSON")
     args = parser.parse_args(argv)
 
@@ -456,6 +474,11 @@ USAGE = """usage: explore OPERATOR [options]                 learn an operator's
 def _dispatch(argv: list[str]) -> int:
     from explorer.plugins import load_plugins
 
+    if argv and argv[0] == "--version":
+        from explorer import __version__
+
+        print(f"explore (memory-explorer) {__version__}")
+        return 0
     load_plugins()
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE, end="")
@@ -475,13 +498,15 @@ def main(argv: list[str] | None = None) -> int:
     # Stale models and calibrations reach the user as the plans' and reports' own
     # "warning:" lines (with the fix), not as Python warnings.
     warnings.simplefilter("ignore", StaleModelWarning)
+    signal.signal(signal.SIGTERM, _terminate)  # cleanup (partial outputs) runs as on Ctrl-C
     try:
         return _dispatch(argv)
     except CLIError as exc:
         print(str(exc), file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        print("explore: interrupted", file=sys.stderr)
+        print("explore: interrupted; no partial output left behind, every finished measurement is in the store",
+              file=sys.stderr)
         return 130
     except (ValueError, LookupError, OSError, RuntimeError) as exc:
         if os.environ.get("EXPLORER_DEBUG"):

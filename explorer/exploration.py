@@ -23,7 +23,7 @@ import numpy as np
 import psutil
 
 import operators
-from explorer import paths
+from explorer import paths, validate
 from explorer.profiling import EXCEEDED, OK, Profiler, default_memory_cap
 from explorer.store import SOURCE_PROFILE, Record, Store
 from explorer.units import parse_size
@@ -179,12 +179,11 @@ def explore(
 
     started = time.perf_counter()
     op = operators.get(operator)
-    limit = default_memory_limit() if memory_limit is None else parse_size(memory_limit)
-    cap = default_memory_cap() if memory_cap is None else parse_size(memory_cap)
-    if budget < 1 or jobs < 1:
-        raise ValueError("budget and jobs must be >= 1")
-    if not 0 < tolerance < 1 or not 0.5 < confidence < 1:
-        raise ValueError("tolerance must be in (0, 1) and confidence in (0.5, 1)")
+    limit = default_memory_limit() if memory_limit is None else validate.size(memory_limit, "memory_limit")
+    cap = default_memory_cap() if memory_cap is None else validate.size(memory_cap, "memory_cap")
+    budget, jobs = validate.positive_int(budget, "budget"), validate.positive_int(jobs, "jobs")
+    repeat = validate.positive_int(repeat, "repeat")
+    tolerance, confidence = validate.fraction(tolerance, "tolerance"), validate.confidence(confidence)
 
     # torch, gpytorch and botorch take seconds to import: do it while the first profiles run
     warm_up = threading.Thread(target=surrogate.warm_up, daemon=True)

@@ -246,8 +246,13 @@ def recommend_chunks(
     is saved, ``ChunkPlanError`` when the limit is too small, ``ValueError`` for a
     malformed shape, size or calibration file.
     """
-    shape = parse_shape(shape)
-    limit_bytes = parse_size(memory_limit)
+    from explorer import validate
+
+    shape = validate.shape(shape)
+    limit_bytes = validate.size(memory_limit, "memory_limit")
+    confidence = validate.confidence(confidence)
+    threads_per_worker = validate.positive_int(threads_per_worker, "threads_per_worker")
+    workers = validate.positive_int(workers, "workers")
     import operators
     from explorer.calibration import task_model
 

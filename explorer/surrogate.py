@@ -230,9 +230,9 @@ def _matern52(za: np.ndarray, zb: np.ndarray, lengthscale: np.ndarray) -> np.nda
 
 @lru_cache(maxsize=64)
 def _z_quantile(confidence: float) -> float:
-    if not 0.5 <= confidence < 1.0:
-        raise ValueError(f"confidence must be in [0.5, 1), got {confidence}")
-    return NormalDist().inv_cdf(confidence)
+    from explorer import validate
+
+    return NormalDist().inv_cdf(validate.confidence(confidence))
 
 
 @lru_cache(maxsize=64)

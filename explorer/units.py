@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 from dask.utils import format_bytes, parse_bytes
 
-__all__ = ["format_bytes", "parse_shape", "parse_size", "format_shape"]
+__all__ = ["MAX_DIM", "MAX_SIZE_BYTES", "MAX_VOXELS", "format_bytes", "parse_shape", "parse_size", "format_shape"]
+
+#: Largest accepted dimension (the store's integer range for a shape's axis) and volume:
+#: 2^44 voxels is 64 TiB of float32, beyond any survey, and keeps every byte count of a
+#: plan exact in int64 and float64.
+MAX_DIM = 1 << 24
+MAX_VOXELS = 1 << 44
+#: Largest accepted size (1 EiB): byte counts stay exact integers.
+MAX_SIZE_BYTES = 1 << 60
 
 _SHAPE = re.compile(r"^\s*(-?\d+)(\s*[xX×,]\s*-?\d+)*\s*$")
 
@@ -30,6 +39,13 @@ def parse_shape(text: str | tuple | list, ndim: int = 3) -> tuple[int, ...]:
         raise ValueError(f"shape {format_shape(dims)} has {len(dims)} axes; expected {ndim}")
     if any(n <= 0 for n in dims):
         raise ValueError(f"shape {format_shape(dims)} has a non-positive dimension")
+    if max(dims) > MAX_DIM:
+        raise ValueError(f"shape {format_shape(dims)} has a dimension above {MAX_DIM:,}")
+    voxels = 1
+    for n in dims:
+        voxels *= n
+    if voxels > MAX_VOXELS:
+        raise ValueError(f"shape {format_shape(dims)} has {voxels:.3g} voxels, above {MAX_VOXELS:.3g} (64 TiB of float32)")
     return dims
 
 
@@ -40,12 +56,17 @@ def format_shape(shape) -> str:
 def parse_size(size: str | int | float) -> int:
     """Bytes from an int or a string like ``"4GiB"``, ``"1.5 GB"``, ``"800MB"``.
 
-    Raises ``ValueError`` with a one-line message for malformed or non-positive sizes.
+    Raises ``ValueError`` with a one-line message for malformed, empty, non-positive or
+    larger than :data:`MAX_SIZE_BYTES` sizes.
     """
     if isinstance(size, bool):
         raise ValueError(f"malformed size {size!r}")
+    if isinstance(size, float) and not math.isfinite(size):
+        raise ValueError(f"malformed size {size!r}")
     if isinstance(size, (int, float)):
         value = int(size)
+    elif not str(size).strip():
+        raise ValueError("empty size: expected bytes or a string like 4GiB")
     else:
         try:
             value = int(parse_bytes(str(size).strip()))
@@ -53,4 +74,6 @@ def parse_size(size: str | int | float) -> int:
             raise ValueError(f"malformed size {size!r}: expected bytes or a string like 4GiB") from None
     if value <= 0:
         raise ValueError(f"size {size!r} is not positive")
+    if value > MAX_SIZE_BYTES:
+        raise ValueError(f"size {size!r} is above 1 EiB")
     return value

@@ -131,3 +131,87 @@ def test_run_with_an_input_the_workers_cannot_read_is_one_line(small_segy, tmp_p
                       "12x12x24", "--scheduler", address, "--no-refine")
     line = one_line_failure(out, f"cannot read {small_segy}")
     assert "shared file system" in line
+
+
+# --------------------------------------------------------------------------- the mistakes people make
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["chunks", "gst3d", "--shape", "100x100x100", "--memory-limit", "1GiB", "--confidence", "0.5"],
+         "must be in (0.5, 1)"),
+        (["chunks", "gst3d", "--shape", "100x100x100", "--memory-limit", "1GiB", "--confidence", "1"],
+         "must be in (0.5, 1)"),
+        (["gst3d", "--confidence", "0.5"], "must be in (0.5, 1)"),
+        (["run", "gst3d", "in.sgy", "--output", "o.zarr", "--confidence", "0.3"], "must be in (0.5, 1)"),
+        (["chunks", "gst3d", "--shape", "1000000000x1000000000x1000000000", "--memory-limit", "4GiB"],
+         "dimension above 16,777,216"),
+        (["chunks", "gst3d", "--shape", "100000x100000x100000", "--memory-limit", "4GiB"], "voxels, above"),
+        (["chunks", "gst3d", "--shape", "100x100x100", "--memory-limit", ""], "empty size"),
+        (["chunks", "gst3d", "--shape", "100x100x100", "--memory-limit", "1e30"], "above 1 EiB"),
+        (["run", "gst3d", "in.sgy", "--output", "o.npy"], "must end in .zarr, .sgy or .segy"),
+    ],
+)
+def test_user_mistakes_are_one_line_that_names_the_fix(args, fragment, tmp_path):
+    if "in.sgy" in args:
+        import operators
+
+        operators.write_segy(tmp_path / "in.sgy", operators.synthetic_volume((8, 8, 8), seed=0))
+    out = subprocess.run([sys.executable, "-m", "explorer.cli", *args], capture_output=True, text=True, timeout=120,
+                         cwd=tmp_path)
+    if "in.sgy" in args:
+        assert not (tmp_path / "o.zarr").exists()
+    one_line_failure(out, fragment)
+
+
+def test_the_library_refuses_the_same_confidence_as_the_cli():
+    from explorer import validate
+    from explorer.recommend import recommend_chunks
+
+    with pytest.raises(ValueError, match=r"confidence must be in \(0.5, 1\)"):
+        recommend_chunks("gst3d", (100, 100, 100), "1GiB", confidence=0.5)
+    assert validate.confidence(0.99) == 0.99
+    for bad in (0.5, 1.0, 0.2, float("nan"), "x", True):
+        with pytest.raises(ValueError):
+            validate.confidence(bad)
+
+
+def test_a_missing_plugin_module_names_the_variable():
+    env = {**os.environ, "EXPLORER_PLUGINS": "no_such_plugin_module"}
+    line = one_line_failure(explore("operators", env=env), "EXPLORER_PLUGINS names 'no_such_plugin_module'")
+    assert "cannot be imported" in line
+
+
+def test_a_truncated_model_and_a_garbage_calibration_name_the_file_and_the_command(gst3d_model, tmp_path):
+    from explorer import paths
+
+    runs = tmp_path / "runs"
+    model_file = paths.model_path("gst3d", runs)
+    gst3d_model.save(model_file)
+    chunks = ("chunks", "gst3d", "--shape", "200x200x200", "--memory-limit", "2GiB", "--runs-dir", str(runs))
+    cal_file = paths.operator_dir("gst3d", runs) / "calibration.json"
+    cal_file.write_text("{not json")
+    line = one_line_failure(explore(*chunks), str(cal_file))
+    assert "explore gst3d" in line
+    cal_file.unlink()
+    model_file.write_bytes(model_file.read_bytes()[:200])
+    line = one_line_failure(explore(*chunks), str(model_file))
+    assert "explore gst3d" in line
+
+
+def test_version():
+    out = explore("--version")
+    assert out.returncode == 0 and out.stdout.startswith("explore (memory-explorer) ")
+    from explorer import __version__
+
+    assert __version__ in out.stdout and __version__ != "0+unknown"
+
+
+def test_chunks_longer_than_the_volume_say_so(small_segy, tmp_path):
+    out = explore("run", "envelope", str(small_segy), "--output", str(tmp_path / "o.zarr"), "--chunks", "100x10x10",
+                  "--no-refine", "--workers", "1", "--memory-limit", "1GiB")
+    assert out.returncode == 0, out.stderr
+    warning = [line for line in out.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warning) == 1 and "axes [0] are longer than the volume 24x24x24" in warning[0]
+    assert "needs axes [2] whole" in warning[0]  # envelope: the samples axis whole
