@@ -654,8 +654,11 @@ def _choose_chunks(ctx: RunContext) -> None:
                                + "; ".join(reasons))
     try:
         ctx.model = task_model(op.name, ctx.runs_dir, environment=ctx.baseline.environment)
-    except (ModelNotFoundError, ModelFileError, CalibrationFileError):  # nothing to compare the tasks with
+    except ModelNotFoundError:  # nothing to compare the tasks with
         ctx.model = None
+    except (ModelFileError, CalibrationFileError) as exc:
+        ctx.model = None
+        result.warnings.append(f"tasks not checked against a bound: {exc}")
     result.chunks = list(ctx.chunk)
 
 

@@ -215,3 +215,17 @@ def test_chunks_longer_than_the_volume_say_so(small_segy, tmp_path):
     warning = [line for line in out.stderr.splitlines() if line.startswith("warning:")]
     assert len(warning) == 1 and "axes [0] are longer than the volume 24x24x24" in warning[0]
     assert "needs axes [2] whole" in warning[0]  # envelope: the samples axis whole
+
+
+def test_a_garbage_calibration_is_named_by_a_run_with_explicit_chunks(gst3d_model, small_segy, tmp_path):
+    from explorer import paths
+
+    runs = tmp_path / "runs"
+    gst3d_model.save(paths.model_path("gst3d", runs))
+    cal_file = paths.operator_dir("gst3d", runs) / "calibration.json"
+    cal_file.write_text("[1, 2")
+    out = explore("run", "gst3d", str(small_segy), "--output", str(tmp_path / "o.zarr"), "--chunks", "12x12x24",
+                  "--workers", "1", "--memory-limit", "1GiB", "--runs-dir", str(runs))
+    assert out.returncode == 0, out.stderr
+    warnings = [line for line in out.stderr.splitlines() if line.startswith("warning:")]
+    assert any(str(cal_file) in line and "explore gst3d" in line for line in warnings), out.stderr
