@@ -17,7 +17,8 @@ import signal
 import sys
 import time
 
-from explorer.units import format_bytes, format_shape, parse_shape, parse_size
+from explorer import validate
+from explorer.units import format_bytes, format_shape, parse_shape
 
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
@@ -36,57 +37,26 @@ class _Parser(argparse.ArgumentParser):
         raise CLIError(f"{self.prog}: {message}")
 
 
-def _shape(text: str) -> tuple[int, ...]:
-    try:
-        return parse_shape(text)  # its limits are explorer.validate's
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+def _checked(check):
+    """An argparse type from an ``explorer.validate`` check: the CLI and the library refuse
+    the same values; argparse's own prefix (``argument --name:``) names the option."""
+
+    def parse(text: str):
+        try:
+            return check(text, "")
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc).strip().removeprefix(": ")) from None
+
+    return parse
 
 
-def _confidence(text: str) -> float:
-    from explorer import validate
-
-    try:
-        return validate.confidence(text, "")
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc).lstrip(" ")) from None
-
-
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
+_shape = _checked(validate.shape)
+_size = _checked(validate.size)
+_confidence = _checked(validate.confidence)
+_fraction = _checked(validate.fraction)
+_positive_int = _checked(validate.positive_int)
+_non_negative_int = _checked(validate.non_negative_int)
+_positive_float = _checked(validate.positive_number)
 
 
 def _operator_name(text: str) -> str:
@@ -177,16 +147,6 @@ def _cmd_profile(argv: list[str]) -> int:
 
 
 # -- explore OPERATOR ------------------------------------------------------
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {text!r}") from None
-    if not 0 < value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {text!r}")
-    return value
-
-
 def _add_store_options(parser):
     parser.add_argument("--runs-dir", default=None,
                         help="where studies, model fits and reports live (default: $EXPLORER_RUNS or ./runs)")

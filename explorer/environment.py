@@ -54,18 +54,21 @@ def _version(distribution: str) -> str | None:
 
 
 @functools.lru_cache(maxsize=1)
-def _machine() -> str:
-    """``<arch> <CPU model>``: the CPU decides BLAS/oneDNN code paths and thread pools."""
-    model = ""
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), or ``platform.processor()`` elsewhere."""
     try:
         with open("/proc/cpuinfo") as cpuinfo:
             for line in cpuinfo:
                 if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
+                    return line.split(":", 1)[1].strip()
     except OSError:
-        model = platform.processor()
-    return f"{platform.machine()} {model}".strip()
+        pass
+    return platform.processor()
+
+
+def _machine() -> str:
+    """``<arch> <CPU model>``: the CPU decides BLAS/oneDNN code paths and thread pools."""
+    return f"{platform.machine()} {cpu_model()}".strip()
 
 
 @functools.lru_cache(maxsize=None)

@@ -6,16 +6,10 @@ import platform
 import numpy as np
 import psutil
 
+from explorer.environment import cpu_model
+
 
 def machine_line() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as info:
-            for line in info:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+    cpu = cpu_model() or platform.machine()
     return (f"{cpu}, {os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB RAM, "
             f"Linux {platform.release()}, Python {platform.python_version()}, NumPy {np.__version__}")

@@ -16,6 +16,7 @@ import segyio
 import operators
 from explorer.outputs import ZARR_MARK, OutputError, check_output, put_in_place, written_by_explorer
 from operators.segy import HISTORY_MARK, segy_geometry, write_segy_like
+from tests.test_cli import one_line_failure as one_line
 
 DATA = Path(__file__).parent / "data"
 VOLVE = DATA / "segysak_volve10-migvel-depth-sub3d.sgy"
@@ -26,13 +27,6 @@ F3_INT16 = DATA / "segyio_f3_int16.sgy"
 def explore(*args, cwd=None, timeout=180):
     return subprocess.run([sys.executable, "-m", "explorer.cli", *map(str, args)], capture_output=True, text=True,
                           timeout=timeout, cwd=cwd)
-
-
-def one_line(out, fragment):
-    assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr
-    lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and fragment in lines[0], out.stderr
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
