@@ -44,8 +44,10 @@ What is measured.
   thread.  Heartbeats are periodic, so a short spike between two can be missed.
 * ``worker_hwm_bytes``: per worker in ``workers``, the kernel's high-water RSS of its
   process (``VmHWM``, kept across the observation's resets:
-  ``explorer.inworker.worker_high_water_bytes``), read with ``client.run`` at the end:
-  exact, but since the worker process started; ``None`` for a worker gone by then.
+  ``explorer.inworker.worker_high_water_bytes``) since the run started (reset on every
+  worker after the baseline is measured, so a long-lived cluster's earlier work does not
+  count), read with ``client.run`` at the end: exact; ``None`` for a worker gone by then
+  (a restarted worker's is since its restart).
 * ``workers_restarted``: workers removed from the scheduler without being asked to
   (a nanny restart after a memory kill shows as one), from the scheduler's events;
   ``memory_kills``: the nannies' ``worker-restart-memory`` events among them.
@@ -607,6 +609,9 @@ def _measure_workers(ctx: RunContext) -> None:
         raise _RunError(FAILED if lost else ERROR, str(exc),
                         advice="raise --memory-limit" if lost else None) from None
     ctx.result.worker_baseline_bytes = ctx.baseline.bytes
+    from explorer.inworker import reset_worker_high_water
+
+    ctx.client.run(reset_worker_high_water, on_error="ignore")  # this run's peak, not the worker's of all time
     from explorer.chunking import worker_pause_fraction
 
     pause = worker_pause_fraction() * ctx.limit

@@ -57,7 +57,8 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from explorer.highwater import is_supported, read_status, reset_high_water_mark
 
-__all__ = ["ObservationPlugin", "measured_run", "resident_bytes", "warm_worker", "worker_high_water_bytes"]
+__all__ = ["ObservationPlugin", "measured_run", "reset_worker_high_water", "resident_bytes", "warm_worker",
+           "worker_high_water_bytes"]
 
 
 class _Interval:
@@ -120,9 +121,22 @@ _RUNS_LOCK = threading.Lock()
 
 
 def worker_high_water_bytes() -> int:
-    """This process's peak resident set size in bytes: ``VmHWM``, or the largest value it
-    had before an observation reset it (run it on workers with ``client.run``)."""
+    """This process's peak resident set size in bytes since :func:`reset_worker_high_water`
+    (or its start): ``VmHWM``, or the largest value it had before an observation reset it
+    (run it on workers with ``client.run``)."""
     return max(_HIGH_WATER.lifetime_peak, read_status()["VmHWM"])
+
+
+def reset_worker_high_water() -> int:
+    """Start a new high-water period: a run on a long-lived worker reports its own peak, not
+    the worker's peak of all time (earlier runs, other users' work).  Tasks being measured
+    keep their own peaks.  Returns the resident set at the reset."""
+    with _HIGH_WATER._lock:
+        high = read_status()["VmHWM"]
+        for interval in _HIGH_WATER._open.values():
+            interval.high = max(interval.high, high)
+        _HIGH_WATER.lifetime_peak = 0
+        return reset_high_water_mark() if is_supported() else int(read_status()["VmRSS"])
 
 
 def resident_bytes() -> int:

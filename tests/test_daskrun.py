@@ -155,6 +155,27 @@ def test_workers_whose_idle_memory_is_above_the_pause_threshold_fail_at_once(tmp
 # --------------------------------------------------------------------------- existing cluster
 
 
+def _spike_and_free(megabytes: int) -> int:
+    import numpy as np
+
+    spike = np.ones(megabytes * 2**20, dtype=np.uint8)  # touched: resident
+    total = int(spike[:: 4096].sum())
+    del spike
+    return total
+
+
+@pytest.mark.skipif(not is_supported(), reason="needs Linux /proc/self/clear_refs")
+def test_a_run_on_a_long_lived_cluster_reports_its_own_high_water_mark(cluster, segy, tmp_path):
+    """Earlier work on the workers (a 400 MiB spike, freed) is not this run's peak."""
+    with distributed.Client(cluster.scheduler_address) as client:
+        client.run(_spike_and_free, 400)
+    r = run(OPERATOR, segy, tmp_path / "out.zarr", scheduler=cluster.scheduler_address, chunks=(16, 20, 36),
+            refine=False)
+    assert r.status == "ok", r.error
+    assert all(h is not None and h < r.worker_baseline_bytes + 200 * 2**20 for h in r.worker_hwm_bytes), \
+        (r.worker_hwm_bytes, r.worker_baseline_bytes)
+
+
 def test_scheduler_address_runs_on_the_existing_cluster_with_explicit_chunks(cluster, segy, expected, tmp_path):
     out = tmp_path / "out.zarr"
     r = run(OPERATOR, segy, out, scheduler=cluster.scheduler_address, chunks=(16, 20, 36),
