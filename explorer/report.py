@@ -121,10 +121,11 @@ def operator_report(operator: str, *, runs_dir=None, storage=None, confidence: f
     from explorer.calibration import IN_WORKER_SOURCES, task_model
     from explorer.store import SOURCE_RUN, Store
 
+    store = Store(runs_dir, storage)  # a bad storage URL is the first thing to say
     tasks = task_model(operator, runs_dir=runs_dir)
     model = tasks.isolated
     calibrated = tasks if tasks.excess is not None else None
-    records = [r for r in Store(runs_dir, storage).records(operator) if r.source != SOURCE_RUN]
+    records = [r for r in store.records(operator) if r.source != SOURCE_RUN]
     rows = []
     for r in records:
         against = tasks if r.source in IN_WORKER_SOURCES else model

@@ -131,3 +131,15 @@ def test_run_with_an_input_the_workers_cannot_read_is_one_line(small_segy, tmp_p
                       "12x12x24", "--scheduler", address, "--no-refine")
     line = one_line_failure(out, f"cannot read {small_segy}")
     assert "shared file system" in line
+
+
+@pytest.mark.parametrize("args", [
+    ["envelope", "--budget", "2", "--storage", "nosuch:///x"],  # a URL, but no such database
+    ["report", "envelope", "--storage", "journal:"],
+    ["run", "envelope", "in.sgy", "--output", "x.zarr", "--storage", "/not/a/url.db"],
+])
+def test_a_bad_storage_url_is_one_line_naming_it_and_the_accepted_forms(args, tmp_path):
+    out = explore(*args, "--runs-dir", str(tmp_path))
+    line = one_line_failure(out, "cannot open storage")
+    url = args[args.index("--storage") + 1]
+    assert f"'{url}'" in line and "sqlite:///PATH" in line and "journal:PATH" in line
