@@ -261,7 +261,7 @@ def safe_mask(model, candidates, memory_cap_bytes: float, confidence: float = 0.
 
 
 def propose(model, candidates, targets, cost_model, memory_cap_bytes: float, n: int = 1,
-            confidence: float = 0.99) -> list[tuple[int, int, int]]:
+            confidence: float = 0.99, *, pending=(), exclude=()) -> list[tuple[int, int, int]]:
     """Up to ``n`` distinct safe candidates maximising variance reduction per predicted second.
 
     Greedy: pick ``argmax IVR(x) / cost(x)`` among safe, unpicked candidates; then
@@ -269,18 +269,38 @@ def propose(model, candidates, targets, cost_model, memory_cap_bytes: float, n: 
     ``cov(a, b) -= cov(a, x) cov(x, b) / (var(x) + s^2(x))`` for targets and
     candidates alike; repeat.  Returns fewer than ``n`` shapes (possibly none) when
     the safe candidates run out or none reduces the variance.
+
+    ``pending``: shapes being profiled elsewhere.  The covariance is conditioned on
+    them first, the same way (no value is needed), so the batch complements them;
+    they and the ``exclude`` shapes are never proposed.
     """
     candidates, targets = _shapes(candidates), _shapes(targets)
     if n <= 0 or len(targets) == 0 or len(candidates) == 0:
         return []
-    safe = safe_mask(model, candidates, memory_cap_bytes, confidence)
+    pending = np.asarray(pending, dtype=candidates.dtype).reshape(-1, 3)
+    exclude = np.asarray(exclude, dtype=candidates.dtype).reshape(-1, 3)
+    available = safe_mask(model, candidates, memory_cap_bytes, confidence)
+    available &= ~_is_one_of(candidates, np.vstack([pending, exclude]))
     cost = np.asarray(cost_model.predict(candidates), dtype=np.float64)
-    picked, _ = _greedy_batch(model, candidates, targets, cost, safe, n)
-    return [tuple(int(d) for d in candidates[j]) for j in picked]
+    # The pending shapes join the pool as unavailable candidates the greedy loop starts from.
+    pool = np.vstack([candidates, pending])
+    available = np.concatenate([available, np.zeros(len(pending), dtype=bool)])
+    cost = np.concatenate([cost, np.ones(len(pending))])
+    picked, _ = _greedy_batch(model, pool, targets, cost, available, n,
+                              given=range(len(candidates), len(pool)))
+    return [tuple(int(d) for d in pool[j]) for j in picked]
 
 
-def _greedy_batch(model, candidates, targets, cost, available, n):
-    """Indices of the greedy picks and their scores ``IVR / cost`` at the time of picking."""
+def _is_one_of(shapes: np.ndarray, others: np.ndarray) -> np.ndarray:
+    """Which of ``shapes`` equal one of ``others`` on every axis."""
+    if len(others) == 0:
+        return np.zeros(len(shapes), dtype=bool)
+    return np.all(shapes[:, None, :] == others[None, :, :], axis=2).any(axis=1)
+
+
+def _greedy_batch(model, candidates, targets, cost, available, n, given=()):
+    """Indices of the greedy picks and their scores ``IVR / cost`` at the time of picking,
+    after conditioning on the candidates at indices ``given`` (observations under way)."""
     mean_t, _ = model.latent_moments(targets)
     mean_c, var_c = model.latent_moments(candidates)
     noise_c = model.noise_var(mean_c, from_mean=True)
@@ -288,6 +308,24 @@ def _greedy_batch(model, candidates, targets, cost, available, n):
     weights = _relative_weights(mean_t)
     available = np.array(available, dtype=bool)
     updates_c: list[np.ndarray] = []  # u_i over the candidates: cov -= u_i u_i^T
+
+    def condition_on(j):
+        """The rank-one update of the covariances for one more observation at candidate ``j``."""
+        nonlocal cov_tc, var_c
+        denom_j = max(float(var_c[j] + noise_c[j]), 1e-300)
+        # Current covariance between every candidate and j.
+        col_c = model.posterior_cov(candidates, candidates[j : j + 1])[:, 0]
+        for u in updates_c:
+            col_c = col_c - u * u[j]
+        scale = 1.0 / math.sqrt(denom_j)
+        u_t = cov_tc[:, j] * scale
+        u_c = col_c * scale
+        cov_tc -= np.outer(u_t, u_c)
+        var_c = np.maximum(var_c - u_c * u_c, 0.0)
+        updates_c.append(u_c)
+
+    for j in given:
+        condition_on(j)
     picked, scores = [], []
     for _ in range(n):
         if not available.any():
@@ -303,16 +341,7 @@ def _greedy_batch(model, candidates, targets, cost, available, n):
         available[j] = False
         if len(picked) == n:
             break
-        # Current covariance between every candidate and the pick, then the rank-one update.
-        col_c = model.posterior_cov(candidates, candidates[j : j + 1])[:, 0]
-        for u in updates_c:
-            col_c = col_c - u * u[j]
-        scale = 1.0 / math.sqrt(denom[j])
-        u_t = cov_tc[:, j] * scale
-        u_c = col_c * scale
-        cov_tc -= np.outer(u_t, u_c)
-        var_c = np.maximum(var_c - u_c * u_c, 0.0)
-        updates_c.append(u_c)
+        condition_on(j)
     return picked, scores
 
 

@@ -59,6 +59,17 @@ _non_negative_int = _checked(validate.non_negative_int)
 _positive_float = _checked(validate.positive_number)
 
 
+def _storage_url(text: str) -> str:
+    """A URL of one of the accepted forms (whether it opens is found when it is opened)."""
+    from explorer.store import StorageError, local_file
+
+    try:
+        local_file(text)
+    except StorageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def _operator_name(text: str) -> str:
     import operators
 
@@ -170,8 +181,9 @@ def _cmd_explore(argv: list[str]) -> int:
     parser.add_argument("--memory-cap", type=_size, default=None,
                         help="cap on one profile's working memory (default: half this machine's memory)")
     _add_store_options(parser)
-    parser.add_argument("--storage", default=None,
-                        help="an Optuna storage URL instead of the SQLite file (postgresql://..., journal:PATH)")
+    parser.add_argument("--storage", type=_storage_url, default=None,
+                        help="an Optuna storage URL instead of the SQLite file: sqlite:///PATH, postgresql://..., "
+                             "or journal:PATH; several explore processes may share one")
     parser.add_argument("--jobs", type=_positive_int, default=1, help="profiles run in parallel")
     parser.add_argument("--repeat", type=_positive_int, default=2, help="runs per profile (default 2)")
     parser.add_argument("--seed", type=int, default=0)
@@ -198,6 +210,9 @@ def _cmd_explore(argv: list[str]) -> int:
                     f"{format_bytes(r.worker_baseline_bytes)}")
         print(f"[probe {index}/{total}] {format_shape(block):>15}  {line}", file=sys.stderr, flush=True)
 
+    from explorer.store import Store
+
+    Store(args.runs_dir, args.storage)  # a storage that cannot be opened is one line, before any other
     print(f"exploring {args.operator}: budget {args.budget} profiles, tolerance {args.tolerance:.1%}, "
           f"confidence {args.confidence:.0%}", file=sys.stderr, flush=True)
     result = explore(args.operator, budget=args.budget, tolerance=args.tolerance, confidence=args.confidence,
@@ -333,7 +348,9 @@ def _cmd_run(argv: list[str]) -> int:
     parser.add_argument("--refine", action=argparse.BooleanOptionalAction, default=True,
                         help="observe every task's memory and refine the model (default: on)")
     _add_store_options(parser)
-    parser.add_argument("--storage", default=None, help="an Optuna storage URL instead of the SQLite file")
+    parser.add_argument("--storage", type=_storage_url, default=None,
+                        help="an Optuna storage URL instead of the SQLite file: sqlite:///PATH, postgresql://..., "
+                             "or journal:PATH")
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
     args = parser.parse_args(argv)
     if not os.path.exists(args.input):
@@ -387,7 +404,9 @@ def _cmd_report(argv: list[str]) -> int:
                      description="Isolated profiles and production observations against the model.")
     parser.add_argument("operator", type=_operator_name)
     _add_store_options(parser)
-    parser.add_argument("--storage", default=None, help="an Optuna storage URL instead of the SQLite file")
+    parser.add_argument("--storage", type=_storage_url, default=None,
+                        help="an Optuna storage URL instead of the SQLite file: sqlite:///PATH, postgresql://..., "
+                             "or journal:PATH")
     parser.add_argument("--confidence", type=_confidence, default=0.99, help="in (0.5, 1) (0.99)")
     parser.add_argument("--json", action="store_true", help="print the table as JSON")
     args = parser.parse_args(argv)

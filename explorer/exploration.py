@@ -9,6 +9,13 @@
 
 ``budget`` counts the operator's isolated profiles in the store, so running
 again resumes where the last run stopped (or was killed).
+
+Several processes may explore one operator in one store at once
+(``explorer.store``: claims).  Each shape is claimed in the store before it is
+profiled, and never while the finished profiles plus the live claims (anyone's)
+number ``budget``; a shape another process has claimed or profiled is not picked
+(the initial design skips it; proposals treat it as pending, see
+``acquisition.propose``); every refit reads everyone's finished profiles.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import psutil
@@ -40,6 +48,11 @@ INITIAL_INPUT_SHARE = 1 / 256
 MIN_PROFILES_TO_STOP = 16
 #: Seconds per profile outside the operator before the loop has measured its own.
 DEFAULT_LOOP_OVERHEAD = 0.3
+#: Seconds a claim on a shape holds at least (longer for a profile with a longer timeout):
+#: another process's expired claim is ignored, so a killed explore elsewhere blocks nothing for ever.
+CLAIM_SECONDS = 2 * 3600.0
+#: Seconds between looks at the store while waiting for other processes' profiles.
+CLAIM_POLL_SECONDS = 0.5
 #: Number of candidate shapes scored at each step, and of target shapes.
 N_CANDIDATES = 2048
 N_TARGETS = 384
@@ -169,6 +182,12 @@ def explore(
     """Explore ``operator``'s peak memory until the bound is tight or ``budget`` profiles exist,
     then probe it inside real Dask workers (``explorer.probes``) and save its calibration.
 
+    Safe with other processes exploring the same store (see the module docstring): the
+    result's ``profiles`` is the store's count of finished isolated profiles when this
+    call ends, ``new_profiles`` this call's own.  The model is refitted on everyone's
+    profiles at the end if others finished some since the last fit, and saved unless the
+    saved one already learnt from more (:func:`save_model_unless_superseded`).
+
     ``progress(step: Step, total_budget)`` is called after every profile,
     ``probe_progress(index, total, block, run_result)`` after every probe.  ``probes``:
     how many (default ``explorer.probes.DEFAULT_PROBES``; 0 skips them).  Probes are
@@ -189,7 +208,10 @@ def explore(
     warm_up = threading.Thread(target=surrogate.warm_up, daemon=True)
     warm_up.start()
     store = Store(runs_dir, storage)
-    records = [r for r in store.records(op.name) if r.source == SOURCE_PROFILE]
+
+    def stored_profiles() -> list[Record]:  # everyone's, re-read: other processes may share the store
+        return [r for r in store.records(op.name) if r.source == SOURCE_PROFILE]
+
     steps: list[Step] = []
     operator_seconds = 0.0
     candidates = acquisition.candidate_shapes(N_CANDIDATES, seed=seed)
@@ -200,51 +222,79 @@ def explore(
 
     loop_overhead = []  # seconds per profile the loop spends outside the operator
 
-    def run_batch(shapes):
+    def run_batch(shapes) -> int:
+        """Claim each shape in the store, profile the claimed ones, write each onto its claim at once.
+
+        Returns how many were claimed: a shape another process holds or has profiled is
+        skipped, and none is claimed once profiles plus live claims reach the budget.
+        """
         nonlocal operator_seconds, last_batch_end
+        claims = [c for c in (store.claim(op.name, s, budget=budget, seconds=claim_seconds(s)) for s in shapes)
+                  if c.held]
+        if not claims:
+            return 0
         spent_before = operator_seconds
-        with ThreadPoolExecutor(max_workers=len(shapes)) as pool:
-            futures = {pool.submit(profilers[i].profile, op.name, tuple(int(n) for n in s),
-                                   repeat=repeat, memory_cap=cap, timeout=timeout_for(s)): s
-                       for i, s in enumerate(shapes)}
-            for future in as_completed(futures):
-                m = future.result()
-                store.add_measurement(m)  # at once: nothing finished is lost
-                operator_seconds += sum(r.get("seconds") or 0.0 for r in m.repeats)
-                record = Record(shape=m.shape, peak_bytes=m.peak_bytes, status=m.status, source=SOURCE_PROFILE,
-                                repeats=[r["peak_bytes"] for r in m.repeats if r.get("peak_bytes") is not None],
-                                seconds=m.seconds, input_bytes=m.input_bytes)
-                records.append(record)
-                steps.append(Step(len(records), m.shape, m.status, m.peak_bytes, m.seconds, metric))
-                if progress:
-                    progress(steps[-1], budget)
+        try:
+            with ThreadPoolExecutor(max_workers=len(claims)) as pool:
+                futures = {pool.submit(profilers[i].profile, op.name, c.shape, repeat=repeat, memory_cap=cap,
+                                       timeout=timeout_for(c.shape)): c
+                           for i, c in enumerate(claims)}
+                for future in as_completed(futures):
+                    m = future.result()
+                    store.finish(futures[future], m)  # at once: nothing finished is lost
+                    operator_seconds += sum(r.get("seconds") or 0.0 for r in m.repeats)
+                    steps.append(Step(len(stored_profiles()), m.shape, m.status, m.peak_bytes, m.seconds, metric))
+                    if progress:
+                        progress(steps[-1], budget)
+        finally:
+            for c in claims:  # claims left unfinished by an error: free them for others now
+                store.release(c)
         now = time.perf_counter()
-        loop_overhead.append(max(0.0, (now - last_batch_end) - (operator_seconds - spent_before) / len(shapes)))
+        loop_overhead.append(max(0.0, (now - last_batch_end) - (operator_seconds - spent_before) / len(claims)))
         last_batch_end = now
+        return len(claims)
 
     def timeout_for(shape):
         predicted = cost_model.predict(np.asarray([shape]))[0] if cost_model.fitted else None
         return None if predicted is None else max(60.0, 20 * float(predicted))
 
+    def claim_seconds(shape) -> float:
+        timeout = timeout_for(shape)
+        return CLAIM_SECONDS if timeout is None else max(CLAIM_SECONDS, 2 * repeat * timeout)
+
+    def fit_model(records):
+        shapes, values, noise, lower, n_repeats = training_data(records)
+        return surrogate.fit(op.name, shapes, values, noise, lower, halo=op.halo, n_repeats=n_repeats)
+
     last_batch_end = time.perf_counter()
+    fitted_on = 0
     try:
-        # 1. a small space-filling start (skipped for what the store already has)
-        n_ok = sum(r.status == OK for r in records)
-        if n_ok < N_INITIAL:
-            design = acquisition.initial_design(N_INITIAL, max_input_bytes=limit * INITIAL_INPUT_SHARE, seed=seed)
-            have = {r.shape for r in records}
-            todo = [tuple(int(n) for n in s) for s in design if tuple(int(n) for n in s) not in have]
-            todo = todo[: max(0, min(N_INITIAL - n_ok, budget - len(records)))]
-            for i in range(0, len(todo), jobs):
-                run_batch(todo[i:i + jobs])
+        # 1. a small space-filling start (skipped for what the store already has or others are profiling)
+        design = [tuple(int(n) for n in s)
+                  for s in acquisition.initial_design(N_INITIAL, max_input_bytes=limit * INITIAL_INPUT_SHARE,
+                                                      seed=seed)]
+        while True:
+            records = stored_profiles()
+            n_ok = sum(r.status == OK for r in records)
+            taken = {r.shape for r in records} | {c.shape for c in store.live_claims(op.name)}
+            todo = [s for s in design if s not in taken][: min(jobs, N_INITIAL - n_ok)]
+            if not todo:
+                break
+            if not run_batch(todo) and store.profiles_and_claims(op.name) >= budget:
+                break
 
         # 2. refit, stop or propose, profile, repeat
         while True:
+            records = stored_profiles()
+            others = store.live_claims(op.name)
             shapes, values, noise, lower, n_repeats = training_data(records)
             if len(np.unique(shapes[~lower].prod(axis=1))) < 2:
+                if others:  # their profiles may be what the fit needs: wait for them
+                    time.sleep(CLAIM_POLL_SECONDS)
+                    continue
                 stopped_because = "too few successful profiles to fit a model (see the errors above)"
                 break
-            model = surrogate.fit(op.name, shapes, values, noise, lower, halo=op.halo, n_repeats=n_repeats)
+            model, fitted_on = fit_model(records), len(records)
             cost_model = profile_cost_model(records, repeat, loop_overhead)
             target_shapes = candidates[acquisition.target_mask(model, candidates, limit, confidence)
                                        & chunkable]
@@ -261,11 +311,15 @@ def explore(
                 stopped_because = (f"converged: the {confidence:.0%} bound's relative half-width is "
                                    f"{metric:.1%} <= tolerance {tolerance:.1%} over the target region")
                 break
-            if len(records) >= budget:
-                stopped_because = f"budget of {budget} profiles spent (relative half-width {metric:.1%})"
+            counted = store.profiles_and_claims(op.name)
+            if counted >= budget:
+                in_flight = counted - len(records)
+                stopped_because = (f"budget of {budget} profiles spent (relative half-width {metric:.1%})"
+                                   + (f"; {in_flight} still being profiled by other processes" if in_flight else ""))
                 break
             batch = acquisition.propose(model, candidates, target_shapes, cost_model, cap,
-                                        n=min(jobs, budget - len(records)), confidence=confidence)
+                                        n=min(jobs, budget - counted), confidence=confidence,
+                                        pending=[c.shape for c in others], exclude=[r.shape for r in records])
             if not batch:
                 stopped_because = "no safe candidate left under the profiling memory cap"
                 break
@@ -274,14 +328,16 @@ def explore(
         for profiler in profilers:
             profiler.close()
 
+    records = stored_profiles()  # the store's true count now, other processes' profiles included
+    if model is not None and len(records) > fitted_on:
+        model = fit_model(records)
     model_file = report_file = probe_result = None
     if model is not None:
         model_file = paths.model_path(op.name, runs_dir)
-        model_file.parent.mkdir(parents=True, exist_ok=True)
         run_cost = operator_run_cost(records)
         if run_cost.fitted:  # the chunk planner's time model starts from the operator's own speed
             model.info["seconds_per_voxel"] = run_cost.seconds_per_voxel
-        model.save(model_file)
+        model = save_model_unless_superseded(model, model_file)
         probe_result = _probe(op.name, model, probes, bool(steps), runs_dir, storage, confidence, probe_progress,
                               seed)
         if report:
@@ -305,6 +361,42 @@ def explore(
         steps=steps,
         probes=probe_result,
     )
+
+
+def _observed_shapes(model) -> set[tuple[int, ...]]:
+    return {tuple(s) for s in model.train_shapes} | {tuple(s) for s in model.exceeded_shapes}
+
+
+def supersedes(saved, model) -> bool:
+    """Whether the saved model ``saved`` learnt from everything ``model`` did and more, in this
+    environment: another explore process sharing the store read it later and saved first."""
+    return (saved.operator == model.operator and not saved.stale_reasons()
+            and _observed_shapes(saved) > _observed_shapes(model))
+
+
+def save_model_unless_superseded(model, path):
+    """Save ``model`` to ``path`` unless the model there :func:`supersedes` it; return the model
+    now at ``path``.
+
+    Under an exclusive ``flock`` on ``<path>.lock``, so explore processes finishing
+    together leave the best-informed model, whole.
+    """
+    import fcntl
+
+    from explorer.surrogate import MemoryModel
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            saved = MemoryModel.load(path)
+        except Exception:  # none yet, or unreadable: ours replaces it
+            saved = None
+        if saved is not None and supersedes(saved, model):
+            return saved
+        model.save(path)
+        return model
 
 
 def _probe(operator, model, probes, profiled_new, runs_dir, storage, confidence, progress, seed) -> dict | None:

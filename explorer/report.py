@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import os
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -78,7 +79,8 @@ def _save(plt, fig, path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    tmp = path.with_suffix(".tmp.png")
+    # a name of this process's own: explore processes sharing a runs directory save together
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp.png")
     fig.savefig(tmp, dpi=110)
     plt.close(fig)
     os.replace(tmp, path)  # never a half-written picture
@@ -119,10 +121,11 @@ def operator_report(operator: str, *, runs_dir=None, storage=None, confidence: f
     from explorer.calibration import IN_WORKER_SOURCES, task_model
     from explorer.store import SOURCE_RUN, Store
 
+    store = Store(runs_dir, storage)  # a bad storage URL is the first thing to say
     tasks = task_model(operator, runs_dir=runs_dir)
     model = tasks.isolated
     calibrated = tasks if tasks.excess is not None else None
-    records = [r for r in Store(runs_dir, storage).records(operator) if r.source != SOURCE_RUN]
+    records = [r for r in store.records(operator) if r.source != SOURCE_RUN]
     rows = []
     for r in records:
         against = tasks if r.source in IN_WORKER_SOURCES else model

@@ -142,6 +142,7 @@ import json
 import math
 import os
 import time
+import uuid
 from functools import lru_cache
 from pathlib import Path
 from statistics import NormalDist
@@ -528,7 +529,7 @@ class MemoryModel:
             "info": self.info,
             "environment": self.environment,
         }
-        tmp = path.with_name(path.name + ".tmp.npz")
+        tmp = path.with_name(f".{path.stem}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp.npz")  # this process's own
         np.savez(tmp, meta=np.array(json.dumps(meta)), **self._a)
         os.replace(tmp, path)
         return path

@@ -187,6 +187,25 @@ def test_batch_is_distinct_and_its_greedy_update_is_exact(model, targets):
         conditioned = conditioned.with_observations(x, conditioned.latent_moments(x)[0], model.noise_var(x))
 
 
+def test_pending_shapes_are_never_proposed_and_the_batch_is_picked_as_if_they_were_profiled(model, targets):
+    """What another process is profiling: conditioned on exactly (no value needed), never picked again."""
+    candidates = acq.candidate_shapes(400, seed=6)
+    cost = acq.CostModel()
+    cap = 4 * GiB
+    alone = acq.propose(model, candidates, targets, cost, cap, n=3)
+    pending = alone[:1]
+    picks = acq.propose(model, candidates, targets, cost, cap, n=2, pending=pending, exclude=[alone[2]])
+    assert pending[0] not in picks and alone[2] not in picks and len(picks) == 2
+    # the same picks as from the model conditioned on the pending shape, minus the excluded one
+    x = np.array(pending)
+    conditioned = model.with_observations(x, model.latent_moments(x)[0], model.noise_var(x))
+    seconds = cost.predict(candidates)
+    score = acq.integrated_variance_reduction(conditioned, candidates, targets) / seconds
+    score[~acq.safe_mask(model, candidates, cap)] = -np.inf
+    score[[tuple(c) in (pending[0], alone[2]) for c in candidates]] = -np.inf
+    assert picks[0] == tuple(candidates[int(np.argmax(score))])
+
+
 def test_stopping_metric_decreases_as_points_are_added():
     rng = np.random.default_rng(11)
     limit, cap = 1.5 * GiB, 4 * GiB

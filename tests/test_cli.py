@@ -229,3 +229,15 @@ def test_a_garbage_calibration_is_named_by_a_run_with_explicit_chunks(gst3d_mode
     assert out.returncode == 0, out.stderr
     warnings = [line for line in out.stderr.splitlines() if line.startswith("warning:")]
     assert any(str(cal_file) in line and "explore gst3d" in line for line in warnings), out.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ["envelope", "--budget", "2", "--storage", "nosuch:///x"],  # a URL, but no such database
+    ["report", "envelope", "--storage", "journal:"],
+    ["run", "envelope", "in.sgy", "--output", "x.zarr", "--storage", "/not/a/url.db"],
+])
+def test_a_bad_storage_url_is_one_line_naming_it_and_the_accepted_forms(args, tmp_path):
+    out = explore(*args, "--runs-dir", str(tmp_path))
+    line = one_line_failure(out, "cannot open storage")
+    url = args[args.index("--storage") + 1]
+    assert f"'{url}'" in line and "sqlite:///PATH" in line and "journal:PATH" in line

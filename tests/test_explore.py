@@ -84,6 +84,27 @@ def test_resume_continues_from_the_store(explored, tmp_path):
     assert again.stopped_because.startswith("budget")
 
 
+def test_a_model_fitted_on_fewer_profiles_does_not_replace_a_better_informed_one(explored, tmp_path):
+    """What a slower explore process sharing the store must not do at the end."""
+    import operators
+    from explorer import surrogate
+    from explorer.exploration import save_model_unless_superseded, training_data
+
+    runs, _, _ = explored
+    records = Store(runs).records(OPERATOR, source="profile")
+    shapes, values, noise, lower, n_repeats = training_data(records[:-1])
+    fewer = surrogate.fit(OPERATOR, shapes, values, noise, lower, halo=operators.get(OPERATOR).halo,
+                          n_repeats=n_repeats)
+    path = tmp_path / "model.npz"
+    load_model(OPERATOR, runs).save(path)
+    before = path.read_bytes()
+    kept = save_model_unless_superseded(fewer, path)
+    assert path.read_bytes() == before and kept.n_observations == len(records)
+    assert save_model_unless_superseded(kept, path) is kept  # the same shapes: saved again
+    (tmp_path / "other").mkdir()
+    assert save_model_unless_superseded(fewer, tmp_path / "other" / "model.npz") is fewer  # nothing there yet
+
+
 def test_recommend_chunks_uses_the_explored_model(explored):
     runs, _, _ = explored
     plan = recommend_chunks(OPERATOR, (400, 300, 500), "512MiB", runs_dir=runs)

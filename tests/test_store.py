@@ -1,11 +1,13 @@
 """The store on real SQLite files and a real journal file."""
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
 
+import pytest
 
 from explorer.profiling import Measurement
 from explorer.store import SOURCE_PRODUCTION, Store, study_name
@@ -78,3 +80,111 @@ def test_sigkill_mid_write_loses_nothing_finished_and_leaves_nothing_half_writte
     assert numbers == list(range(1, len(numbers) + 1))  # no gaps
     for r in records:  # and each is whole: params, value and attributes together
         assert r.peak_bytes == float(r.shape[0]) and r.status == "ok" and r.repeats == [r.peak_bytes]
+
+
+# --------------------------------------------------------------------------- claims
+
+from explorer.store import (  # noqa: E402
+    BUDGET_SPENT, DUPLICATE_CLAIM, OVER_BUDGET, TAKEN, Entry, StorageError, claim_verdict, is_live_claim,
+)
+
+
+def test_a_claim_is_no_record_until_finished_and_the_profile_replaces_it(tmp_path):
+    store = Store(tmp_path)
+    claim = store.claim("envelope", (10, 20, 30), budget=5, seconds=600)
+    assert claim.held and claim.owner == f"{store.owner.host}:{os.getpid()}"
+    assert store.records("envelope") == [] and store.profiles_and_claims("envelope") == 1
+    assert [c.shape for c in store.live_claims("envelope", others_only=False)] == [(10, 20, 30)]
+    assert store.live_claims("envelope") == []  # ours: not another process's
+    assert store.claim("envelope", (10, 20, 30), budget=5, seconds=600).refused == TAKEN
+
+    store.finish(claim, measurement((10, 20, 30), 1000.0))
+    again = Store(tmp_path)
+    [record] = again.records("envelope")
+    assert record.shape == (10, 20, 30) and record.status == "ok" and record.peak_bytes == 1000.0
+    assert record.number == claim.number  # the claim's own trial: one trial per profile
+    assert len(again.study("envelope").get_trials()) == 1
+    assert again.live_claims("envelope", others_only=False) == [] and again.profiles_and_claims("envelope") == 1
+
+
+def test_a_released_claim_counts_nowhere_and_the_budget_counts_claims(tmp_path):
+    store = Store(tmp_path)
+    released = store.claim("envelope", (8, 8, 8), budget=2, seconds=600)
+    store.release(released)
+    assert not released.held and store.profiles_and_claims("envelope") == 0 and store.records("envelope") == []
+    first = store.claim("envelope", (8, 8, 8), budget=2, seconds=600)
+    second = store.claim("envelope", (9, 9, 9), budget=2, seconds=600)
+    assert first.held and second.held
+    assert store.claim("envelope", (10, 10, 10), budget=2, seconds=600).refused == BUDGET_SPENT
+    store.finish(first, measurement((8, 8, 8), None, status="timeout"))  # any status counts
+    assert store.claim("envelope", (10, 10, 10), budget=2, seconds=600).refused == BUDGET_SPENT
+    assert store.claim("envelope", (10, 10, 10), budget=3, seconds=600).held
+
+
+def test_claim_verdict_earlier_entries_win():
+    entries = [Entry(0, (1, 1, 1), claim=False), Entry(1, (2, 2, 2), claim=True), Entry(5, (3, 3, 3), claim=True)]
+    assert claim_verdict(entries, Entry(3, (4, 4, 4), claim=True), budget=3) is None
+    assert claim_verdict(entries, Entry(3, (2, 2, 2), claim=True), budget=9) == DUPLICATE_CLAIM
+    assert claim_verdict(entries, Entry(0, (3, 3, 3), claim=True), budget=9) is None  # the later one gives up
+    assert claim_verdict(entries, Entry(3, (4, 4, 4), claim=True), budget=2) == OVER_BUDGET
+    assert claim_verdict(entries, Entry(9, (4, 4, 4), claim=True), budget=3) == OVER_BUDGET
+
+
+def test_claims_end_at_expiry_or_with_their_process():
+    attrs = {"source": "profile", "claim_owner": "here:123", "claim_process_started": 1.0, "claim_expires": 100.0}
+
+    def alive(pid, started):
+        return pid == 123 and started == 1.0
+
+    assert is_live_claim(attrs, True, 50.0, "here", alive)
+    assert not is_live_claim(attrs, False, 50.0, "here", alive)  # finished
+    assert not is_live_claim(attrs, True, 100.0, "here", alive)  # expired
+    assert not is_live_claim({**attrs, "claim_process_started": 2.0}, True, 50.0, "here", alive)  # pid reused
+    assert is_live_claim({**attrs, "claim_owner": "elsewhere:9"}, True, 50.0, "here", alive)  # cannot tell: expiry
+    assert not is_live_claim({"source": "profile"}, True, 50.0, "here", alive)  # no claim attributes
+
+
+def test_the_claim_of_a_process_that_died_blocks_nothing(tmp_path):
+    code = ("import sys; from explorer.store import Store; "
+            "assert Store(sys.argv[1]).claim('envelope', (5, 6, 7), budget=1, seconds=3600).held")
+    subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=True, timeout=120)
+    store = Store(tmp_path)
+    assert store.live_claims("envelope") == [] and store.profiles_and_claims("envelope") == 0
+    assert store.claim("envelope", (5, 6, 7), budget=1, seconds=600).held
+
+
+CLAIMER = """
+import json, sys
+from explorer.store import Store
+store = Store(sys.argv[1], sys.argv[2] if sys.argv[2] != "-" else None)
+held = [list(s) for s in [(i, 2, 3) for i in range(1, 9)]
+        if store.claim("envelope", s, budget=int(sys.argv[3]), seconds=600).held]
+print(json.dumps(held), flush=True)
+sys.stdin.read()  # hold the claims (alive) until every claimer is done
+"""
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "journal"])
+def test_concurrent_claimers_on_a_fresh_store_never_share_a_shape_or_pass_the_budget(tmp_path, kind):
+    """Four processes open one fresh store at once and claim the same eight shapes in the same order."""
+    storage = f"journal:{tmp_path / 'j.log'}" if kind == "journal" else "-"
+    procs = [subprocess.Popen([sys.executable, "-c", CLAIMER, str(tmp_path), storage, "6"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    held = []
+    for proc in procs:
+        line = proc.stdout.readline()
+        assert line, proc.communicate()[1]
+        held += [tuple(s) for s in json.loads(line)]
+    for proc in procs:
+        _, err = proc.communicate("")
+        assert proc.returncode == 0 and "Traceback" not in err, err
+    assert len(held) == len(set(held)) == 6  # every shape claimed once, the budget filled exactly
+
+
+def test_bad_storage_urls_are_one_line_naming_the_url_and_the_accepted_forms(tmp_path):
+    for url in ("nosuch", "/some/file.db", "nosuchdb://host/x", "journal:", "postgresql://me:secret@localhost:1/x"):
+        with pytest.raises(StorageError) as info:
+            Store(tmp_path, url)
+        message = str(info.value)
+        assert len(message.splitlines()) == 1 and "sqlite:///PATH" in message and "journal:PATH" in message
+        assert (url if "secret" not in url else "postgresql://me:***@localhost:1/x") in message
