@@ -117,7 +117,7 @@ def main() -> None:
         subprocess.run([sys.executable, str(ROOT / "scripts" / "make_volume.py"), "240x240x240", str(demo)],
                        check=True, capture_output=True)
     shutil.rmtree(cache / "demo-dip.zarr", ignore_errors=True)
-    out = cli("run", "gst3d", demo, "--output", cache / "demo-dip.zarr", "--memory-limit", "1.5GiB", "--json",
+    out = cli("run", "gst3d", demo, "--output", cache / "demo-dip.zarr", "--overwrite", "--memory-limit", "1.5GiB", "--json",
               runs=readme)
     first = last_json(out)
     p(f"`explore gst3d --budget {args.budget}`: {exploration['profiles']} profiles, {exploration['seconds']:.0f} s, "
@@ -139,7 +139,7 @@ def main() -> None:
         shutil.rmtree(fresh, ignore_errors=True)
         shutil.copytree(explored, fresh)
         shutil.rmtree(cache / "survey-dip.zarr", ignore_errors=True)
-        out = cli("run", "gst3d", survey, "--output", cache / "survey-dip.zarr", "--memory-limit", args.survey_limit,
+        out = cli("run", "gst3d", survey, "--output", cache / "survey-dip.zarr", "--overwrite", "--memory-limit", args.survey_limit,
                   "--workers", args.workers, "--json", runs=fresh)
         rows.append((f"survey {args.survey} @ {args.survey_limit}, {args.workers} workers", last_json(out)))
         shutil.rmtree(cache / "survey-dip.zarr", ignore_errors=True)
@@ -161,7 +161,7 @@ def main() -> None:
     before = last_json(cli(*plan_args, runs=crop_runs))
     cal_before = json.loads((crop_runs / "gst3d" / "calibration.json").read_text())
     shutil.rmtree(cache / "crop-dip.zarr", ignore_errors=True)
-    crop = last_json(cli("run", "gst3d", CROP, "--output", cache / "crop-dip.zarr", "--json", runs=crop_runs))
+    crop = last_json(cli("run", "gst3d", CROP, "--output", cache / "crop-dip.zarr", "--overwrite", "--json", runs=crop_runs))
     after = last_json(cli(*plan_args, runs=crop_runs))
     cal_after = json.loads((crop_runs / "gst3d" / "calibration.json").read_text())
     p("\n### One run on the smallest real crop, then the 800x600x1000 @ 4 GiB plan\n")
