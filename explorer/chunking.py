@@ -101,7 +101,7 @@ from typing import Callable
 
 import numpy as np
 
-from explorer.units import format_bytes, format_shape, parse_shape, parse_size
+from explorer.units import format_bytes, format_shape
 
 __all__ = [
     "ChunkPlan",

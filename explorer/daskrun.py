@@ -89,7 +89,7 @@ import numpy as np
 
 from explorer.live import MAX_OVER_BOUND_WARNINGS
 from explorer.outputs import ZARR_MARK, OutputError, check_output, partial_path, put_in_place, remove_own
-from explorer.units import format_bytes, format_shape, parse_shape, parse_size
+from explorer.units import format_bytes, format_shape, parse_shape
 
 __all__ = ["RunResult", "run"]
 

@@ -34,7 +34,6 @@ import operators
 from explorer import paths, validate
 from explorer.profiling import EXCEEDED, OK, Profiler, default_memory_cap
 from explorer.store import SOURCE_PROFILE, Record, Store
-from explorer.units import parse_size
 
 #: Default target worker memory: what a LocalCluster worker gets here, at most 4 GiB.
 DEFAULT_LIMIT_CAP = 4 * 2**30

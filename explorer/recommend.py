@@ -40,7 +40,6 @@ from explorer.chunking import (
     run_seconds_per_voxel,
     worker_pause_fraction,
 )
-from explorer.units import parse_shape, parse_size
 
 __all__ = ["WorkerBaseline", "local_worker_baseline", "measure_worker_baseline", "recommend_chunks"]
 

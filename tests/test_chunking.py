@@ -13,17 +13,13 @@ import json
 import math
 import subprocess
 import sys
-import time
-import types
 
 import numpy as np
 import pytest
 
 from explorer import chunking
 from explorer.chunking import (
-    ChunkPlan,
     ChunkPlanError,
-    WorkerFootprint,
     plan_chunks,
     worker_footprint,
     worker_pause_fraction,
