@@ -1,5 +1,7 @@
 """Write a synthetic seismic volume as SEG-Y (IEEE float, inline x crossline x samples).
 
+A file at PATH is replaced only if memory-explorer wrote it (its textual header says so).
+
     python scripts/make_volume.py 240x240x240 runs/demo.sgy [--seed 0]
 """
 
@@ -19,7 +21,16 @@ def main() -> None:
         shape = parse_shape(args.shape)
     except ValueError as exc:
         parser.error(str(exc))
-    operators.write_segy(args.path, operators.synthetic_volume(shape, seed=args.seed))
+    from pathlib import Path
+
+    from operators.segy import written_by_explorer
+
+    path = Path(args.path)
+    if path.exists() and not written_by_explorer(path):
+        parser.error(f"{path} exists and was not written by memory-explorer: not replaced; choose another path")
+    if not path.parent.is_dir():
+        parser.error(f"directory {path.parent} does not exist")
+    operators.write_segy(path, operators.synthetic_volume(shape, seed=args.seed))
     print(f"wrote {args.path}: synthetic {format_shape(shape)} float32 volume, seed {args.seed}")
 
 

@@ -178,3 +178,17 @@ def test_an_interrupted_run_leaves_no_partial_output_and_no_worker_traceback(tmp
     assert err.strip().splitlines()[-1].startswith("explore: interrupted")
     time.sleep(1)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.sgy"], list(tmp_path.iterdir())
+
+
+def test_make_volume_replaces_only_its_own_files(tmp_path):
+    script = Path(__file__).parents[1] / "scripts" / "make_volume.py"
+    foreign = tmp_path / "yours.sgy"
+    foreign.write_text("not ours")
+    out = subprocess.run([sys.executable, str(script), "8x8x8", str(foreign)], capture_output=True, text=True)
+    assert out.returncode != 0 and "not written by memory-explorer" in out.stderr
+    assert foreign.read_text() == "not ours"
+    ours = tmp_path / "ours.sgy"
+    for _ in range(2):  # the second run replaces the first's file
+        out = subprocess.run([sys.executable, str(script), "8x8x8", str(ours)], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+    assert segy_geometry(ours).shape == (8, 8, 8)
