@@ -36,6 +36,21 @@ class Sleeps(Operator):
 
 
 @register
+class Slow(Operator):
+    """A copy that takes ``EXPLORER_TEST_SLOW_SECONDS`` (default 0.5) per block of more than
+    8^3 samples: a run long enough to be interrupted while its tasks write."""
+
+    name = "test_slow"
+
+    def run(self, block):
+        import os
+
+        if block.size > 8**3:
+            time.sleep(float(os.environ.get("EXPLORER_TEST_SLOW_SECONDS", "0.5")))
+        return block.astype(np.float32)
+
+
+@register
 class Raises(Operator):
     name = "test_raises"
 

@@ -159,11 +159,13 @@ def test_an_interrupted_run_leaves_no_partial_output_and_no_worker_traceback(tmp
     """A Ctrl-C reaches the whole process group (the workers too), a SIGTERM the run's
     process: one line, exit 130, no partial array left though tasks were writing into it."""
     source = tmp_path / "in.sgy"
-    operators.write_segy(source, operators.synthetic_volume((128, 128, 128), seed=0))
-    command = ["run", "gst3d", "in.sgy", "--output", "out.zarr", "--chunks", "32x32x32", "--no-refine",
-               "--memory-limit", "1GiB"]
+    operators.write_segy(source, operators.synthetic_volume((64, 64, 64), seed=0))
+    command = ["run", "test_slow", "in.sgy", "--output", "out.zarr", "--chunks", "16x16x64", "--no-refine",
+               "--memory-limit", "1GiB"]  # 16 tasks of 0.5 s on 2 workers: 4 s at least
+    env = {**os.environ, "EXPLORER_PLUGINS": "tests.plugin_ops",
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
     p = subprocess.Popen([sys.executable, "-m", "explorer.cli", *command], cwd=tmp_path, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+                         stderr=subprocess.PIPE, text=True, start_new_session=True, env=env)
     started = time.monotonic()
     while not glob.glob(str(tmp_path / ".out.zarr.partial-*" / "c")) and time.monotonic() - started < 90:
         time.sleep(0.05)
