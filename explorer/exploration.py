@@ -338,7 +338,7 @@ def explore(
             model.info["seconds_per_voxel"] = run_cost.seconds_per_voxel
         model = save_model_unless_superseded(model, model_file)
         probe_result = _probe(op.name, model, probes, bool(steps), runs_dir, storage, confidence, probe_progress,
-                              seed)
+                              seed, limit)
         if report:
             from explorer.report import explore_report
 
@@ -398,7 +398,8 @@ def save_model_unless_superseded(model, path):
         return model
 
 
-def _probe(operator, model, probes, profiled_new, runs_dir, storage, confidence, progress, seed) -> dict | None:
+def _probe(operator, model, probes, profiled_new, runs_dir, storage, confidence, progress, seed,
+           memory_limit=None) -> dict | None:
     """Run the in-worker probes unless told not to or already done for this model and environment."""
     from explorer import probes as probing
     from explorer.calibration import CalibrationFileError, load_calibration
@@ -414,4 +415,4 @@ def _probe(operator, model, probes, profiled_new, runs_dir, storage, confidence,
         if saved is not None and not saved.stale and saved.n_probe_groups >= n:
             return {"skipped": f"the calibration already holds {saved.n_probe_groups} probes of this environment"}
     return probing.run_probes(operator, model, n=n, runs_dir=runs_dir, storage=storage, confidence=confidence,
-                              progress=progress, seed=seed).to_dict()
+                              progress=progress, seed=seed, memory_limit=memory_limit).to_dict()

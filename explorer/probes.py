@@ -10,10 +10,15 @@ runs of this environment) and saved, and the workers' measured baseline is saved
 machine's (``explorer.recommend.local_worker_baseline``).
 
 Probe blocks: ``n`` cubes of edge ``e_j``, log-spaced from :data:`MIN_PROBE_EDGE` (at least
-``3 h + 1``, so that two chunks of ``e - h`` fit ``map_overlap``) up to the largest cube
-whose volume the exact isolated profiles reached (the isolated model is measured there,
-so the excess ``y - P_mean`` is not an extrapolation's error), lowered until the probes'
-predicted seconds fit :data:`PROBE_SECONDS_BUDGET`.  A probe's volume has two chunks
+``3 h + 1``, so that two chunks of ``e - h`` fit ``map_overlap``) up to the larger of the
+largest cube the exact isolated profiles reached and the **plan-scale cube**: the largest
+cube whose one-thread worker footprint (the isolated 99% bound, the measured baseline, the
+probe grid's held chunks) fits the pause threshold of the target memory, which is the
+block a plan at that memory runs.  The excess of a task in a worker is not only a function
+of its block: the next tasks' dependencies arrive while it runs, a spread of whole input
+blocks that grows with them (measured: 1 MiB at 161^3, up to 167 MiB at 222x322x236), so
+the probes must run where the plans will.  Lowered until the probes' predicted seconds
+fit :data:`PROBE_SECONDS_BUDGET`.  A probe's volume has two chunks
 along every axis the operator splits (``e - h`` each with a halo ``h``, ``e`` without),
 so all its tasks run on blocks of exactly ``e`` per axis, with the neighbour gathering
 and concatenation of a real plan; an axis the operator needs whole is ``e`` long.
@@ -41,7 +46,7 @@ MIN_PROBE_EDGE = 24
 #: times the in-worker factor below, over the probe workers).  A cost control, not a
 #: safety term: fewer seconds means smaller probes and a longer extrapolation of the
 #: excess's line, whose bound then widens with its leverage.
-PROBE_SECONDS_BUDGET = 30.0
+PROBE_SECONDS_BUDGET = 90.0
 #: A task in a worker takes about this many times the operator's own seconds (reading,
 #: concatenating and storing around ``run``); only used to size the probes.
 IN_WORKER_TIME_FACTOR = 2.0
@@ -74,10 +79,14 @@ class ProbeResult:
 
 
 def probe_blocks(op, max_volume: float, seconds_per_voxel: float | None, n: int = DEFAULT_PROBES,
-                 budget_seconds: float = PROBE_SECONDS_BUDGET, workers: int = PROBE_WORKERS) -> list[tuple]:
-    """The probes' block shapes (module docstring): ``n`` distinct cubes, smallest first."""
+                 budget_seconds: float = PROBE_SECONDS_BUDGET, workers: int = PROBE_WORKERS,
+                 plan_edge: int | None = None) -> list[tuple]:
+    """The probes' block shapes (module docstring): ``n`` distinct cubes, smallest first.
+
+    ``plan_edge``: the plan-scale cube's edge (:func:`plan_scale_edge`), or None.
+    """
     smallest = max(MIN_PROBE_EDGE, 3 * max(op.halo) + 1)
-    largest = max(smallest + n, int(math.floor(max_volume ** (1 / 3))))
+    largest = max(smallest + n, int(math.floor(max_volume ** (1 / 3))), int(plan_edge or 0))
     split = [axis not in op.whole_axes for axis in range(3)]
     tasks_per_probe = 2 ** sum(split)
 
@@ -92,6 +101,36 @@ def probe_blocks(op, max_volume: float, seconds_per_voxel: float | None, n: int 
         if seconds(edges) <= budget_seconds or largest <= smallest + n:
             return [(int(e),) * 3 for e in edges]
         largest = int(largest * 0.9)
+
+
+def plan_scale_edge(op, model, memory_limit: int, baseline_bytes: int, confidence: float = 0.99,
+                    max_edge: int = 2048) -> int | None:
+    """The largest cube edge ``e`` whose probe task fits a one-thread worker of
+    ``memory_limit`` under its pause threshold: ``worker_footprint`` of the block ``e^3``
+    with the isolated model's upper bound, ``baseline_bytes``, and the chunks the probe's
+    2-per-axis grid keeps for halos.  None when not even the smallest probe fits."""
+    from explorer.chunking import neighbour_chunks_held, worker_footprint, worker_pause_fraction
+
+    budget = worker_pause_fraction() * float(memory_limit)
+    counts = tuple(1 if axis in op.whole_axes else 2 for axis in range(3))
+    held = int(neighbour_chunks_held(counts, op.halo, workers=PROBE_WORKERS))
+
+    def fits(e: int) -> bool:
+        block = (e, e, e)
+        chunk = _probe_volume(op, block)[1]
+        _, upper = model.predict(block, confidence)
+        total = worker_footprint(block, upper, baseline_bytes=baseline_bytes, chunk_shapes=chunk,
+                                 neighbour_chunks=held).total
+        return total <= budget
+
+    lo = max(MIN_PROBE_EDGE, 3 * max(op.halo) + 1)
+    if not fits(lo):
+        return None
+    hi = max_edge
+    while lo < hi:  # the footprint grows with e: the largest edge that fits
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+    return lo
 
 
 def _probe_volume(op, block) -> tuple[tuple, tuple]:
@@ -109,11 +148,13 @@ def _probe_volume(op, block) -> tuple[tuple, tuple]:
 
 
 def run_probes(operator: str, model, *, n: int = DEFAULT_PROBES, runs_dir=None, storage=None,
-               confidence: float = 0.99, progress=None, seed: int = 0) -> ProbeResult:
+               confidence: float = 0.99, progress=None, seed: int = 0, memory_limit=None) -> ProbeResult:
     """Run the in-worker probes of ``operator`` (module docstring), fit and save the calibration.
 
     ``model``: the freshly fitted isolated ``MemoryModel`` (it sizes the probes; the
-    excess is against its mean).  ``progress(index, total, block, run_result)`` after each.
+    excess is against its mean).  ``memory_limit``: the target worker memory (explore's),
+    which sets the plan-scale probe; None probes only up to the isolated profiles' reach.
+    ``progress(index, total, block, run_result)`` after each.
     """
     import time
 
@@ -129,8 +170,7 @@ def run_probes(operator: str, model, *, n: int = DEFAULT_PROBES, runs_dir=None, 
     op = operators.get(operator)
     exact = model.train_shapes[~model.train_is_lower_bound]
     max_volume = float(np.prod(exact.astype(np.float64), axis=1).max())
-    blocks = probe_blocks(op, max_volume, model.info.get("seconds_per_voxel"), n=n)
-    result = ProbeResult(blocks=blocks)
+    result = ProbeResult()
     tmp = Path(tempfile.mkdtemp(prefix=f"explorer-probes-{operator}-"))
     environment = None
     try:
@@ -142,6 +182,10 @@ def run_probes(operator: str, model, *, n: int = DEFAULT_PROBES, runs_dir=None, 
             baseline.source = "local"
             save_worker_baseline(operator, baseline, runs_dir)
             result.baseline_bytes, environment = baseline.bytes, baseline.environment
+            plan_edge = None if memory_limit is None else plan_scale_edge(op, model, int(memory_limit),
+                                                                         baseline.bytes, confidence)
+            blocks = result.blocks = probe_blocks(op, max_volume, model.info.get("seconds_per_voxel"), n=n,
+                                                  plan_edge=plan_edge)
             for index, block in enumerate(blocks):
                 volume, chunks = _probe_volume(op, block)
                 source = tmp / f"probe-{index}.sgy"

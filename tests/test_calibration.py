@@ -248,3 +248,30 @@ def test_a_calibration_from_other_workers_is_stale_and_a_garbage_file_names_the_
             cal.load_calibration(OPERATOR, tmp_path)
         assert str(path) in str(err.value) and "explore gst3d" in str(err.value) and "\n" not in str(err.value)
     assert StaleModelWarning  # the class users filter on
+
+
+# --------------------------------------------------------------------------- probe sizes
+
+
+def test_the_top_probe_is_the_block_a_plan_at_the_target_memory_runs(gst3d_model):
+    """The plan-scale edge is the largest cube whose one-thread footprint fits the pause
+    threshold: the next edge does not; the probes reach it (when their seconds allow)."""
+    import operators
+    from explorer.chunking import neighbour_chunks_held, worker_footprint, worker_pause_fraction
+    from explorer.probes import _probe_volume, plan_scale_edge, probe_blocks
+
+    op = operators.get("gst3d")
+    limit, baseline = 2**30, 100 * 2**20
+    edge = plan_scale_edge(op, gst3d_model, limit, baseline)
+    held = int(neighbour_chunks_held((2, 2, 2), op.halo, workers=2))
+
+    def total(e):
+        _, upper = gst3d_model.predict((e, e, e))
+        return worker_footprint((e, e, e), upper, baseline_bytes=baseline, chunk_shapes=_probe_volume(op, (e,) * 3)[1],
+                                neighbour_chunks=held).total
+
+    pause = worker_pause_fraction() * limit
+    assert total(edge) <= pause < total(edge + 1)
+    blocks = probe_blocks(op, 50.0**3, seconds_per_voxel=None, plan_edge=edge)
+    assert blocks[-1] == (edge,) * 3 and len(blocks) == 6
+    assert plan_scale_edge(op, gst3d_model, 120 * 2**20, baseline) is None  # nothing fits: no plan-scale probe
