@@ -83,12 +83,12 @@ import os
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
 from explorer import paths
+from explorer.stats import t_quantile
 
 __all__ = [
     "CALIBRATION_FILE",
@@ -121,14 +121,6 @@ N_COEFFICIENTS = 2
 
 class CalibrationFileError(ValueError):
     """A saved calibration file cannot be read (one line naming the file and the fix)."""
-
-
-@lru_cache(maxsize=64)
-def _t_quantile(confidence: float, dof: float) -> float:
-    """One-sided Student-t quantile (SciPy's ``stdtrit``; ``scipy.special`` is cheap to import)."""
-    from scipy.special import stdtrit
-
-    return float(stdtrit(dof, confidence))
 
 
 def conformal_rank(n: int, confidence: float) -> int | None:
@@ -173,7 +165,7 @@ class ExcessFit:
         k = conformal_rank(len(self.scores), confidence)
         if k is not None:
             return max(0.0, self.scores[k - 1]), "conformal"
-        return _t_quantile(float(confidence), float(self.dof)), "student-t"
+        return t_quantile(float(confidence), float(self.dof)), "student-t"
 
     def predict(self, voxels, confidence: float) -> tuple[np.ndarray, np.ndarray]:
         """``(delta_mean, delta_half)`` in bytes at block volumes ``voxels``."""
