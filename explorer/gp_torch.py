@@ -18,7 +18,7 @@ with warnings.catch_warnings():  # gpytorch's import-time torch.jit deprecation 
     from gpytorch.constraints import Positive
     from gpytorch.priors import LogNormalPrior
 
-from explorer.surrogate import _LENGTHSCALE_PRIOR, _NUGGET_PRIOR, _OUTPUTSCALE_PRIOR
+from explorer.surrogate import _LENGTHSCALE_PRIOR, _NUGGET_PRIOR, _OUTPUTSCALE_PRIOR, BASIS_EXPONENTS, FLAT_TERMS
 
 
 def positive_log():
@@ -38,14 +38,13 @@ class FeatureMap(torch.nn.Module):
         for name in ("axis_length", "basis_transform", "basis_prior_precision", "amplitude_coef",
                      "log_lo", "log_span"):
             self.register_buffer(name, torch.as_tensor(features[name], dtype=torch.float64))
+        self.register_buffer("basis_exponents", torch.as_tensor(BASIS_EXPONENTS, dtype=torch.float64))
         self.amp_floor = float(amp_floor)
         self.n_terms = int(self.basis_transform.shape[0])
 
     def raw_basis(self, dims):
         u = dims / self.axis_length
-        u1, u2, u3 = u[..., 0], u[..., 1], u[..., 2]
-        cols = [torch.ones_like(u1), u1 * u2 * u3, u1 * u2, u1 * u3, u2 * u3, u1, u2, u3]
-        return torch.stack(cols, dim=-1)
+        return torch.prod(u.unsqueeze(-2) ** self.basis_exponents, dim=-1)
 
     def basis(self, dims):
         return self.raw_basis(dims) @ self.basis_transform
@@ -152,7 +151,7 @@ class RestrictedMarginalLogLikelihood(gpytorch.mlls.MarginalLogLikelihood):
         prior_precision = model.covar_module.feature_map.basis_prior_precision
         chol_a = torch.linalg.cholesky(lh.T @ lh + prior_precision)
         c = torch.linalg.solve_triangular(chol_a, (lh.T @ ly).unsqueeze(-1), upper=False).squeeze(-1)
-        n_flat = 2  # improper directions; the prior's own normaliser is a constant
+        n_flat = len(FLAT_TERMS)  # improper directions; the prior's own normaliser is a constant
         value = (-0.5 * (ly @ ly - c @ c) - torch.log(torch.diagonal(chol)).sum()
                  - torch.log(torch.diagonal(chol_a)).sum() - 0.5 * (n - n_flat) * math.log(2 * math.pi))
         if with_priors:

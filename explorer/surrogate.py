@@ -107,27 +107,52 @@ The last term is the coefficient uncertainty: it grows with the distance of
 ``h_*`` from the span of the training design, which is what widens the bound
 when a block is 8x larger than anything profiled.
 
-*Prediction of a new single run* (what ``predict`` bounds): latent variance
-``var_g`` plus run noise ``s^2 = rho_run^2 mean^2 + a^2 + rho_nug^2 mean^2``;
-``upper = mean + z * sqrt(var_g + (t_nu / z)^2 s^2)`` with ``z`` the one-sided
-normal quantile of ``confidence`` and ``t_nu`` the Student-t quantile with the
-noise estimate's ``nu`` degrees of freedom (Cornish-Fisher; the noise level is
-estimated from a handful of repeats, so its tail is a t's, not a normal's).
+*The overall scale, integrated out.*  ML-II fixes the residual scale ``sigma_f``
+at a point; with few profiles the data leave few degrees of freedom for it (9
+profiles against 2 flat mean terms and 6 vague ones), and a point estimate then
+claims a tightness nobody measured.  So every covariance above is taken as
+``lambda K`` with ``K`` the ML-II fit and ``lambda`` an unknown multiplier with a
+scaled-inverse-chi-square prior of ``nu_0 = SCALE_PRIOR_DOF`` degrees of freedom
+centred on 1 (the fit's own scale, believed as one pseudo-observation).  With the
+coefficients integrated out as above, the conjugate update (O'Hagan 1978; Santner,
+Williams & Notz 2003, section 4.1) gives
+
+.. math::
+
+    \nu = \nu_0 + n - p_{flat}, \qquad
+    s^2 = \max\Big(1,\; \frac{\nu_0 + y^\top P y}{\nu}\Big), \qquad
+    P = K_y^{-1} - K_y^{-1} H^\top A^{-1} H K_y^{-1}
+
+(``y^T P y = y^T alpha``, the generalised residual sum of squares; ``p_flat = 2``),
+and the predictive of any linear functional is a Student-t with ``nu`` degrees of
+freedom whose squared scale is ``s^2`` times the Gaussian variance at ``lambda = 1``.
+The scale is never taken below the fit's own (``max(1, .)``, the prior truncated at
+``lambda >= 1``): ``K_y`` holds the run noise measured by the repeats, and residuals
+smoother than ``K_y`` expects (a truth the mean captures exactly) must not shrink that
+measured noise; measured on a polynomial truth, the untruncated ``s^2`` fell to ~0.3
+and covered 88 % of new runs with a 99 % bound (``tests/test_surrogate.py``).
+
+*Prediction of a new single run* (what ``predict`` bounds): a Student-t with ``nu``
+degrees of freedom, location ``mean_g`` and squared scale ``s^2 (var_g + sigma^2)``,
+``sigma^2 = rho_run^2 mean^2 + a^2 + rho_nug^2 mean^2``;
+``upper = mean + t_nu(confidence) * scale`` (SciPy's ``stdtrit``).  ``latent_moments``,
+``noise_var`` and ``posterior_cov`` return the scaled (``s^2``) quantities.
+``scores`` and ``loo_scores`` turn residuals into normal scores under this predictive
+(the stop rule of ``explorer.acquisition`` tests them).
 
 *In a Dask worker* a task needs more than its isolated peak (the block concatenated
 from its overlap pieces, the copies of the store): ``explorer.calibration`` models that
 excess on top of this model.
 
-*Lower bounds* (profiles that exceeded the memory cap: the true peak is at
-least the recorded value ``L``).  Never dropped: the model is first fitted on
-the exact profiles; every lower bound ``(s, L)`` where the posterior mean at
-``s`` is below ``L`` is then added as an ordinary observation of value ``L``
-(with the noise of a single run at ``L``) and the model is refitted once.
-Since the truth is ``>= L`` this pulls the prediction up towards (at least) a
-value the truth exceeds, which errs on the safe side; bounds the exact data
-already clear are left out (they carry no further information in this
-treatment).  The shapes and values of all lower bounds are kept on the model
-(``exceeded_shapes``, ``exceeded_bytes``) for the acquisition's safety filter.
+*Lower bounds* (profiles that exceeded the memory cap: the true peak of that run is at
+least the recorded value ``L``) are censored observations, never dropped and never
+taken as exact.  The model is fitted on the exact profiles; then each lower bound
+enters through its proper likelihood ``P(y_run >= L | g) = Phi((g - L) / sigma)``,
+approximated by assumed-density filtering (``_with_censored``): a bound above the
+prediction pulls the mean up and narrows the variance only as far as the truncation
+warrants, a bound the exact data already clear adds nothing.  The shapes and values
+of all lower bounds are kept on the model (``exceeded_shapes``, ``exceeded_bytes``)
+for the acquisition's safety filter.
 
 Prediction is pure NumPy: ``fit`` exports the posterior (training inputs, the
 inverse Cholesky factor of ``K_y``, ``alpha``, ``beta_bar``, ``A^{-1/2}``,
@@ -143,13 +168,12 @@ import math
 import os
 import time
 import uuid
-from functools import lru_cache
 from pathlib import Path
-from statistics import NormalDist
 
 import numpy as np
 
 from explorer.paths import model_path
+from explorer.stats import normal_scores, t_quantile
 
 __all__ = [
     "BASIS_NAMES",
@@ -164,6 +188,14 @@ __all__ = [
 
 #: The mean basis, in the order of ``beta`` (physical units: bytes, bytes per voxel, ...).
 BASIS_NAMES = ("constant", "volume", "face12", "face13", "face23", "edge1", "edge2", "edge3")
+#: The basis itself, the one definition every form uses (NumPy here, torch in ``gp_torch``):
+#: term ``j`` is the monomial ``prod_i u_i ** BASIS_EXPONENTS[j, i]``.
+BASIS_EXPONENTS = np.array([[0, 0, 0], [1, 1, 1], [1, 1, 0], [1, 0, 1], [0, 1, 1], [1, 0, 0], [0, 1, 0], [0, 0, 1]])
+#: Terms with a flat prior (the constant and the volume); the others get a vague Gaussian.
+FLAT_TERMS = (0, 1)
+#: Prior degrees of freedom of the overall scale ``lambda`` (module docstring): one
+#: pseudo-observation's worth of belief in the ML-II fit's own scale.
+SCALE_PRIOR_DOF = 1.0
 #: Default relative noise floor of a single run (0.2 %).
 DEFAULT_REL_NOISE_FLOOR = 0.002
 #: Weak prior of the pooled relative run noise: (typical relative sd, pseudo-degrees of freedom).
@@ -171,7 +203,7 @@ _RUN_NOISE_PRIOR = (0.005, 4.0)
 #: Default absolute noise floor of a single run: allocator and page granularity (64 KiB).
 DEFAULT_ABS_NOISE_FLOOR_BYTES = 64 * 1024
 #: Bumped when the saved layout changes.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 # Weak priors of the ML-II stage, log-normal given as (mode, sd of the log).  The fit
 # is a MAP on the parameter itself, so with no information a parameter sits at the mode.
@@ -207,16 +239,22 @@ def _as_dims(shapes) -> np.ndarray:
     return dims
 
 
-def _raw_basis(dims: np.ndarray, axis_length: np.ndarray) -> np.ndarray:
-    """``[1, V, n1n2, n1n3, n2n3, n1, n2, n3]`` on ``u = dims / axis_length``, (m, 8)."""
-    u = dims / axis_length
-    u1, u2, u3 = u[:, 0], u[:, 1], u[:, 2]
-    return np.stack([np.ones_like(u1), u1 * u2 * u3, u1 * u2, u1 * u3, u2 * u3, u1, u2, u3], axis=1)
+def effective_dims(dims: np.ndarray, multiple) -> np.ndarray:
+    """``ceil(n / m) * m`` per axis: the dims an operator that pads its block to a multiple
+    ``m`` (``Operator.block_multiple``) really computes on; ``m = 1`` leaves them alone."""
+    multiple = np.asarray(multiple, dtype=np.float64)
+    return np.ceil(dims / multiple) * multiple
 
 
-def _kernel_inputs(dims: np.ndarray, log_lo: np.ndarray, log_span: np.ndarray) -> np.ndarray:
-    """Normalised log-dims ``z = (log n - log n_lo) / span``: the training box is [0, 1]^3."""
-    return (np.log(dims) - log_lo) / log_span
+def _raw_basis(dims: np.ndarray, axis_length: np.ndarray, multiple) -> np.ndarray:
+    """``[1, V, n1n2, n1n3, n2n3, n1, n2, n3]`` on ``u = effective_dims / axis_length``, (m, 8)."""
+    u = effective_dims(dims, multiple) / axis_length
+    return np.prod(u[:, None, :] ** BASIS_EXPONENTS[None, :, :], axis=2)
+
+
+def _kernel_inputs(dims: np.ndarray, log_lo: np.ndarray, log_span: np.ndarray, multiple) -> np.ndarray:
+    """Normalised log effective dims ``z = (log n - log n_lo) / span``: the training box is [0, 1]^3."""
+    return (np.log(effective_dims(dims, multiple)) - log_lo) / log_span
 
 
 def _matern52(za: np.ndarray, zb: np.ndarray, lengthscale: np.ndarray) -> np.ndarray:
@@ -227,24 +265,6 @@ def _matern52(za: np.ndarray, zb: np.ndarray, lengthscale: np.ndarray) -> np.nda
     r = np.sqrt(np.maximum(sq, 0.0))
     s5r = math.sqrt(5.0) * r
     return (1.0 + s5r + (5.0 / 3.0) * r * r) * np.exp(-s5r)
-
-
-@lru_cache(maxsize=64)
-def _z_quantile(confidence: float) -> float:
-    from explorer import validate
-
-    return NormalDist().inv_cdf(validate.confidence(confidence))
-
-
-@lru_cache(maxsize=64)
-def _t_quantile(confidence: float, dof: float) -> float:
-    """Student-t quantile by the Cornish-Fisher expansion (A&S 26.7.5); < 0.2 % off for dof >= 4, p <= 0.99."""
-    z = _z_quantile(confidence)
-    g1 = (z**3 + z) / 4.0
-    g2 = (5 * z**5 + 16 * z**3 + 3 * z) / 96.0
-    g3 = (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384.0
-    g4 = (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / 92160.0
-    return z + g1 / dof + g2 / dof**2 + g3 / dof**3 + g4 / dof**4
 
 
 # --------------------------------------------------------------------------------------
@@ -260,6 +280,7 @@ _ARRAY_FIELDS = (
     "exceeded_dims",  # (k, 3) all lower-bound profiles (exceeded the cap)
     "exceeded_bytes",  # (k,) their recorded values (the truth is >= these)
     "axis_length",  # (3,) reference lengths of the basis
+    "block_multiple",  # (3,) the operator pads blocks to these multiples: features use effective_dims
     "basis_transform",  # (p, p) re-parametrisation T: h(x) = raw_basis(x) @ T
     "basis_prior_precision",  # (p, p) B^{-1} in the re-parametrised basis
     "amplitude_coef",  # (p,) gamma >= 0: s(x) = max(raw_basis(x) @ gamma, amplitude_floor)
@@ -280,7 +301,9 @@ _SCALAR_NAMES = (
     "relative_run_var",  # rho_run^2
     "abs_noise_var",  # a^2 in working units^2
     "amplitude_floor",  # in working units
-    "noise_dof",  # nu: degrees of freedom of rho_run^2
+    "noise_dof",  # nu: degrees of freedom of rho_run^2 (from the repeats; reported)
+    "scale_var",  # s^2: posterior scale of lambda, the overall variance multiplier
+    "scale_dof",  # its degrees of freedom: SCALE_PRIOR_DOF + n_exact - len(FLAT_TERMS)
 )
 
 
@@ -321,16 +344,18 @@ class MemoryModel:
         self._abs_noise_var = s["abs_noise_var"]
         self._amp_floor = s["amplitude_floor"]
         self._noise_dof = s["noise_dof"]
+        self._scale_var = s["scale_var"]
+        self._scale_dof = s["scale_dof"]
         # Derived training quantities.
         self._train_z = self._z(self._a["train_dims"])
         self._train_amp = self._amplitude(self._a["train_dims"])
 
     # ---- feature map ------------------------------------------------------------
     def _z(self, dims):
-        return _kernel_inputs(dims, self._a["log_lo"], self._a["log_span"])
+        return _kernel_inputs(dims, self._a["log_lo"], self._a["log_span"], self._a["block_multiple"])
 
     def _raw_basis(self, dims):
-        return _raw_basis(dims, self._a["axis_length"])
+        return _raw_basis(dims, self._a["axis_length"], self._a["block_multiple"])
 
     def _amplitude(self, dims):
         return np.maximum(self._raw_basis(dims) @ self._a["amplitude_coef"], self._amp_floor)
@@ -360,28 +385,32 @@ class MemoryModel:
         return mean, v, q, z, amp
 
     def _latent(self, dims):
+        """Mean and scaled variance ``s^2 var`` of the latent peak (working units)."""
         mean, v, q, _z, amp = self._parts(dims)
         var = self._outputscale * amp * amp - (v * v).sum(0) + (q * q).sum(0)
-        return mean, np.maximum(var, 0.0)
+        return mean, self._scale_var * np.maximum(var, 0.0)
 
     def _run_noise_var(self, mean):
+        """Scaled variance ``s^2 sigma^2`` of one new run about the latent peak (working units)."""
         m = np.maximum(mean, 0.0)
-        return (self._rel_run_var + self._rel_nugget_var) * m * m + self._abs_noise_var
+        return self._scale_var * ((self._rel_run_var + self._rel_nugget_var) * m * m + self._abs_noise_var)
 
     # ---- public: moments in bytes ---------------------------------------------
     def latent_moments(self, shapes) -> tuple[np.ndarray, np.ndarray]:
-        """Posterior mean (bytes) and variance (bytes^2) of the noise-free peak ``g``.
+        """Posterior mean (bytes) and scaled variance (bytes^2) of the noise-free peak ``g``.
 
-        Isolated peak, no calibration.  ``var`` includes the basis-coefficient term.
+        Isolated peak, no calibration.  ``var`` is ``s^2`` times the Gaussian posterior
+        variance at ``lambda = 1`` (the square of the Student-t's scale) and includes the
+        basis-coefficient term.
         """
         mean, var = self._latent(_as_dims(shapes))
         s = self._bytes_scale
         return mean * s, var * s * s
 
     def noise_var(self, shapes_or_mean, *, from_mean: bool = False) -> np.ndarray:
-        """Variance (bytes^2) of one new profiling run about the latent peak.
+        """Scaled variance (bytes^2) of one new profiling run about the latent peak.
 
-        ``rho_run^2 m^2 + a^2 + rho_nug^2 m^2`` with ``m`` the posterior mean at
+        ``s^2 (rho_run^2 m^2 + a^2 + rho_nug^2 m^2)`` with ``m`` the posterior mean at
         the shapes (or the given means in bytes when ``from_mean=True``).
         """
         s = self._bytes_scale
@@ -392,61 +421,96 @@ class MemoryModel:
         return self._run_noise_var(mean) * s * s
 
     def predictive_var(self, shapes) -> np.ndarray:
-        """Variance (bytes^2) of a new single isolated run: latent variance + run noise.
+        """Squared scale (bytes^2) of a new single isolated run: latent + run noise, times ``s^2``.
 
-        (``predict`` widens the run-noise part to a t tail; this is the plain variance.)
+        (The predictive is a Student-t with ``scale_dof`` degrees of freedom and this scale.)
         """
         mean, var = self._latent(_as_dims(shapes))
         return (var + self._run_noise_var(mean)) * self._bytes_scale**2
 
     def posterior_cov(self, shapes_a, shapes_b) -> np.ndarray:
-        """Joint posterior covariance (bytes^2) of the latent peak, ``(m_a, m_b)``.
+        """Joint posterior covariance (bytes^2, scaled by ``s^2``) of the latent peak, ``(m_a, m_b)``.
 
-        ``k(a, b) - k_a^T K_y^{-1} k_b + R_a^T A^{-1} R_b`` (basis term included).
+        ``s^2 (k(a, b) - k_a^T K_y^{-1} k_b + R_a^T A^{-1} R_b)`` (basis term included).
         """
         dims_a, dims_b = _as_dims(shapes_a), _as_dims(shapes_b)
         _, v_a, q_a, z_a, amp_a = self._parts(dims_a)
         _, v_b, q_b, z_b, amp_b = self._parts(dims_b)
         prior = self._kernel(dims_a, dims_b, z_a, z_b, amp_a, amp_b)
-        return (prior - v_a.T @ v_b + q_a.T @ q_b) * self._bytes_scale**2
+        return self._scale_var * (prior - v_a.T @ v_b + q_a.T @ q_b) * self._bytes_scale**2
 
     def predict_many(self, shapes, confidence: float = 0.99) -> tuple[np.ndarray, np.ndarray]:
         """Mean and one-sided upper bound (bytes) of the isolated peak of a new run.
 
-        ``m = mean_g``, ``v = var_g + (t_nu / z)^2 s^2`` (run noise with the
-        t-tail of its estimate); ``upper = m + z(confidence) sqrt(v)``.  What a task
+        The predictive of a new run is a Student-t with ``nu = scale_dof`` degrees of
+        freedom, location ``m = mean_g`` and squared scale ``v = s^2 (var_g + sigma^2)``
+        (``predictive_var``): ``upper = m + t_nu(confidence) sqrt(v)``.  What a task
         needs inside a Dask worker on top is ``explorer.calibration.TaskModel``'s.
         """
-        confidence = float(confidence)
-        z = _z_quantile(confidence)
-        tail = (_t_quantile(confidence, self._noise_dof) / z) ** 2
+        from explorer import validate
+
+        t = t_quantile(validate.confidence(float(confidence)), self._scale_dof)
         mean, var = self._latent(_as_dims(shapes))
-        var = var + tail * self._run_noise_var(mean)
+        var = var + self._run_noise_var(mean)
         scale = self._bytes_scale
-        return mean * scale, (mean + z * np.sqrt(var)) * scale
+        return mean * scale, (mean + t * np.sqrt(var)) * scale
+
+    def scores(self, shapes, peak_bytes, n_repeats=1) -> np.ndarray:
+        """Normal scores of observed values under this model's predictive (``explorer.stats``).
+
+        A value that is the mean of ``r`` new runs at a shape has the predictive location
+        ``m`` and squared scale ``s^2 (var_g + sigma^2 / r)``; its standardised residual is
+        ``t``-distributed with ``scale_dof`` degrees of freedom when the model is right,
+        and its normal score ``Phi^{-1}(F_nu(t))`` is then N(0, 1).  Used on profiles the
+        model had not seen (predicted before they ran).
+        """
+        dims = _as_dims(shapes)
+        mean, var = self._latent(dims)
+        r = np.broadcast_to(np.asarray(n_repeats, dtype=np.float64), mean.shape)
+        var = var + self._run_noise_var(mean) / np.maximum(r, 1.0)
+        y = np.asarray(peak_bytes, dtype=np.float64).reshape(-1) / self._bytes_scale
+        return normal_scores((y - mean) / np.sqrt(var), self._scale_dof)
+
+    def loo_scores(self) -> np.ndarray:
+        """Normal scores of the leave-one-out residuals of the exact observations.
+
+        With ``P = K_y^{-1} - K_y^{-1} H^T A^{-1} H K_y^{-1}`` (the basis coefficients
+        integrated out), the residual of observation ``i`` predicted from all the others
+        is ``(P y)_i / P_ii`` with squared scale ``s^2 / P_ii`` (Dubrule 1983), and
+        ``P y = alpha``; so ``t_i = alpha_i / sqrt(s^2 P_ii)``, mapped to normal scores
+        as in :meth:`scores`.  The hyperparameters are those fitted with ``i`` included.
+        """
+        a = self._a
+        chol_inv = a["chol_inv"]
+        g = chol_inv.T @ (a["whitened_basis"] @ a["chol_a_inv"].T)  # K^{-1} H^T L_A^{-T}
+        p_diag = (chol_inv * chol_inv).sum(0) - (g * g).sum(1)
+        t = a["alpha"] / np.sqrt(self._scale_var * np.maximum(p_diag, 1e-300))
+        return normal_scores(t[~a["train_is_lower_bound"]], self._scale_dof)
 
     def predict(self, shape, confidence: float = 0.99) -> tuple[float, float]:
         """``(mean_bytes, upper_bytes)`` of the peak of one run on a block of ``shape``."""
         mean, upper = self.predict_many(_as_dims(shape), confidence)
         return float(mean[0]), float(upper[0])
 
-    def with_observations(self, shapes, peak_bytes, noise_var) -> "MemoryModel":
+    def with_observations(self, shapes, peak_bytes, noise_var, *, lower_bound: bool = False) -> "MemoryModel":
         """The posterior conditioned on further observations, hyperparameters held fixed.
 
-        No refit: the same kernel, feature map and noise model; ``noise_var``
-        (bytes^2) is each new observation's total noise variance.  Used to check
-        closed-form variance reductions and to fold in observations cheaply.
+        No refit: the same kernel, feature map, noise model and scale ``s^2``;
+        ``noise_var`` (bytes^2, on the scale of :meth:`noise_var`) is each new
+        observation's total noise variance.  Used to check closed-form variance
+        reductions, and for the censored-observation sites of ``fit``
+        (``lower_bound=True`` marks them).
         """
         dims = _as_dims(shapes)
         y = np.asarray(peak_bytes, dtype=np.float64).reshape(-1)
-        v = np.asarray(noise_var, dtype=np.float64).reshape(-1)
+        v = np.asarray(noise_var, dtype=np.float64).reshape(-1) / self._scale_var
         if not (len(y) == len(v) == len(dims)):
             raise ValueError("shapes, peak_bytes and noise_var must have the same length")
         a = dict(self._a)
         a["train_dims"] = np.vstack([a["train_dims"], dims])
         a["train_bytes"] = np.concatenate([a["train_bytes"], y])
         a["train_noise_var"] = np.concatenate([a["train_noise_var"], v])
-        a["train_is_lower_bound"] = np.concatenate([a["train_is_lower_bound"], np.zeros(len(y), dtype=bool)])
+        a["train_is_lower_bound"] = np.concatenate([a["train_is_lower_bound"], np.full(len(y), lower_bound)])
         scale = self._bytes_scale
         hyper = {"outputscale": self._outputscale, "lengthscale": a["lengthscale"]}
         a.update(_posterior_arrays(a["train_dims"], a["train_bytes"] / scale, a["train_noise_var"] / scale**2,
@@ -482,8 +546,7 @@ class MemoryModel:
     def coefficients(self) -> dict[str, float]:
         """``beta_bar`` in physical units: bytes, bytes/voxel, bytes/face-sample, ..."""
         scale = self._a["axis_length"]
-        l1, l2, l3 = scale
-        per_unit = np.array([1.0, l1 * l2 * l3, l1 * l2, l1 * l3, l2 * l3, l1, l2, l3])
+        per_unit = np.prod(scale[None, :] ** BASIS_EXPONENTS, axis=1)
         beta_raw = self._a["basis_transform"] @ self._a["beta"] * self._bytes_scale
         return {name: float(b / u) for name, b, u in zip(BASIS_NAMES, beta_raw, per_unit)}
 
@@ -495,6 +558,8 @@ class MemoryModel:
             "relative_nugget_sd": math.sqrt(self._rel_nugget_var),
             "relative_run_sd": math.sqrt(self._rel_run_var),
             "run_noise_dof": self._noise_dof,
+            "residual_scale": math.sqrt(self._scale_var),
+            "scale_dof": self._scale_dof,
             "abs_noise_sd_bytes": math.sqrt(self._abs_noise_var) * self._bytes_scale,
         }
 
@@ -605,6 +670,7 @@ def _pooled_relative_run_var(y, single_run_var, n_repeats) -> tuple[float, float
 
 
 def fit(operator: str, shapes, peak_bytes, noise_var, lower_bound, *, halo=(0, 0, 0), n_repeats=None,
+        block_multiple=None,
         rel_noise_floor: float = DEFAULT_REL_NOISE_FLOOR,
         abs_noise_floor_bytes: float = DEFAULT_ABS_NOISE_FLOOR_BYTES) -> MemoryModel:
     """Fit the surrogate of ``operator`` to its profiles (see the module docstring).
@@ -618,6 +684,9 @@ def fit(operator: str, shapes, peak_bytes, noise_var, lower_bound, *, halo=(0, 0
         lower_bound: ``(n,)`` True where the profile exceeded the cap, so the truth
             is ``>= peak_bytes``.
         halo: the operator's halo, kept on the model for ``explorer.chunking``.
+        block_multiple: the multiples the operator pads its blocks to (the features then
+            use :func:`effective_dims`); by default the registered operator's
+            ``block_multiple``, 1 for a name the registry does not know.
         n_repeats: ``(n,)`` runs averaged in ``peak_bytes``.  Pass it: it turns
             ``noise_var`` back into single-run variances for the pooled noise level
             and gives each point ``r - 1`` degrees of freedom.  Without it every
@@ -641,6 +710,9 @@ def fit(operator: str, shapes, peak_bytes, noise_var, lower_bound, *, halo=(0, 0
     reps = None if n_repeats is None else np.maximum(np.asarray(n_repeats, dtype=np.int64).reshape(-1), 1)
     if reps is not None and reps.shape[0] != n:
         raise ValueError("n_repeats must have one entry per shape")
+    multiple = _block_multiple(operator) if block_multiple is None else np.asarray(block_multiple, dtype=np.float64)
+    if multiple.shape != (3,) or np.any(multiple < 1):
+        raise ValueError(f"block_multiple must be 3 positive ints, got {block_multiple}")
     exact = ~lb
     if not exact.any():
         raise ValueError(f"{operator}: every profile exceeded the cap; need at least one exact profile")
@@ -654,40 +726,85 @@ def fit(operator: str, shapes, peak_bytes, noise_var, lower_bound, *, halo=(0, 0
     fixed_var = np.maximum(v, (rel_run_var * y * y + abs_var) / r_eff)
 
     def fit_on(mask_obs, as_lower_bound):
-        return _fit_posterior(dims[mask_obs], y[mask_obs], fixed_var[mask_obs], as_lower_bound,
+        return _fit_posterior(dims[mask_obs], y[mask_obs], fixed_var[mask_obs], as_lower_bound, multiple=multiple,
                               rel_run_var=rel_run_var, abs_var=abs_var, noise_dof=noise_dof)
 
     exceeded = {"exceeded_dims": dims[lb], "exceeded_bytes": y[lb]}
     arrays, fit_info = fit_on(exact, np.zeros(int(exact.sum()), dtype=bool))
     model = MemoryModel(operator, halo, n, {**arrays, **exceeded}, {})
-    used = np.zeros(n, dtype=bool)
-    if lb.any():
-        mean_at_lb, _ = model.latent_moments(dims[lb])
-        used[np.flatnonzero(lb)[mean_at_lb < y[lb]]] = True
-        if used.any():
-            # A lower bound enters as a single run at L: noise of one run, not the repeats'.
-            fixed_var[used] = rel_run_var * y[used] ** 2 + abs_var
-            mask = exact | used
-            arrays, fit_info = fit_on(mask, used[mask])
+    model, n_sites = _with_censored(model, dims[lb], y[lb])
     info = {
         **fit_info,
         "n_exact": int(exact.sum()),
         "n_lower_bounds": int(lb.sum()),
-        "n_lower_bounds_used": int(used.sum()),
+        "n_lower_bounds_used": n_sites,
         "fit_seconds": time.perf_counter() - started,
     }
-    return MemoryModel(operator, halo, n, {**arrays, **exceeded}, info)
+    return MemoryModel(operator, halo, n, model._a, info)
 
 
-def _fit_posterior(dims, y, fixed_var, is_lower_bound, *, rel_run_var, abs_var, noise_dof):
+def _with_censored(model: MemoryModel, dims, lower_bytes) -> tuple[MemoryModel, int]:
+    r"""``model`` conditioned on censored runs ``y_run >= L`` by assumed-density filtering.
+
+    For each lower bound in turn, the current predictive of the latent peak at its shape
+    is the cavity ``N(m, v)`` (scaled); the run's noise ``sigma^2`` makes the likelihood
+    ``P(y_run >= L | g) = Phi((g - L) / sigma)``.  The exact posterior of ``g`` is then
+    a probit-tilted normal with, for ``z = (m - L) / sqrt(v + sigma^2)`` and
+    ``r = phi(z) / Phi(z)``,
+
+    .. math::
+
+        m' = m + \frac{v\, r}{\sqrt{v + \sigma^2}}, \qquad
+        v' = v - \frac{v^2\, r\,(z + r)}{v + \sigma^2}
+
+    and the Gaussian site with those moments, ``tau^2 = v v' / (v - v')`` and
+    ``mu = tau^2 (m' / v' - m / v)``, joins the data as an observation of ``g``
+    (Minka 2001; the censored-GP likelihood, one sweep).  A bound far below the
+    prediction gives ``v' = v``: no site, no information, exactly as it should.
+    Hyperparameters and scale stay those of the exact profiles.  Returns the model and
+    the number of sites added.
+    """
+    from scipy.special import log_ndtr
+
+    n_sites = 0
+    scale = model._bytes_scale
+    for shape, bound in zip(np.asarray(dims).reshape(-1, 3), np.asarray(lower_bytes).reshape(-1)):
+        m, v = (float(x[0]) for x in model._latent(shape[None, :].astype(np.float64)))
+        noise = float(model._run_noise_var(np.array([m]))[0])
+        sd = math.sqrt(v + noise)
+        z = (m - bound / scale) / sd
+        ratio = math.exp(-0.5 * z * z - 0.5 * math.log(2 * math.pi) - float(log_ndtr(z)))
+        m_new = m + v * ratio / sd
+        v_new = v - v * v * ratio * (z + ratio) / (sd * sd)
+        if not v_new < v * (1 - 1e-9) or v_new <= 0:
+            continue
+        tau2 = v * v_new / (v - v_new)
+        mu = tau2 * (m_new / v_new - m / v)
+        model = model.with_observations(shape[None, :], [mu * scale], [tau2 * scale**2], lower_bound=True)
+        n_sites += 1
+    return model, n_sites
+
+
+def _block_multiple(operator: str) -> np.ndarray:
+    import operators
+
+    try:
+        return np.asarray(operators.get(operator).block_multiple, dtype=np.float64)
+    except KeyError:
+        return np.ones(3)
+
+
+def _fit_posterior(dims, y, fixed_var, is_lower_bound, *, rel_run_var, abs_var, noise_dof, multiple):
     """ML-II hyperparameters (torch) and the exported NumPy posterior of one data set."""
     from scipy.optimize import nnls
 
     n = dims.shape[0]
-    axis_length = np.exp(np.log(dims).mean(0))
+    multiple = np.asarray(multiple, dtype=np.float64)
+    log_dims = np.log(effective_dims(dims, multiple))
+    axis_length = np.exp(log_dims.mean(0))
     bytes_scale = float(y.max())
     y_s = y / bytes_scale
-    raw = _raw_basis(dims, axis_length)
+    raw = _raw_basis(dims, axis_length, multiple)
     p = raw.shape[1]
     # Amplitude envelope: relative NNLS, s(x) = raw_basis(x) @ gamma > 0.
     gamma, _ = nnls(raw / y_s[:, None], np.ones(n))
@@ -698,7 +815,7 @@ def _fit_posterior(dims, y, fixed_var, is_lower_bound, *, rel_run_var, abs_var, 
     # Prior precision of beta (raw basis): flat on [1, V]; N(0, (tau s_c)^2) on faces, edges.
     # s_c = s(centre) = sum(gamma) since every raw term is 1 at u = (1, 1, 1).
     prior_sd = _FACE_EDGE_PRIOR_RELATIVE_SD * float(gamma.sum())
-    prior_precision_raw = np.diag([0.0, 0.0] + [prior_sd**-2] * (p - 2))
+    prior_precision_raw = np.diag([0.0 if j in FLAT_TERMS else prior_sd**-2 for j in range(p)])
     # Re-parametrise so the design (rows weighted ~ 1 / noise sd) stacked on the prior
     # pseudo-rows is orthonormal: then A is close to the identity.
     weights = 1.0 / (math.sqrt(rel_run_var) * y_s)
@@ -709,7 +826,6 @@ def _fit_posterior(dims, y, fixed_var, is_lower_bound, *, rel_run_var, abs_var, 
                          "need at least two exact profiles of different volumes")
     transform = np.linalg.inv(r_factor)
     prior_precision = transform.T @ prior_precision_raw @ transform
-    log_dims = np.log(dims)
     log_lo = log_dims.min(0)
     log_span = np.maximum(log_dims.max(0) - log_lo, math.log(2.0))
     scalars = {
@@ -722,16 +838,21 @@ def _fit_posterior(dims, y, fixed_var, is_lower_bound, *, rel_run_var, abs_var, 
     fixed_s = fixed_var / bytes_scale**2
     features = {
         "axis_length": axis_length,
+        "block_multiple": multiple,
         "basis_transform": transform,
         "basis_prior_precision": prior_precision,
         "amplitude_coef": gamma,
         "log_lo": log_lo,
         "log_span": log_span,
     }
-    hyper, reml = _fit_hyperparameters(dims, y_s, fixed_s, features, amp_floor)
+    hyper, reml = _fit_hyperparameters(effective_dims(dims, multiple), y_s, fixed_s, features, amp_floor)
     total_var_s = fixed_s + hyper["relative_nugget_var"] * y_s * y_s
     posterior = _posterior_arrays(dims, y_s, total_var_s, features, amp_floor, hyper)
-    scalars.update(outputscale=hyper["outputscale"], relative_nugget_var=hyper["relative_nugget_var"])
+    # The overall scale lambda integrated out: y^T P y = y^T alpha (module docstring).
+    scale_dof = SCALE_PRIOR_DOF + n - len(FLAT_TERMS)
+    quadratic = float(y_s @ posterior["alpha"])
+    scalars.update(outputscale=hyper["outputscale"], relative_nugget_var=hyper["relative_nugget_var"],
+                   scale_var=max(1.0, (SCALE_PRIOR_DOF + quadratic) / scale_dof), scale_dof=scale_dof)
     arrays = {
         "train_dims": dims,
         "train_bytes": y,
@@ -747,10 +868,10 @@ def _fit_posterior(dims, y, fixed_var, is_lower_bound, *, rel_run_var, abs_var, 
 
 def _posterior_arrays(dims, y_s, noise_var_s, features, amp_floor, hyper):
     """``L^{-1}``, ``alpha``, ``beta_bar``, ``W = L^{-1} H^T``, ``L_A^{-1}`` (NumPy, float64)."""
-    raw = _raw_basis(dims, features["axis_length"])
+    raw = _raw_basis(dims, features["axis_length"], features["block_multiple"])
     h = raw @ features["basis_transform"]
     amp = np.maximum(raw @ features["amplitude_coef"], amp_floor)
-    z = _kernel_inputs(dims, features["log_lo"], features["log_span"])
+    z = _kernel_inputs(dims, features["log_lo"], features["log_span"], features["block_multiple"])
     k = hyper["outputscale"] * amp[:, None] * _matern52(z, z, hyper["lengthscale"]) * amp[None, :]
     k_y = k + np.diag(noise_var_s)
     chol = np.linalg.cholesky(k_y)
@@ -855,10 +976,10 @@ def _torch_posterior(model: MemoryModel, shapes):
     torch, gpytorch = t.torch, t.gpytorch
     a = model._a
     scale = model._bytes_scale
-    features = {name: a[name] for name in ("axis_length", "basis_transform", "basis_prior_precision",
+    features = {name: a[name] for name in ("axis_length", "block_multiple", "basis_transform", "basis_prior_precision",
                                            "amplitude_coef", "log_lo", "log_span")}
     feature_map = t.FeatureMap(features, model._amp_floor)
-    x = torch.as_tensor(a["train_dims"], dtype=torch.float64)
+    x = torch.as_tensor(effective_dims(a["train_dims"], a["block_multiple"]), dtype=torch.float64)
     y = torch.as_tensor(a["train_bytes"] / scale, dtype=torch.float64)
     noise = torch.as_tensor(a["train_noise_var"] / scale**2, dtype=torch.float64)
     with gpytorch.settings.min_fixed_noise(float_value=1e-30, double_value=1e-30, half_value=1e-30):
@@ -868,7 +989,7 @@ def _torch_posterior(model: MemoryModel, shapes):
         gp.covar_module.scaled.base_kernel.lengthscale = torch.as_tensor(a["lengthscale"]).reshape(1, 3)
         gp.covar_module.scaled.outputscale = torch.tensor(model._outputscale, dtype=torch.float64)
         gp.eval()
-        xs = torch.as_tensor(_as_dims(shapes), dtype=torch.float64)
+        xs = torch.as_tensor(effective_dims(_as_dims(shapes), a["block_multiple"]), dtype=torch.float64)
         with torch.no_grad(), gpytorch.settings.fast_pred_var(False), gpytorch.settings.max_cholesky_size(10**6):
             post = gp(xs)
             mean = post.mean
@@ -881,4 +1002,4 @@ def _torch_posterior(model: MemoryModel, shapes):
             r = h_star.T - h.T @ torch.linalg.solve(k_y, k_star)
             a_mat = h.T @ torch.linalg.solve(k_y, h) + feature_map.basis_prior_precision
             cov = cov + r.T @ torch.linalg.solve(a_mat, r)
-    return mean.numpy() * scale, cov.numpy() * scale**2
+    return mean.numpy() * scale, cov.numpy() * scale**2 * model._scale_var

@@ -37,6 +37,10 @@ class Operator:
     halo: ClassVar[Shape] = (0, 0, 0)
     whole_axes: ClassVar[tuple[int, ...]] = ()
     output_dtype: ClassVar[np.dtype] = np.dtype(np.float32)
+    #: The operator pads each block up to a multiple of these per axis before computing
+    #: (a U-Net's ``2^levels``); its memory then steps with ``ceil(n / m) * m``, which the
+    #: surrogate takes as its input (``explorer.surrogate.effective_dims``).
+    block_multiple: ClassVar[Shape] = (1, 1, 1)
     #: A version string for the operator's code; when None, the environment stamp of a
     #: saved model uses a digest of the module that defines the class.
     version: ClassVar[str | None] = None

@@ -144,6 +144,29 @@ def test_lower_bounds_raise_the_prediction_where_exact_data_predict_less():
     assert cleared.n_observations == 13
 
 
+def test_a_lower_bound_is_censored_not_exact():
+    """The truth is above L: the site pulls the mean to at least about L, but the variance
+    there stays above what an exact run at L would leave (the old treatment's collapse)."""
+    rng = np.random.default_rng(3)
+    shapes = space_filling_shapes(12, hi=150, seed=3)
+    peak, var = profile(gst_like_truth, shapes, rng, np.full(12, 2))
+    exceeded = np.array([300, 300, 300])
+    exact_only = fit("gst3d", shapes, peak, var, np.zeros(12, dtype=bool), n_repeats=np.full(12, 2))
+    before, _ = exact_only.latent_moments(exceeded)
+    bound = before[0] + 2 * np.sqrt(exact_only.predictive_var(exceeded)[0])  # a run 2 sd above the prediction
+    lower = np.append(np.zeros(12, dtype=bool), True)
+    censored = fit("gst3d", np.vstack([shapes, exceeded]), np.append(peak, bound), np.append(var, 0.0), lower,
+                   n_repeats=np.append(np.full(12, 2), 1))
+    exact = fit("gst3d", np.vstack([shapes, exceeded]), np.append(peak, bound), np.append(var, 0.0),
+                np.zeros(13, dtype=bool), n_repeats=np.append(np.full(12, 2), 1))
+    mean_c, var_c = censored.latent_moments(exceeded)
+    _, var_e = exact.latent_moments(exceeded)
+    assert mean_c[0] > before[0] + 0.8 * (bound - before[0])  # E[g | y_run >= L]: about L, from below
+    assert var_c[0] > 1.2 * var_e[0]
+    assert censored.predict(exceeded)[1] > bound  # the bound is above what a run was seen to exceed
+    assert censored.train_is_lower_bound.sum() == 1 and censored.info["n_lower_bounds_used"] == 1
+
+
 def test_few_points_give_a_wide_but_finite_bound():
     """An initial design of 5 profiles: all eight basis terms, priors keep the bound honest."""
     rng = np.random.default_rng(4)
@@ -156,20 +179,22 @@ def test_few_points_give_a_wide_but_finite_bound():
     assert np.mean(upper >= gst_like_truth(test)) >= 0.97
 
 
-def test_upper_bound_is_latent_plus_t_tailed_run_noise(model15):
-    from scipy.stats import norm, t
+def test_upper_bound_is_a_student_t_quantile_with_the_dof_the_data_leave(model15):
+    from scipy.stats import t
 
     model, _ = model15
     shape = (100, 120, 90)
     mean_g, var_g = model.latent_moments(shape)
     run_noise = model.noise_var(shape)
-    dof = model.hyperparameters["run_noise_dof"]
+    hyper = model.hyperparameters
+    # 15 exact profiles, 2 flat mean terms, one prior degree of freedom
+    assert hyper["scale_dof"] == 15 - 2 + surrogate.SCALE_PRIOR_DOF
+    assert hyper["residual_scale"] >= 1.0
     for confidence in (0.9, 0.99):
-        z, t_q = norm.ppf(confidence), t.ppf(confidence, dof)
         mean, upper = model.predict(shape, confidence)
         assert mean == pytest.approx(mean_g[0], rel=1e-12)
-        expected = mean_g[0] + z * np.sqrt(var_g[0] + (t_q / z) ** 2 * run_noise[0])
-        assert upper == pytest.approx(expected, rel=1e-4)
+        expected = mean_g[0] + t.ppf(confidence, hyper["scale_dof"]) * np.sqrt(var_g[0] + run_noise[0])
+        assert upper == pytest.approx(expected, rel=1e-9)
 
 
 def test_predict_matches_predict_many_and_validates(model15):
