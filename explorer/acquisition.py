@@ -39,6 +39,7 @@ profile already exceeded the cap.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -53,8 +54,10 @@ __all__ = [
     "propose",
     "relative_half_width",
     "safe_mask",
-    "should_stop",
+    "StopDecision",
+    "stop_decision",
     "target_mask",
+    "validation_shapes",
 ]
 
 #: Bytes per voxel of the float32 blocks the operators run on.
@@ -236,12 +239,21 @@ def integrated_variance_reduction(model, candidates, targets) -> np.ndarray:
     over targets of the drop in relative variance if ``x`` were profiled once.
     """
     candidates, targets = _shapes(candidates), _shapes(targets)
+    weights, cov_tc, var_c, noise_c = _score_terms(model, candidates, targets)
+    return _ivr(weights, cov_tc, var_c, noise_c)
+
+
+def _score_terms(model, candidates, targets):
+    """``1 / mean(t)^2``, ``cov(t, x)``, ``var(x)`` and the run noise ``s^2(x)`` of the score."""
     mean_t, _ = model.latent_moments(targets)
     mean_c, var_c = model.latent_moments(candidates)
     noise_c = model.noise_var(mean_c, from_mean=True)
-    cov_tc = model.posterior_cov(targets, candidates)
-    weights = _relative_weights(mean_t)
-    return (weights @ (cov_tc * cov_tc)) / (var_c + noise_c)
+    return _relative_weights(mean_t), model.posterior_cov(targets, candidates), var_c, noise_c
+
+
+def _ivr(weights, cov_tc, var_c, noise_c):
+    """The score's formula, the one place it is written: ``sum_t w_t cov(t, x)^2 / (var(x) + s^2(x))``."""
+    return (weights @ (cov_tc * cov_tc)) / np.maximum(var_c + noise_c, 1e-300)
 
 
 def safe_mask(model, candidates, memory_cap_bytes: float, confidence: float = 0.99) -> np.ndarray:
@@ -291,6 +303,24 @@ def propose(model, candidates, targets, cost_model, memory_cap_bytes: float, n: 
     return [tuple(int(d) for d in pool[j]) for j in picked]
 
 
+def validation_shapes(model, targets, memory_cap_bytes: float, n: int = 1, confidence: float = 0.99, *,
+                      exclude=()) -> list[tuple[int, int, int]]:
+    """Up to ``n`` safe targets where the bound claims the most: the largest relative
+    half-width ``(upper - mean) / mean``, never one of ``exclude``.
+
+    Once the bound is tight everywhere, the loop profiles these instead of the
+    variance-reduction picks: each is predicted before it runs, so the stop rule's
+    prequential test (:func:`stop_decision`) checks the bound exactly where it is
+    widest, which a cost-aware pick (cheap, small blocks) would rarely visit.
+    """
+    targets = _shapes(targets)
+    exclude = np.asarray(exclude, dtype=targets.dtype).reshape(-1, 3)
+    ok = safe_mask(model, targets, memory_cap_bytes, confidence) & ~_is_one_of(targets, exclude)
+    width = np.where(ok, relative_half_width(model, targets, confidence), -np.inf)
+    order = [int(j) for j in np.argsort(-width, kind="stable")[: max(int(n), 0)] if np.isfinite(width[j])]
+    return [tuple(int(d) for d in targets[j]) for j in order]
+
+
 def _is_one_of(shapes: np.ndarray, others: np.ndarray) -> np.ndarray:
     """Which of ``shapes`` equal one of ``others`` on every axis."""
     if len(others) == 0:
@@ -301,11 +331,7 @@ def _is_one_of(shapes: np.ndarray, others: np.ndarray) -> np.ndarray:
 def _greedy_batch(model, candidates, targets, cost, available, n, given=()):
     """Indices of the greedy picks and their scores ``IVR / cost`` at the time of picking,
     after conditioning on the candidates at indices ``given`` (observations under way)."""
-    mean_t, _ = model.latent_moments(targets)
-    mean_c, var_c = model.latent_moments(candidates)
-    noise_c = model.noise_var(mean_c, from_mean=True)
-    cov_tc = model.posterior_cov(targets, candidates)  # (T, C), updated in place
-    weights = _relative_weights(mean_t)
+    weights, cov_tc, var_c, noise_c = _score_terms(model, candidates, targets)  # cov_tc updated in place
     available = np.array(available, dtype=bool)
     updates_c: list[np.ndarray] = []  # u_i over the candidates: cov -= u_i u_i^T
 
@@ -330,9 +356,8 @@ def _greedy_batch(model, candidates, targets, cost, available, n, given=()):
     for _ in range(n):
         if not available.any():
             break
-        denom = np.maximum(var_c + noise_c, 1e-300)
         score = np.full(len(candidates), -np.inf)
-        score[available] = (weights @ (cov_tc[:, available] ** 2)) / denom[available] / cost[available]
+        score[available] = _ivr(weights, cov_tc[:, available], var_c[available], noise_c[available]) / cost[available]
         j = int(np.argmax(score))
         if not np.isfinite(score[j]) or score[j] <= 0:
             break
@@ -352,7 +377,90 @@ def relative_half_width(model, targets, confidence: float = 0.99) -> np.ndarray:
         return np.where(mean > 0, (upper - mean) / mean, np.inf)
 
 
-def should_stop(model, targets, tolerance: float = DEFAULT_TOLERANCE, confidence: float = 0.99) -> bool:
-    """True when the bound is within ``tolerance`` (relative half-width) at every target."""
+#: How many of the latest profiles the stop checks against their predictions made before they ran.
+N_PREQUENTIAL = 3
+#: Significance level of the stop's two consistency tests.
+EVIDENCE_LEVEL = 0.05
+
+
+@dataclass(frozen=True)
+class StopTest:
+    """One test of the stop rule: its name, whether it passed, and its numbers."""
+
+    name: str
+    passed: bool
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.name} {'passed' if self.passed else 'failed'} ({self.detail})"
+
+
+@dataclass(frozen=True)
+class StopDecision:
+    """The stop rule's verdict: ``stop`` when every test passed."""
+
+    half_width: float
+    tests: tuple[StopTest, ...]
+
+    @property
+    def tight(self) -> bool:
+        return self.tests[0].passed
+
+    @property
+    def stop(self) -> bool:
+        return all(t.passed for t in self.tests)
+
+    def describe(self) -> str:
+        return "; ".join(str(t) for t in self.tests)
+
+
+def stop_decision(model, targets, *, tolerance: float = DEFAULT_TOLERANCE, confidence: float = 0.99,
+                  prequential_scores=None, memory_limit_bytes: float | None = None,
+                  n_prequential: int = N_PREQUENTIAL, level: float = EVIDENCE_LEVEL) -> StopDecision:
+    r"""The stop rule, the one place it is written: stop when the bound is tight over the
+    target region *and* the evidence says the model's uncertainty is honest.
+
+    1. **tight**: the relative half-width ``(upper - mean) / mean`` of the bound at
+       ``confidence`` is ``<= tolerance`` at every target.
+    2. **predictions**: the last ``K = n_prequential`` profiles, each predicted by the
+       model fitted on the profiles before it (``prequential_scores``: their normal
+       scores ``u_j``, ``MemoryModel.scores``), are consistent with those predictions:
+       ``sum u_j^2 <= chi2_{K}(1 - level)``.  A model whose bound is too narrow for what
+       it then saw fails (its residuals are too large for its own scale).  With fewer
+       than ``K`` scores, or none given, this test has not passed.
+    3. **leave-one-out**: no profile in the target region is unexplained by the others,
+       Bonferroni over those ``n`` exact profiles: ``max_i |u_i| <= Phi^{-1}(1 - level / (2 n))``
+       for the leave-one-out normal scores ``u_i`` (``MemoryModel.loo_scores``); a step or a
+       regime the model does not capture shows up here.  The region is
+       :func:`target_mask`'s at ``memory_limit_bytes`` (all exact profiles without it): a
+       misfit of blocks far smaller than any task, e.g. allocator granularity at a few MiB,
+       says nothing about the bound where it is used.
+
+    Under a right model the scores are independent N(0, 1) (the prequential ones
+    exactly so, Dawid 1984), so each test fails a right model with probability
+    ``level`` (one more profile, then the test again) and a model that claims too much
+    with a probability that grows with the evidence against it.
+    """
+    from explorer.stats import chi2_upper, normal_upper
+
     targets = _shapes(targets)
-    return bool(len(targets)) and float(np.max(relative_half_width(model, targets, confidence))) <= tolerance
+    half_width = float(np.max(relative_half_width(model, targets, confidence))) if len(targets) else math.inf
+    tests = [StopTest("tight", half_width <= tolerance,
+                      f"{confidence:.0%} bound's relative half-width {half_width:.1%} vs tolerance {tolerance:.1%}")]
+    scores = [] if prequential_scores is None else [float(u) for u in prequential_scores][-n_prequential:]
+    if len(scores) < n_prequential:
+        tests.append(StopTest("predictions", False, f"{len(scores)} of the last {n_prequential} profiles "
+                                                    "checked against their predictions"))
+    else:
+        stat, critical = float(np.sum(np.square(scores))), chi2_upper(n_prequential, level)
+        tests.append(StopTest("predictions", stat <= critical,
+                              f"last {n_prequential} profiles against their predictions: "
+                              f"sum of squared scores {stat:.2f} vs {critical:.2f}"))
+    loo = np.abs(np.asarray(model.loo_scores(), dtype=np.float64))
+    if memory_limit_bytes is not None:
+        exact = model.train_shapes[~model.train_is_lower_bound]
+        loo = loo[target_mask(model, exact, memory_limit_bytes, confidence)]
+    worst, critical = float(loo.max(initial=0.0)), normal_upper(level / (2 * max(len(loo), 1)))
+    tests.append(StopTest("leave-one-out", worst <= critical,
+                          f"largest |score| of the {len(loo)} profiles in the region {worst:.2f} vs {critical:.2f}"))
+    return StopDecision(half_width, tuple(tests))

@@ -202,6 +202,12 @@ def _cmd_explore(argv: list[str]) -> int:
         print(f"[{step.index:>3}/{budget}] {format_shape(step.shape):>15}  {step.status:<8} peak {peak:>10}  "
               f"{secs:>9}  uncertainty {unc}", file=sys.stderr, flush=True)
 
+    def started(shape, purpose, predicted_seconds):
+        if predicted_seconds is None or predicted_seconds < 1:
+            return  # a line per profile is enough when they take under a second
+        eta = f", ~{predicted_seconds:.0f} s"
+        print(f"{'':>9} {format_shape(shape):>15}  profiling ({purpose}{eta}) ...", file=sys.stderr, flush=True)
+
     def probe_progress(index, total, block, r):
         if r.status != "ok":
             line = f"{r.status}: {r.error}"
@@ -218,7 +224,7 @@ def _cmd_explore(argv: list[str]) -> int:
     result = explore(args.operator, budget=args.budget, tolerance=args.tolerance, confidence=args.confidence,
                      memory_limit=args.memory_limit, memory_cap=args.memory_cap, runs_dir=args.runs_dir,
                      storage=args.storage, jobs=args.jobs, repeat=args.repeat, seed=args.seed, progress=progress,
-                     probes=args.probes, probe_progress=probe_progress)
+                     on_start=started, probes=args.probes, probe_progress=probe_progress)
     if args.json:
         print(json.dumps(result.to_dict()))
         return 0

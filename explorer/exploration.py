@@ -20,6 +20,7 @@ number ``budget``; a shape another process has claimed or profiled is not picked
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -41,10 +42,6 @@ DEFAULT_LIMIT_CAP = 4 * 2**30
 N_INITIAL = 5
 #: Input bytes of the largest start shape, as a share of the target memory.
 INITIAL_INPUT_SHARE = 1 / 256
-#: No stop on tolerance before this many exact profiles: twice the mean's 8 basis terms.
-#: With fewer, the residual's scale is set by its prior and the bound can be overconfident
-#: (measured: gst3d stopped at 9 profiles with 6 of 15 held-out peaks under its bound).
-MIN_PROFILES_TO_STOP = 16
 #: Seconds per profile outside the operator before the loop has measured its own.
 DEFAULT_LOOP_OVERHEAD = 0.3
 #: Seconds a claim on a shape holds at least (longer for a profile with a longer timeout):
@@ -119,9 +116,7 @@ def training_data(records: list[Record], dtype_itemsize: int = 4):
     applies its own floor).  ``exceeded`` profiles enter as lower bounds.
     """
     shapes, values, noise, lower, n_repeats = [], [], [], [], []
-    for r in records:
-        if r.source != SOURCE_PROFILE or r.peak_bytes is None or r.status not in (OK, EXCEEDED):
-            continue
+    for r in _usable(records):
         repeats = np.asarray(r.repeats or [r.peak_bytes], dtype=float)
         shapes.append(r.shape)
         n_repeats.append(len(repeats))
@@ -160,6 +155,141 @@ def profile_cost_model(records: list[Record], repeat: int, loop_overhead: list[f
                      fitted=run_cost.fitted)
 
 
+@dataclass
+class Ask:
+    """The loop's next move (:meth:`ExplorationCore.ask`).
+
+    ``shapes`` to profile next; none with ``stopped_because`` None means wait (others'
+    profiles in flight are what the fit needs).  ``decision`` is the stop rule's verdict
+    on ``model`` (None before a model exists).
+    """
+
+    shapes: list[tuple[int, int, int]]
+    stopped_because: str | None = None
+    model: object | None = None
+    decision: object | None = None
+    #: Why these shapes: "design", "variance reduction" or "validation".
+    purpose: str = "design"
+
+    @property
+    def half_width(self) -> float | None:
+        return None if self.decision is None else self.decision.half_width
+
+
+class ExplorationCore:
+    """The explore loop's decisions in ask/tell form (as Optuna's), with no process and no store.
+
+    ``ask(records, ...)`` looks at every observation so far (telling is appending a
+    finished profile to ``records``) and answers with the shapes to profile next, or
+    why to stop: first the space-filling design, then ``acquisition.propose`` until
+    ``acquisition.stop_decision`` says stop or the budget is spent.  ``explore``
+    drives it with real profiles in a store; a test or a benchmark can drive it with
+    any truth.  Fits are cached by the observations they saw, so the prequential
+    check (each of the latest profiles against the model fitted before it ran) costs
+    no refit of what the loop fitted anyway.
+    """
+
+    def __init__(self, operator: str, *, memory_limit: int, memory_cap: int, confidence: float = 0.99,
+                 tolerance: float = 0.05, seed: int = 0):
+        from explorer import acquisition
+
+        op = operators.get(operator)
+        self.operator, self.halo = op.name, op.halo
+        self.memory_limit, self.memory_cap = int(memory_limit), int(memory_cap)
+        self.confidence, self.tolerance = confidence, tolerance
+        self.candidates = acquisition.candidate_shapes(N_CANDIDATES, seed=seed)
+        self.chunkable = acquisition.chunkable_mask(self.candidates, op.whole_axes)
+        self.design = [tuple(int(n) for n in s) for s in acquisition.initial_design(
+            N_INITIAL, max_input_bytes=self.memory_limit * INITIAL_INPUT_SHARE, seed=seed)]
+        self._fits: dict[tuple, object] = {}
+        #: Shapes this core picked to validate a tight bound (``acquisition.validation_shapes``).
+        self.validations: set[tuple[int, int, int]] = set()
+
+    def fit(self, records: list[Record]):
+        """The surrogate fitted on ``records`` (cached), or None when they cannot determine one
+        (fewer than two exact profiles of different volumes)."""
+        from explorer import surrogate
+
+        shapes, values, noise, lower, n_repeats = training_data(records)
+        if len(np.unique(shapes[~lower].prod(axis=1))) < 2:
+            return None
+        key = (shapes.tobytes(), values.tobytes(), lower.tobytes())
+        if key not in self._fits:
+            self._fits[key] = surrogate.fit(self.operator, shapes, values, noise, lower, halo=self.halo,
+                                            n_repeats=n_repeats)
+        return self._fits[key]
+
+    def prequential_scores(self, records: list[Record], last: int) -> list[float]:
+        """Normal scores of the ``last`` latest validation profiles (exact), each under the model
+        fitted on the profiles before it (``MemoryModel.scores``)."""
+        usable = _usable(records)
+        scores = []
+        for i in [i for i, r in enumerate(usable) if r.status == OK and r.shape in self.validations][-last:]:
+            model = self.fit(usable[:i])
+            if model is not None:
+                r = usable[i]
+                repeats = r.repeats or [r.peak_bytes]
+                scores.append(float(model.scores([r.shape], [float(np.mean(repeats))], len(repeats))[0]))
+        return scores
+
+    def target_shapes(self, model) -> np.ndarray:
+        """The candidates chunk sizing will ask about, at most ``N_TARGETS`` spread over them."""
+        from explorer import acquisition
+
+        targets = self.candidates[acquisition.target_mask(model, self.candidates, self.memory_limit, self.confidence)
+                                  & self.chunkable]
+        if len(targets) > N_TARGETS:
+            targets = targets[np.linspace(0, len(targets) - 1, N_TARGETS).astype(int)]
+        return targets
+
+    def ask(self, records: list[Record], *, n: int = 1, budget_left: int, pending=(), cost_model=None) -> Ask:
+        """What to profile next given ``records`` (everyone's finished profiles, store order),
+        ``pending`` shapes being profiled elsewhere and the profiles ``budget_left``."""
+        from explorer import acquisition
+
+        usable = _usable(records)
+        tried = [r.shape for r in records if r.source == SOURCE_PROFILE]  # errors too: never retried
+        taken = set(tried) | {tuple(s) for s in pending}
+        n_ok = sum(r.status == OK for r in usable)
+        todo = [s for s in self.design if s not in taken][: max(0, min(n, N_INITIAL - n_ok, budget_left))]
+        if todo:
+            return Ask(todo)
+        model = self.fit(usable)
+        if model is None:
+            if len(pending) and budget_left >= 0:
+                return Ask([])  # their profiles may be what the fit needs: wait for them
+            return Ask([], "too few successful profiles to fit a model (see the errors above)")
+        targets = self.target_shapes(model)
+        if len(targets) == 0:
+            return Ask([], "no candidate shape falls in the target region; check --memory-limit", model)
+        decide = functools.partial(acquisition.stop_decision, model, targets, tolerance=self.tolerance,
+                                   confidence=self.confidence, memory_limit_bytes=self.memory_limit)
+        decision = decide()
+        if decision.tight:
+            decision = decide(prequential_scores=self.prequential_scores(usable, acquisition.N_PREQUENTIAL))
+        if decision.stop:
+            return Ask([], f"converged: {decision.describe()}", model, decision)
+        if budget_left <= 0:
+            return Ask([], f"budget spent: {decision.describe()}", model, decision)
+        if decision.tight:  # the bound claims enough: test it where it claims the most
+            batch = acquisition.validation_shapes(model, targets, self.memory_cap, n=min(n, budget_left),
+                                                  confidence=self.confidence, exclude=tried + list(pending))
+            self.validations.update(batch)
+        else:
+            batch = acquisition.propose(model, self.candidates, targets, cost_model or acquisition.CostModel(),
+                                        self.memory_cap, n=min(n, budget_left), confidence=self.confidence,
+                                        pending=list(pending), exclude=tried)
+        if not batch:
+            return Ask([], "no safe candidate left under the profiling memory cap", model, decision)
+        return Ask(batch, None, model, decision, "validation" if decision.tight else "variance reduction")
+
+
+def _usable(records: list[Record]) -> list[Record]:
+    """The isolated profiles a fit can use (exact or lower bound), in store order."""
+    return [r for r in records
+            if r.source == SOURCE_PROFILE and r.peak_bytes is not None and r.status in (OK, EXCEEDED)]
+
+
 def explore(
     operator: str,
     *,
@@ -174,6 +304,7 @@ def explore(
     repeat: int = 2,
     seed: int = 0,
     progress=None,
+    on_start=None,
     report: bool = True,
     probes: int | None = None,
     probe_progress=None,
@@ -187,7 +318,9 @@ def explore(
     profiles at the end if others finished some since the last fit, and saved unless the
     saved one already learnt from more (:func:`save_model_unless_superseded`).
 
-    ``progress(step: Step, total_budget)`` is called after every profile,
+    ``on_start(shape, purpose, predicted_seconds)`` is called as each profile starts
+    (``purpose``: "design", "variance reduction" or "validation"; seconds None before
+    any were measured), ``progress(step: Step, total_budget)`` after every profile,
     ``probe_progress(index, total, block, run_result)`` after every probe.  ``probes``:
     how many (default ``explorer.probes.DEFAULT_PROBES``; 0 skips them).  Probes are
     skipped when this call profiled nothing new and the saved calibration already holds
@@ -213,15 +346,15 @@ def explore(
 
     steps: list[Step] = []
     operator_seconds = 0.0
-    candidates = acquisition.candidate_shapes(N_CANDIDATES, seed=seed)
-    chunkable = acquisition.chunkable_mask(candidates, op.whole_axes)
+    core = ExplorationCore(op.name, memory_limit=limit, memory_cap=cap, confidence=confidence,
+                           tolerance=tolerance, seed=seed)
     cost_model = acquisition.CostModel(DEFAULT_LOOP_OVERHEAD + repeat * 0.01, repeat * 5e-8)
     model, metric, stopped_because = None, None, None
     profilers = [Profiler(gpu=False) for _ in range(jobs)]
 
     loop_overhead = []  # seconds per profile the loop spends outside the operator
 
-    def run_batch(shapes) -> int:
+    def run_batch(shapes, purpose="design") -> int:
         """Claim each shape in the store, profile the claimed ones, write each onto its claim at once.
 
         Returns how many were claimed: a shape another process holds or has profiled is
@@ -233,6 +366,10 @@ def explore(
         if not claims:
             return 0
         spent_before = operator_seconds
+        if on_start:
+            for c in claims:
+                predicted = cost_model.predict(np.asarray([c.shape]))[0] if cost_model.fitted else None
+                on_start(c.shape, purpose, predicted)
         try:
             with ThreadPoolExecutor(max_workers=len(claims)) as pool:
                 futures = {pool.submit(profilers[i].profile, op.name, c.shape, repeat=repeat, memory_cap=cap,
@@ -261,75 +398,38 @@ def explore(
         timeout = timeout_for(shape)
         return CLAIM_SECONDS if timeout is None else max(CLAIM_SECONDS, 2 * repeat * timeout)
 
-    def fit_model(records):
-        shapes, values, noise, lower, n_repeats = training_data(records)
-        return surrogate.fit(op.name, shapes, values, noise, lower, halo=op.halo, n_repeats=n_repeats)
-
     last_batch_end = time.perf_counter()
-    fitted_on = 0
     try:
-        # 1. a small space-filling start (skipped for what the store already has or others are profiling)
-        design = [tuple(int(n) for n in s)
-                  for s in acquisition.initial_design(N_INITIAL, max_input_bytes=limit * INITIAL_INPUT_SHARE,
-                                                      seed=seed)]
-        while True:
-            records = stored_profiles()
-            n_ok = sum(r.status == OK for r in records)
-            taken = {r.shape for r in records} | {c.shape for c in store.live_claims(op.name)}
-            todo = [s for s in design if s not in taken][: min(jobs, N_INITIAL - n_ok)]
-            if not todo:
-                break
-            if not run_batch(todo) and store.profiles_and_claims(op.name) >= budget:
-                break
-
-        # 2. refit, stop or propose, profile, repeat
+        # ask (design, then refit, stop or propose), profile, tell (the store), repeat
         while True:
             records = stored_profiles()
             others = store.live_claims(op.name)
-            shapes, values, noise, lower, n_repeats = training_data(records)
-            if len(np.unique(shapes[~lower].prod(axis=1))) < 2:
-                if others:  # their profiles may be what the fit needs: wait for them
-                    time.sleep(CLAIM_POLL_SECONDS)
-                    continue
-                stopped_because = "too few successful profiles to fit a model (see the errors above)"
-                break
-            model, fitted_on = fit_model(records), len(records)
-            cost_model = profile_cost_model(records, repeat, loop_overhead)
-            target_shapes = candidates[acquisition.target_mask(model, candidates, limit, confidence)
-                                       & chunkable]
-            if len(target_shapes) > N_TARGETS:
-                target_shapes = target_shapes[np.linspace(0, len(target_shapes) - 1, N_TARGETS).astype(int)]
-            if len(target_shapes) == 0:
-                stopped_because = "no candidate shape falls in the target region; check --memory-limit"
-                break
-            metric = float(np.max(acquisition.relative_half_width(model, target_shapes, confidence)))
-            if steps:
-                steps[-1].max_relative_uncertainty = metric
-            n_exact = int((~lower).sum())
-            if metric <= tolerance and n_exact >= MIN_PROFILES_TO_STOP:
-                stopped_because = (f"converged: the {confidence:.0%} bound's relative half-width is "
-                                   f"{metric:.1%} <= tolerance {tolerance:.1%} over the target region")
-                break
             counted = store.profiles_and_claims(op.name)
-            if counted >= budget:
+            if model is not None:
+                cost_model = profile_cost_model(records, repeat, loop_overhead)
+            ask = core.ask(records, n=jobs, budget_left=budget - counted, pending=[c.shape for c in others],
+                           cost_model=cost_model)
+            if ask.model is not None:
+                model, metric = ask.model, ask.half_width
+                if steps:
+                    steps[-1].max_relative_uncertainty = metric
+            if ask.stopped_because:
+                stopped_because = ask.stopped_because
                 in_flight = counted - len(records)
-                stopped_because = (f"budget of {budget} profiles spent (relative half-width {metric:.1%})"
-                                   + (f"; {in_flight} still being profiled by other processes" if in_flight else ""))
+                if stopped_because.startswith("budget"):
+                    stopped_because = (f"budget of {budget} profiles spent"
+                                       + (f", {in_flight} still being profiled by other processes" if in_flight else "")
+                                       + stopped_because[len("budget spent"):])
                 break
-            batch = acquisition.propose(model, candidates, target_shapes, cost_model, cap,
-                                        n=min(jobs, budget - counted), confidence=confidence,
-                                        pending=[c.shape for c in others], exclude=[r.shape for r in records])
-            if not batch:
-                stopped_because = "no safe candidate left under the profiling memory cap"
-                break
-            run_batch(batch)
+            if not ask.shapes or not run_batch(ask.shapes, ask.purpose):
+                time.sleep(CLAIM_POLL_SECONDS)  # others hold what we would profile: look again
     finally:
         for profiler in profilers:
             profiler.close()
 
     records = stored_profiles()  # the store's true count now, other processes' profiles included
-    if model is not None and len(records) > fitted_on:
-        model = fit_model(records)
+    if model is not None:
+        model = core.fit(records) or model  # cached when nothing new arrived
     model_file = report_file = probe_result = None
     if model is not None:
         model_file = paths.model_path(op.name, runs_dir)

@@ -18,9 +18,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def start_explore(runs, storage):
-    # --tolerance 0.01 with fewer than MIN_PROFILES_TO_STOP profiles: no process converges early
+    # a tolerance no model reaches: no process converges early
     args = [sys.executable, "-m", "explorer.cli", OPERATOR, "--budget", str(BUDGET), "--memory-limit", "64MiB",
-            "--repeat", "1", "--probes", "0", "--tolerance", "0.01", "--seed", "0", "--runs-dir", str(runs),
+            "--repeat", "1", "--probes", "0", "--tolerance", "0.000001", "--seed", "0", "--runs-dir", str(runs),
             "--json"] + (["--storage", storage] if storage else [])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     return subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -1,0 +1,118 @@
+"""The stop rule and the loop's own stop, driven through the ask/tell core on known truths.
+
+No processes here on purpose: the truths are deliberately misspecified functions (memory
+the surrogate's polynomial mean cannot express), so the coverage of the bound at the point
+where the loop stops on its own can be measured on hundreds of held-out shapes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from explorer import acquisition
+from explorer.exploration import ExplorationCore
+from explorer.store import Record
+from explorer.surrogate import fit
+from operators.base import Operator, register
+
+MiB = 2**20
+CV = 0.005  # run-to-run coefficient of variation
+LIMIT = 1024 * MiB
+
+
+@register
+class _PaddedTestOperator(Operator):
+    """Stands for a network that pads its blocks to multiples of 8 (it declares it)."""
+
+    name = "test_padded_truth"
+    block_multiple = (8, 8, 8)
+
+    def run(self, block):
+        return block
+
+
+def size_dependent_truth(shapes, multiple=1):
+    """Bytes per voxel that grow with the (padded) volume: ``(150 + 30 log10 V) V + 8 MiB``,
+    ``V`` of the block padded to ``multiple``: no polynomial in the dims is this."""
+    d = np.asarray(shapes, dtype=np.float64).reshape(-1, 3)
+    v = (np.ceil(d / multiple) * multiple).prod(axis=1)
+    return 8 * MiB + (150 + 30 * np.log10(v)) * v
+
+
+def run_loop(operator, truth, seed, budget=60):
+    """The loop on ``truth`` until it stops: (the last ask, records, core)."""
+    core = ExplorationCore(operator, memory_limit=LIMIT, memory_cap=8 * LIMIT, seed=seed)
+    rng = np.random.default_rng(seed)
+    records: list[Record] = []
+    while True:
+        ask = core.ask(records, budget_left=budget - len(records))
+        if ask.stopped_because:
+            return ask, records, core
+        for shape in ask.shapes:
+            runs = truth(shape)[0] * (1 + CV * rng.standard_normal(2))
+            records.append(Record(tuple(shape), float(runs.mean()), "ok", "profile", repeats=list(runs)))
+
+
+@pytest.mark.parametrize("operator, multiple", [("gst3d", 1), ("test_padded_truth", 8)],
+                         ids=["size-dependent bytes per voxel", "and padding steps"])
+def test_where_the_loop_stops_on_its_own_the_bound_covers_a_misspecified_truth(operator, multiple):
+    covered, stops = [], []
+    for seed in range(3):
+        ask, records, core = run_loop(operator, lambda s: size_dependent_truth(s, multiple), seed)
+        assert ask.stopped_because.startswith("converged"), ask.stopped_because
+        stops.append(len(records))
+        targets = core.target_shapes(ask.model)
+        assert len(targets) > 100
+        new_run = size_dependent_truth(targets, multiple) * (1 + CV * np.random.default_rng(99 + seed).standard_normal(
+            len(targets)))
+        _, upper = ask.model.predict_many(targets, 0.99)
+        covered.append(upper >= new_run)
+    coverage = float(np.mean(np.concatenate(covered)))
+    print(f"\n{operator}: stopped at {stops} profiles, coverage of the 99% bound {coverage:.3f}")
+    assert coverage >= 0.98  # nominal 0.99 over ~900 correlated held-out shapes
+
+
+def test_the_stop_rule_needs_tight_bound_consistent_predictions_and_loo():
+    rng = np.random.default_rng(0)
+    shapes = np.rint(np.exp(rng.uniform(np.log(16), np.log(200), size=(14, 3)))).astype(int)
+    truth = size_dependent_truth(shapes)
+    model = fit("gst3d", shapes, truth * (1 + CV * rng.standard_normal(14)), np.zeros(14), np.zeros(14, bool))
+    targets = shapes[:5]
+    calm = acquisition.stop_decision(model, targets, tolerance=1.0, prequential_scores=[0.3, -0.8, 1.1])
+    assert calm.stop and [t.name for t in calm.tests] == ["tight", "predictions", "leave-one-out"]
+    # Residuals of 3 sd each: chi-square of 27 on 3 dof, far beyond 7.81.
+    surprised = acquisition.stop_decision(model, targets, tolerance=1.0, prequential_scores=[3.0, -3.0, 3.0])
+    assert surprised.tight and not surprised.stop and not surprised.tests[1].passed
+    too_few = acquisition.stop_decision(model, targets, tolerance=1.0, prequential_scores=[0.1, 0.2])
+    assert not too_few.stop and "2 of the last 3" in too_few.tests[1].detail
+    loose = acquisition.stop_decision(model, targets, tolerance=1e-6, prequential_scores=[0.3, -0.8, 1.1])
+    assert not loose.tight and not loose.stop
+    # A profile the others cannot explain (hyperparameters held: no refit adapts to it).
+    odd = (60, 70, 80)
+    surprising = model.with_observations([odd], [1.3 * size_dependent_truth(odd)[0]], model.noise_var([odd]))
+    assert not acquisition.stop_decision(surprising, targets, tolerance=1.0,
+                                         prequential_scores=[0.3, -0.8, 1.1]).tests[2].passed
+
+
+def test_leave_one_out_scores_equal_the_prediction_from_the_others():
+    """The closed form (Dubrule 1983) against the posterior built without the point."""
+    rng = np.random.default_rng(1)
+    shapes = np.rint(np.exp(rng.uniform(np.log(16), np.log(200), size=(12, 3)))).astype(int)
+    peaks = size_dependent_truth(shapes) * (1 + CV * rng.standard_normal(12))
+    others = fit("gst3d", shapes[:-1], peaks[:-1], np.zeros(11), np.zeros(11, bool))
+    last, value = shapes[-1:], peaks[-1:]
+    joined = others.with_observations(last, value, others.noise_var(last))
+    assert joined.loo_scores()[-1] == pytest.approx(others.scores(last, value, 1)[0], rel=1e-6)
+
+
+def test_prequential_scores_come_from_validation_profiles_predicted_before_they_ran():
+    ask, records, core = run_loop("gst3d", size_dependent_truth, seed=0)
+    validated = [r for r in records if r.shape in core.validations]
+    assert len(validated) >= acquisition.N_PREQUENTIAL
+    last = validated[-1]
+    before = records[: records.index(last)]
+    model = core.fit(before)
+    expected = model.scores([last.shape], [np.mean(last.repeats)], len(last.repeats))[0]
+    assert core.prequential_scores(records, 3)[-1] == pytest.approx(expected)
+    assert last.shape not in {tuple(s) for s in model.train_shapes}
