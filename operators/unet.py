@@ -133,20 +133,22 @@ class UNet3D(Operator):
     40 leaves differences up to 2e-3 (measured). The Dask form, the inherited
     ``map_overlap`` (``boundary="none"``) on chunks aligned by :meth:`dask`, equals ``run``
     on the whole volume to **max |block - whole| <= 1e-6** (probabilities; float32
-    rounding of oneDNN kernels chosen per shape; 2.4e-7 is the largest difference
+    rounding of oneDNN kernels blocked per shape; 4.2e-7 is the largest difference
     measured, tests/test_unet.py). Without the alignment, chunk boundaries off the multiple
     of 8 shift a block's pooling grid and its output differs from the whole volume's in
-    most samples, not only at a seam (up to 0.17 measured, for outputs of std 0.03): see
-    :meth:`dask`.
+    30-78% of the samples, not only at a seam (up to 0.17 measured, for outputs of std
+    0.02-0.03): see :meth:`dask`.
 
     **Threads**: torch runs with one intra-op thread per process (``torch.set_num_threads(1)``
     at first use, which applies to the whole process, other torch code included); Dask's
     task threads give the parallelism. The memory model of unet3d is for one torch thread
     per task.
 
-    **Memory**: the first ``run`` in a process imports torch and builds the network (~36 MiB
-    of weights, resident from then on, as in a Dask worker that has run one task); a run's
-    peak is its activations, a step function of the padded dims.
+    **Memory**: the first ``run`` in a process imports torch and builds the network (36 MiB
+    of weights, resident from then on, as in a Dask worker that has run one task). A run's
+    peak is a function of the padded dims: its activations (channels-last, every
+    convolution through oneDNN: see :mod:`operators.unet_net`), at least the transient
+    reordered copy of the bottleneck's 27 MiB of weights.
     """
 
     name = "unet3d"
@@ -156,7 +158,7 @@ class UNet3D(Operator):
     whole_axes = ()
     #: Bump when the network, its weights or the padding change (the module digest would
     #: not see operators/unet_net.py).
-    version = "1"
+    version = "2"
 
     def dask(self, array, *, wrap=None):
         """The inherited ``map_overlap`` form on chunks aligned to the pooling grid.
@@ -165,8 +167,9 @@ class UNet3D(Operator):
         are used as given (the plain inherited form); others are first rechunked by
         :func:`aligned_chunks` (boundaries moved to the nearest multiple of 8, chunks
         shorter than the halo merged with a neighbour), so a task's block may differ from
-        ``chunk + 2 * halo`` of the chunks asked for: plan multiples of 8. Without it a block's pooling grid would differ from the whole volume's
-        and so would its output, everywhere, not only at a seam.
+        ``chunk + 2 * halo`` of the chunks asked for: plan multiples of 8. Without it a
+        block's pooling grid would differ from the whole volume's and so would its output,
+        in most samples, not only at a seam.
         """
         chunks = tuple(aligned_chunks(c, h) for c, h in zip(array.chunks, self.halo))
         if chunks != tuple(array.chunks):
