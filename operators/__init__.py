@@ -5,6 +5,7 @@ Knows nothing about ``explorer``.
 
 from operators.base import RESERVED_NAMES, Operator, get, names, register
 from operators import seismic as _seismic  # noqa: F401  (registers the operators)
+from operators import unet as _unet  # noqa: F401  (registers unet3d; torch is imported by its first run)
 from operators.synthetic import synthetic_volume
 from operators.segy import SegyGeometryError, read_segy, write_segy, write_segy_like
 

@@ -54,8 +54,9 @@ class Operator:
     def dask(self, array, *, wrap=None):
         """The Dask form: equal to ``run(array.compute())``, seams included.
 
-        Axes in ``whole_axes`` are rechunked to a single chunk first; the
-        other axes exchange ``halo`` samples with their neighbours.  Chunks
+        Axes in ``whole_axes``, and axes no longer than their halo, are
+        rechunked to a single chunk first; the other axes exchange ``halo``
+        samples with their neighbours when they have several chunks.  Chunks
         smaller than the halo are merged by Dask's ``map_overlap``.
 
         ``wrap(run, block)``, when given, is called instead of ``run(block)`` for
@@ -65,9 +66,13 @@ class Operator:
         import dask.array as da
 
         block_function = self.run if wrap is None else functools.partial(wrap, self.run)
-        if self.whole_axes:
-            array = array.rechunk({axis: -1 for axis in self.whole_axes})
-        depth = {axis: (0 if axis in self.whole_axes else h) for axis, h in enumerate(self.halo)}
+        # An axis no longer than its halo is kept whole too: every output sample along it
+        # depends on all of it, and map_overlap refuses a depth larger than the array.
+        whole = set(self.whole_axes) | {a for a, h in enumerate(self.halo) if h and array.shape[a] <= h}
+        if any(array.numblocks[a] > 1 for a in whole):
+            array = array.rechunk({axis: -1 for axis in sorted(whole)})
+        # An axis in one chunk has no neighbours: no depth (and none larger than the array).
+        depth = {axis: (0 if axis in whole or array.numblocks[axis] == 1 else h) for axis, h in enumerate(self.halo)}
         if not any(depth.values()):
             return array.map_blocks(block_function, dtype=self.output_dtype)
         # boundary="none": blocks at the volume's edges are not padded, so run()

@@ -127,6 +127,18 @@ def test_dask_form_equals_numpy_form(volume, name, chunking):
     np.testing.assert_allclose(result, reference, **_tolerance(reference))
 
 
+@pytest.mark.parametrize("chunks", [(13, 4, 20), (13, 2, 20), (40, 2, 64)])
+def test_an_axis_no_longer_than_the_halo_is_kept_whole(chunks):
+    """gst3d (halo 5) on 4 crosslines: Dask's map_overlap alone refuses a depth larger than
+    the array; the axis is one block, whole, as every output along it needs all of it."""
+    op = get("gst3d")
+    x = operators.synthetic_volume((40, 4, 64), seed=3)
+    lazy = op.dask(da.from_array(x, chunks=chunks))
+    result = lazy.compute(scheduler="synchronous")
+    reference = op.run(x)
+    np.testing.assert_allclose(result, reference, **_tolerance(reference))
+
+
 @pytest.mark.parametrize("name", sorted(n for n in EXPECTED if any(get(n).halo)))
 def test_a_halo_one_sample_short_breaks_the_seams(volume, name):
     """The Dask comparison above can fail: one sample less of halo on one axis is detected."""
