@@ -436,6 +436,8 @@ class ChunkPlan:
     #: Where ``footprint.baseline_bytes`` came from: ``"cluster"`` (measured on the workers
     #: of the run), ``"local"`` (measured once on this machine and saved) or ``"given"``.
     baseline_source: str = "given"
+    #: Chunk lengths of split axes are multiples of these (``Operator.block_multiple``).
+    block_multiple: tuple[int, ...] | None = None
 
     @property
     def budget_bytes(self) -> int:
@@ -474,6 +476,7 @@ class ChunkPlan:
             "workers": self.workers,
             "baseline_bytes": self.footprint.baseline_bytes,
             "baseline_source": self.baseline_source,
+            "block_multiple": None if self.block_multiple is None else list(self.block_multiple),
             "graph_task_seconds": self.graph_task_seconds,
             "warnings": list(self.warnings),
         }
@@ -493,19 +496,26 @@ def _counts(n_max: int, cap: int) -> np.ndarray:
     return np.unique(np.concatenate([np.arange(1, dense + 1), np.rint(sparse).astype(np.int64)]))
 
 
-def axis_chunk_candidates(length: int, halo: int, whole: bool, min_chunk: int, cap: int) -> np.ndarray:
+def axis_chunk_candidates(length: int, halo: int, whole: bool, min_chunk: int, cap: int,
+                          multiple: int = 1) -> np.ndarray:
     """Candidate chunk lengths along one axis, largest first.
 
     Whole axis: ``[length]``.  Otherwise the distinct ``ceil(length / k)`` for
     ``k = 1 .. length // c_min``, ``c_min = min(length, max(min_chunk, 2 halo + 1))``,
-    keeping those whose last chunk is at least ``halo`` (Dask's ``map_overlap``
-    rechunks smaller ones).
+    each rounded up to a multiple of ``multiple`` when the axis is split (an operator
+    that pads its blocks to a multiple needs its chunk boundaries on that grid:
+    ``Operator.block_multiple``), keeping those whose last chunk is at least ``halo``
+    (Dask's ``map_overlap`` rechunks smaller ones).
     """
     if whole:
         return np.array([length], dtype=np.int64)
     smallest = min(length, max(int(min_chunk), 2 * halo + 1))
     counts = _counts(length // smallest, cap)
-    chunk = np.unique(-(-length // counts))[::-1]
+    chunk = -(-length // counts)
+    m = int(multiple)
+    if m > 1:
+        chunk = np.where(chunk >= length, length, np.minimum(-(-chunk // m) * m, length))
+    chunk = np.unique(chunk)[::-1]
     n_chunks = -(-length // chunk)
     last = length - (n_chunks - 1) * chunk
     return chunk[(n_chunks == 1) | (last >= halo)]
@@ -565,14 +575,16 @@ class Candidates:
 
 
 def chunk_candidates(shape, halo, whole, *, footprint, budget: int, min_chunk: int, workers: int, slots: int,
-                     seconds_per_voxel: float, graph_task_seconds: float) -> Candidates:
+                     seconds_per_voxel: float, graph_task_seconds: float, block_multiple=None) -> Candidates:
     """The candidate chunkings (module docstring): the Cartesian product of per-axis chunk
     lengths, less those whose footprint with ``peak = 0`` already exceeds ``budget`` (the
     smallest is kept so that a failure can report it); their time model is evaluated."""
     ndim = len(shape)
     n_free = max(1, ndim - len(whole))
     cap = max(4, int(MAX_CANDIDATES ** (1.0 / n_free) + 1e-9))
-    axis_chunks = [axis_chunk_candidates(shape[i], halo[i], i in whole, min_chunk, cap) for i in range(ndim)]
+    multiple = (1,) * ndim if block_multiple is None else tuple(int(m) for m in block_multiple)
+    axis_chunks = [axis_chunk_candidates(shape[i], halo[i], i in whole, min_chunk, cap, multiple[i])
+                   for i in range(ndim)]
     axis_block = [axis_blocks(shape[i], c, halo[i]) for i, c in enumerate(axis_chunks)]
     axis_counts = [-(-shape[i] // c) for i, c in enumerate(axis_chunks)]
     block_samples = functools.reduce(np.multiply.outer, axis_block).ravel()
@@ -669,6 +681,7 @@ def plan_chunks(
     graph_task_seconds: float = DEFAULT_GRAPH_TASK_SECONDS,
     warnings: tuple[str, ...] = (),
     baseline_source: str = "given",
+    block_multiple=None,
 ) -> ChunkPlan:
     """The fastest chunks whose upper worker footprint fits (module docstring):
     :func:`chunk_candidates`, :func:`evaluate_candidates`, :func:`rank_candidates`.
@@ -717,7 +730,7 @@ def plan_chunks(
                                   output_itemsize=output_itemsize, baseline_bytes=baseline_bytes)
     candidates = chunk_candidates(shape, halo, whole, footprint=footprint, budget=budget, min_chunk=int(min_chunk),
                                   workers=int(workers), slots=slots, seconds_per_voxel=seconds_per_voxel,
-                                  graph_task_seconds=graph_task_seconds)
+                                  graph_task_seconds=graph_task_seconds, block_multiple=block_multiple)
     n_predicted = evaluate_candidates(candidates, predict, confidence=confidence, footprint=footprint,
                                       budget=budget, slots=slots)
     if not (candidates.upper_total <= budget).any():
@@ -757,6 +770,7 @@ def plan_chunks(
         graph_task_seconds=float(graph_task_seconds),
         warnings=tuple(warnings),
         baseline_source=str(baseline_source),
+        block_multiple=None if block_multiple is None else tuple(int(m) for m in block_multiple),
     )
 
 
@@ -837,7 +851,7 @@ def replan(plan: ChunkPlan, predict: Predictor, *, done_fraction: float) -> Chun
                       output_itemsize=plan.output_itemsize, min_chunk=plan.min_chunk, operator=plan.operator,
                       workers=plan.workers, seconds_per_voxel=plan.seconds_per_voxel or DEFAULT_SECONDS_PER_VOXEL,
                       graph_task_seconds=plan.graph_task_seconds, warnings=plan.warnings,
-                      baseline_source=plan.baseline_source)
+                      baseline_source=plan.baseline_source, block_multiple=plan.block_multiple)
     return None if new.chunks == plan.chunks else new
 
 

@@ -97,10 +97,20 @@ def probe_blocks(op, max_volume: float, seconds_per_voxel: float | None, n: int 
         return voxels * seconds_per_voxel * IN_WORKER_TIME_FACTOR / workers
 
     while True:
-        edges = np.unique(np.rint(np.geomspace(smallest, largest, n)).astype(int))
+        edges = np.unique(_on_grid(op, np.rint(np.geomspace(smallest, largest, n)).astype(int)))
         if seconds(edges) <= budget_seconds or largest <= smallest + n:
             return [(int(e),) * 3 for e in edges]
         largest = int(largest * 0.9)
+
+
+def _on_grid(op, edges: np.ndarray) -> np.ndarray:
+    """Edges ``e`` whose chunks ``e - h`` are multiples of the operator's block multiple
+    (rounded up), so that the probe's blocks are the ones it really runs on (``Operator.block_multiple``)."""
+    m = max(int(x) for x in op.block_multiple)
+    if m <= 1:
+        return edges
+    h = max(op.halo)
+    return h + -(-(edges - h) // m) * m
 
 
 def plan_scale_edge(op, model, memory_limit: int, baseline_bytes: int, confidence: float = 0.99,

@@ -156,6 +156,7 @@ class UNet3D(Operator):
                    "untrained seeded weights), torch CPU, 1 thread")
     halo = (HALO, HALO, HALO)
     whole_axes = ()
+    block_multiple = (MULTIPLE, MULTIPLE, MULTIPLE)
     #: Bump when the network, its weights or the padding change (the module digest would
     #: not see operators/unet_net.py).
     version = "2"

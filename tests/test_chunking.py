@@ -601,3 +601,23 @@ def test_replan_policy_only_early_and_only_when_the_plan_no_longer_fits():
     assert new == plan_chunks(SHAPE, HALO, (), scaled(2.0), LIMIT, baseline_bytes=BASELINE)
     with pytest.raises(ChunkPlanError):
         chunking.replan(plan, scaled(1e4), done_fraction=0.1)
+
+
+def test_chunks_of_an_operator_that_pads_its_blocks_sit_on_its_grid():
+    """unet3d pads blocks to multiples of 8: split axes get chunk lengths on that grid, and the
+    plan carries the multiple (a re-plan keeps it)."""
+    from explorer.chunking import axis_chunk_candidates
+
+    lengths = axis_chunk_candidates(1000, 48, False, 1, 64, multiple=8)
+    split = lengths[lengths < 1000]
+    assert len(split) > 5 and np.all(split % 8 == 0)
+    assert set(axis_chunk_candidates(1000, 48, False, 1, 64)) - set(lengths)  # not the same without it
+
+    def predict(blocks, confidence=0.99):
+        v = np.prod(np.asarray(blocks, dtype=float), axis=1)
+        return 320.0 * v, 330.0 * v
+
+    plan = chunking.plan_chunks((300, 500, 700), (48, 48, 48), (), predict, 8 * 2**30, baseline_bytes=100 * 2**20,
+                       block_multiple=(8, 8, 8))
+    assert plan.block_multiple == (8, 8, 8)
+    assert all(c % 8 == 0 or c == n for c, n in zip(plan.chunks, (300, 500, 700)))
