@@ -10,11 +10,11 @@ runs of this environment) and saved, and the workers' measured baseline is saved
 machine's (``explorer.recommend.local_worker_baseline``).
 
 Probe blocks: ``n`` cubes of edge ``e_j``, log-spaced from :data:`MIN_PROBE_EDGE` (at least
-``3 h + 1``, so that two chunks of ``e - h`` fit ``map_overlap``) up to the larger of the
-largest cube the exact isolated profiles reached and the **plan-scale cube**: the largest
-cube whose one-thread worker footprint (the isolated 99% bound, the measured baseline, the
-probe grid's held chunks) fits the pause threshold of the target memory, which is the
-block a plan at that memory runs.  The excess of a task in a worker is not only a function
+``3 h + 1``, so that two chunks of ``e - h`` fit ``map_overlap``) up to the **plan-scale
+cube**: the largest cube whose one-thread worker footprint (the isolated 99% bound, the
+measured baseline, the probe grid's held chunks) fits the pause threshold of the target
+memory, which is the block a plan at that memory runs (without a target memory: the largest
+cube the exact isolated profiles reached).  The excess of a task in a worker is not only a function
 of its block: the next tasks' dependencies arrive while it runs, a spread of whole input
 blocks that grows with them (measured: 1 MiB at 161^3, up to 167 MiB at 222x322x236), so
 the probes must run where the plans will.  Lowered until the probes' predicted seconds
@@ -86,7 +86,11 @@ def probe_blocks(op, max_volume: float, seconds_per_voxel: float | None, n: int 
     ``plan_edge``: the plan-scale cube's edge (:func:`plan_scale_edge`), or None.
     """
     smallest = max(MIN_PROBE_EDGE, 3 * max(op.halo) + 1)
-    largest = max(smallest + n, int(math.floor(max_volume ** (1 / 3))), int(plan_edge or 0))
+    reached = int(math.floor(max_volume ** (1 / 3)))
+    # The blocks plans run, no larger: the isolated profiles may reach blocks whose task
+    # memory fits the target but whose in-worker copies do not (first_derivative at 4 GiB:
+    # profiled to 809^3, where tasks in a worker took 4.4-10 GB).
+    largest = max(smallest + n, int(plan_edge) if plan_edge else reached)
     split = [axis not in op.whole_axes for axis in range(3)]
     tasks_per_probe = 2 ** sum(split)
 

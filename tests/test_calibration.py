@@ -274,4 +274,6 @@ def test_the_top_probe_is_the_block_a_plan_at_the_target_memory_runs(gst3d_model
     assert total(edge) <= pause < total(edge + 1)
     blocks = probe_blocks(op, 50.0**3, seconds_per_voxel=None, plan_edge=edge)
     assert blocks[-1] == (edge,) * 3 and len(blocks) == 6
+    # isolated profiles that reached far larger blocks do not push the probes past the plans' blocks
+    assert probe_blocks(op, (4 * edge) ** 3, seconds_per_voxel=None, plan_edge=edge)[-1] == (edge,) * 3
     assert plan_scale_edge(op, gst3d_model, 120 * 2**20, baseline) is None  # nothing fits: no plan-scale probe
