@@ -74,6 +74,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import shutil
 import statistics
 import sys
@@ -748,7 +749,7 @@ def print_report(results: list[OperatorResult], args, limit, cap, out):
             cells = row_cells(m)
             pooled_cov += m["covered"] if m else 0
             pooled_n += m["n"] if m else 0
-            failed = [t.split(" failed")[0].split("; ")[-1] for t in st["why"].split("; ") if " failed" in t]
+            failed = re.findall(r"([a-z][a-z-]*) failed", st["why"])
             why = "converged" if st["converged"] else ("budget" if st["why"].startswith("budget") else st["why"][:40])
             if failed:
                 why += f" ({', '.join(failed)} failed)"
