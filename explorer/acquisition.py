@@ -427,7 +427,9 @@ def stop_decision(model, targets, *, tolerance: float = DEFAULT_TOLERANCE, confi
        scores ``u_j``, ``MemoryModel.scores``), are consistent with those predictions:
        ``sum u_j^2 <= chi2_{K}(1 - level)``.  A model whose bound is too narrow for what
        it then saw fails (its residuals are too large for its own scale).  With fewer
-       than ``K`` scores, or none given, this test has not passed.
+       than ``K`` scores, or none given, this test has not passed.  ``prequential_scores``
+       may be a sequence or a function returning one, called only when the bound is tight
+       (the scores cost refits).
     3. **leave-one-out**: no profile in the target region is unexplained by the others,
        Bonferroni over those ``n`` exact profiles: ``max_i |u_i| <= Phi^{-1}(1 - level / (2 n))``
        for the leave-one-out normal scores ``u_i`` (``MemoryModel.loo_scores``); a step or a
@@ -447,6 +449,8 @@ def stop_decision(model, targets, *, tolerance: float = DEFAULT_TOLERANCE, confi
     half_width = float(np.max(relative_half_width(model, targets, confidence))) if len(targets) else math.inf
     tests = [StopTest("tight", half_width <= tolerance,
                       f"{confidence:.0%} bound's relative half-width {half_width:.1%} vs tolerance {tolerance:.1%}")]
+    if callable(prequential_scores):
+        prequential_scores = prequential_scores() if half_width <= tolerance else None
     scores = [] if prequential_scores is None else [float(u) for u in prequential_scores][-n_prequential:]
     if len(scores) < n_prequential:
         tests.append(StopTest("predictions", False, f"{len(scores)} of the last {n_prequential} profiles "

@@ -20,7 +20,6 @@ number ``budget``; a shape another process has claimed or profiled is not picked
 
 from __future__ import annotations
 
-import functools
 import os
 import threading
 import time
@@ -262,11 +261,10 @@ class ExplorationCore:
         targets = self.target_shapes(model)
         if len(targets) == 0:
             return Ask([], "no candidate shape falls in the target region; check --memory-limit", model)
-        decide = functools.partial(acquisition.stop_decision, model, targets, tolerance=self.tolerance,
-                                   confidence=self.confidence, memory_limit_bytes=self.memory_limit)
-        decision = decide()
-        if decision.tight:
-            decision = decide(prequential_scores=self.prequential_scores(usable, acquisition.N_PREQUENTIAL))
+        decision = acquisition.stop_decision(
+            model, targets, tolerance=self.tolerance, confidence=self.confidence,
+            memory_limit_bytes=self.memory_limit,
+            prequential_scores=lambda: self.prequential_scores(usable, acquisition.N_PREQUENTIAL))
         if decision.stop:
             return Ask([], f"converged: {decision.describe()}", model, decision)
         if budget_left <= 0:

@@ -168,6 +168,7 @@ import math
 import os
 import time
 import uuid
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -265,6 +266,14 @@ def _matern52(za: np.ndarray, zb: np.ndarray, lengthscale: np.ndarray) -> np.nda
     r = np.sqrt(np.maximum(sq, 0.0))
     s5r = math.sqrt(5.0) * r
     return (1.0 + s5r + (5.0 / 3.0) * r * r) * np.exp(-s5r)
+
+
+@lru_cache(maxsize=256)
+def _bound_quantile(confidence: float, dof: float) -> float:
+    """``t_nu(confidence)`` of a validated confidence (cached: ``predict_many`` is on the planner's hot path)."""
+    from explorer import validate
+
+    return t_quantile(validate.confidence(confidence), dof)
 
 
 # --------------------------------------------------------------------------------------
@@ -447,9 +456,7 @@ class MemoryModel:
         (``predictive_var``): ``upper = m + t_nu(confidence) sqrt(v)``.  What a task
         needs inside a Dask worker on top is ``explorer.calibration.TaskModel``'s.
         """
-        from explorer import validate
-
-        t = t_quantile(validate.confidence(float(confidence)), self._scale_dof)
+        t = _bound_quantile(float(confidence), self._scale_dof)
         mean, var = self._latent(_as_dims(shapes))
         var = var + self._run_noise_var(mean)
         scale = self._bytes_scale

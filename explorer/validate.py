@@ -73,25 +73,25 @@ def size(value, name: str) -> int:
         raise ValueError(f"{name}: {exc}") from None
 
 
-def _number(value, name: str) -> float:
+def _converted(value, name: str, cast, kind: str):
+    """``cast(value)``, or one line saying ``name`` must be ``kind`` (a bool is neither)."""
     if isinstance(value, bool):
-        raise ValueError(f"{name} must be a number; got {value!r}")
+        raise ValueError(f"{name} must be {kind}; got {value!r}")
     try:
-        x = float(value)
+        return cast(value)
     except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number; got {value!r}") from None
+        raise ValueError(f"{name} must be {kind}; got {value!r}") from None
+
+
+def _number(value, name: str) -> float:
+    x = _converted(value, name, float, "a number")
     if not math.isfinite(x):
         raise ValueError(f"{name} must be a finite number; got {value!r}")
     return x
 
 
 def _integer(value, name: str) -> int:
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be an integer; got {value!r}")
-    try:
-        n = int(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be an integer; got {value!r}") from None
+    n = _converted(value, name, int, "an integer")
     if isinstance(value, float) and n != value:
         raise ValueError(f"{name} must be an integer; got {value!r}")
     return n

@@ -88,6 +88,12 @@ def test_the_stop_rule_needs_tight_bound_consistent_predictions_and_loo():
     assert not too_few.stop and "2 of the last 3" in too_few.tests[1].detail
     loose = acquisition.stop_decision(model, targets, tolerance=1e-6, prequential_scores=[0.3, -0.8, 1.1])
     assert not loose.tight and not loose.stop
+    # the scores cost refits: a function is called only once the bound is tight
+    calls = []
+    scores = lambda: calls.append(1) or [0.3, -0.8, 1.1]  # noqa: E731
+    assert not acquisition.stop_decision(model, targets, tolerance=1e-6, prequential_scores=scores).stop
+    assert calls == [] and acquisition.stop_decision(model, targets, tolerance=1.0, prequential_scores=scores).stop
+    assert calls == [1]
     # A profile the others cannot explain (hyperparameters held: no refit adapts to it).
     odd = (60, 70, 80)
     surprising = model.with_observations([odd], [1.3 * size_dependent_truth(odd)[0]], model.noise_var([odd]))
