@@ -19,33 +19,55 @@ block's voxels ``V`` (measured: about 4 bytes per voxel for gst3d, 10 for gaussi
 A fixed overhead lives in ``a`` and does not scale with the block, so a run on a small
 file cannot inflate large plans through a ratio.
 
-*Groups.*  Tasks of one run on blocks of one shape are near copies of each other: they
-are one piece of evidence, not many.  Observations are grouped by (run, block shape); a
-group's value is its largest task ``y_g``, and its excess ``r_g = y_g - P_mean(b_g)``
-against the isolated model's mean.  Only exact observations count (one thread per
-worker: ``explorer.live``).
+*Groups, and the spread within them.*  Tasks of one run on blocks of one shape share
+the run's conditions (a random effect ``u_g`` of the group) and still differ from one
+another: the worker's allocator holds a different amount of freed memory when each
+starts (measured, gst3d 222x322x236 in one survey run: 1,313-1,624 MiB).  So a task is::
 
-*Fit.*  Ordinary least squares of ``r_g`` on ``x_g = [1, V_g / V_ref]`` over ``n``
-groups (``p = 2`` coefficients, ``V_ref`` the largest group volume, for conditioning):
-``beta = (X^T X)^{-1} X^T r``, ``s^2 = sum e_g^2 / (n - p)``.
+    y_gi = P(b_g) + a + k V_g + u_g + w_gi,    w_gi ~ N(0, sigma_w^2(m_g))
 
-*Bound on a new group's largest task* at ``b`` (confidence ``c``)::
+Observations are grouped by (run, block shape); a group's value is its **mean** task
+``ybar_g``, and its excess ``r_g = ybar_g - P_mean(b_g)`` against the isolated model's
+mean.  Only exact observations count (one thread per worker: ``explorer.live``).
+
+*Within a group* (:func:`fit_within`): the sample variances ``s_g^2`` of the groups
+with two or more tasks, ``(n_g - 1) s_g^2 / sigma_w^2(m_g) ~ chi^2_{n_g - 1}``, with the
+variance function ``sigma_w^2(m) = alpha^2 + beta^2 m^2`` (an absolute floor, which the
+small blocks show, and a spread proportional to the task's peak ``m``, which the large
+ones show), fitted by maximum likelihood; ``alpha`` is at least the kernel's page (the
+resolution of the high-water mark).  ``nu_w = sum (n_g - 1) - 2`` degrees of freedom.
+
+*Between groups.*  Ordinary least squares of ``r_g`` on ``x_g = [1, V_g / V_ref]`` over
+``n`` groups (``p = 2`` coefficients, ``V_ref`` the largest group volume, for
+conditioning): ``beta = (X^T X)^{-1} X^T r``, ``s^2 = sum e_g^2 / (n - p)``.
+
+*Bound on a new task* at ``b`` (confidence ``c``), ``m`` its mean task peak::
 
     delta_mean(b) = x^T beta
-    delta_half(b) = q_c * s * sqrt(1 + x^T (X^T X)^{-1} x)
+    delta_half(b) = sqrt( (q_c * s * sqrt(1 + x^T (X^T X)^{-1} x))^2 + (q_w * sigma_w(m))^2 )
+
+``q_w``: the Student-t quantile with ``nu_w`` dof, or, once there are enough tasks
+(99 at 99%), the conformal rank quantile of their standardised deviations from their
+groups' means (:meth:`WithinFit.quantile`).
 
 with ``q_c`` the **conformal** rank quantile of the studentised deleted residuals
 ``t_g = e_g / (s_(g) sqrt(1 - h_gg))``: the ``ceil((n + 1) c)``-th smallest, a
 distribution-free finite-sample guarantee for exchangeable groups, once there are enough
 groups for that rank to exist (``n >= c / (1 - c)``: 99 at 99%).  Before that, ``q_c`` is
 SciPy's Student-t quantile with ``n - p`` degrees of freedom, the exact prediction
-interval under Gaussian residuals.  The count of equal tasks never narrows it.
+interval under Gaussian residuals.  The count of equal tasks never narrows the between
+term; it teaches the within term ``sigma_w``, which a bound on a single task must carry
+whatever the count (a bound through the groups' *largest* tasks, as before, covers a new
+group's largest of about as many tasks as the probes ran, 4 per worker, and not one of
+the 9 tasks per worker a survey runs).
 
 *Combined with the isolated model* (:class:`TaskModel`), ``h_P = upper_P - mean_P`` the
 isolated model's own half-width at ``c``::
 
     mean  = mean_P(b) + delta_mean(b)
     upper = max(upper_P(b), mean + sqrt(h_P^2 + delta_half^2))
+
+written once, in :func:`task_bound`.
 
 (a task in a fresh worker never needs less than its isolated profile).  With fewer than
 ``p + 1`` groups or a single group volume the excess is not identified: no correction
@@ -95,6 +117,7 @@ __all__ = [
     "CalibrationFileError",
     "ExcessFit",
     "TaskModel",
+    "WithinFit",
     "TimingFit",
     "WorkerCalibration",
     "calibrate",
@@ -102,7 +125,9 @@ __all__ = [
     "environment_digest",
     "fit_excess",
     "fit_timing",
+    "fit_within",
     "load_calibration",
+    "task_bound",
     "task_groups",
     "task_model",
 ]
@@ -110,13 +135,15 @@ __all__ = [
 #: Calibration file name under ``runs/<operator>/``.
 CALIBRATION_FILE = "calibration.json"
 #: Bumped when the saved layout changes (a file of another version is not used).
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 #: Sources of in-worker observations (``explorer.store``): explore's probes, production tasks.
 IN_WORKER_SOURCES = ("probe", "production")
 #: Source of one record per observed run (wall time, slots, worker high-water mark).
 RUN_SOURCE = "run"
 #: Coefficients of the excess regression: intercept and bytes per voxel.
 N_COEFFICIENTS = 2
+#: Parameters of the within-group variance function: ``alpha`` and ``beta``.
+N_WITHIN_PARAMETERS = 2
 
 
 class CalibrationFileError(ValueError):
@@ -135,7 +162,7 @@ def conformal_rank(n: int, confidence: float) -> int | None:
 
 @dataclass(frozen=True)
 class ExcessFit:
-    """The in-worker excess ``delta(V) = a + k V`` fitted to group maxima (module docstring)."""
+    """The in-worker excess ``delta(V) = a + k V`` fitted to the groups' mean tasks (module docstring)."""
 
     #: ``[a, k * V_ref]`` in bytes (coefficients of ``x = [1, V / V_ref]``).
     coef: tuple[float, float]
@@ -209,13 +236,99 @@ def fit_excess(voxels, excess_bytes) -> ExcessFit | None:
 
 
 @dataclass(frozen=True)
+class WithinFit:
+    """The spread of tasks within a group, ``sigma_w^2(m) = alpha^2 + beta^2 m^2`` (module
+    docstring), fitted by maximum likelihood to the groups' sample variances."""
+
+    alpha_bytes: float
+    beta: float
+    #: ``sum (n_g - 1) - 2``: the degrees of freedom left for the bound's quantile.
+    dof: int
+    #: Each task's deviation from its group's mean in units of its standard deviation,
+    #: ``(y_gi - ybar_g) / (sigma_w(ybar_g) sqrt(1 - 1/n_g))``, sorted (the conformal scores).
+    scores: tuple[float, ...] = ()
+
+    def sd(self, task_mean_bytes) -> np.ndarray:
+        m = np.asarray(task_mean_bytes, dtype=np.float64)
+        return np.sqrt(self.alpha_bytes**2 + (self.beta * m) ** 2)
+
+    def quantile(self, confidence: float) -> tuple[float, str]:
+        """``(q, method)``: the conformal rank quantile of the tasks' scores once there are
+        enough of them (``ceil((N + 1) c) <= N``), else Student-t with ``nu_w`` dof.  Tasks
+        in a worker have a heavier upper tail than a normal (an occasional task 3 sd above
+        its group's mean): the rank quantile learns it from production's tasks."""
+        k = conformal_rank(len(self.scores), confidence)
+        if k is not None:
+            return max(0.0, self.scores[k - 1]), "conformal"
+        return t_quantile(float(confidence), float(self.dof)), "student-t"
+
+    def half_width(self, task_mean_bytes, confidence: float) -> np.ndarray:
+        """``q_c sigma_w(m)``: the within-group part of a single task's bound."""
+        return self.quantile(confidence)[0] * self.sd(task_mean_bytes)
+
+
+def _page_bytes() -> int:
+    """The kernel's page, the resolution of a resident-set high-water mark."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):
+        return 4096
+
+
+def fit_within(mean_bytes, variances, n_tasks, deviations=()) -> WithinFit | None:
+    """Maximum likelihood of ``sigma_w^2(m) = alpha^2 + beta^2 m^2`` from the groups' sample
+    variances ``s_g^2`` (``n_g - 1`` degrees of freedom each, at their means ``m_g``):
+    maximises ``-sum (n_g - 1)/2 (log sigma_w^2(m_g) + s_g^2 / sigma_w^2(m_g))`` with
+    ``alpha >= `` the kernel's page.  None when fewer than ``3`` degrees of freedom remain
+    (``sum (n_g - 1) <= 2``): the between-group residual then carries the whole spread.
+    ``deviations``: per group, its tasks' ``y_gi - ybar_g`` (for the conformal scores)."""
+    from scipy.optimize import minimize
+
+    m = np.asarray(mean_bytes, dtype=np.float64).reshape(-1)
+    s2 = np.asarray(variances, dtype=np.float64).reshape(-1)
+    dof_g = np.asarray(n_tasks, dtype=np.float64).reshape(-1) - 1.0
+    keep = (dof_g > 0) & np.isfinite(s2) & np.isfinite(m)
+    m, s2, dof_g = np.abs(m[keep]), np.maximum(s2[keep], 0.0), dof_g[keep]
+    dof = int(dof_g.sum()) - N_WITHIN_PARAMETERS
+    if dof < 1:
+        return None
+    floor = float(_page_bytes())
+    scale = float(max(m.max(), floor))
+
+    def unpack(theta):
+        return floor + math.exp(theta[0]) * scale, math.exp(theta[1])
+
+    def negative_log_likelihood(theta):
+        alpha, beta = unpack(theta)
+        var = (alpha / scale) ** 2 + (beta * m / scale) ** 2
+        return float(np.sum(dof_g * (np.log(var) + (s2 / scale**2) / var)))
+
+    pooled_relative = math.sqrt(max(float(np.sum(dof_g * s2 / np.maximum(m, floor) ** 2) / dof_g.sum()), 1e-12))
+    starts = ([math.log(1e-3), math.log(pooled_relative)], [math.log(pooled_relative), math.log(1e-4)])
+    best = min((minimize(negative_log_likelihood, np.array(x0), method="Nelder-Mead",
+                         options={"xatol": 1e-6, "fatol": 1e-9, "maxiter": 4000}) for x0 in starts),
+               key=lambda r: r.fun)
+    alpha, beta = unpack(best.x)
+    fit = WithinFit(alpha_bytes=float(alpha), beta=float(beta), dof=dof)
+    scores = []
+    for mean, deviation in zip(np.asarray(mean_bytes, dtype=np.float64).reshape(-1), deviations):
+        deviation = np.asarray(deviation, dtype=np.float64)
+        if len(deviation) > 1:
+            scores.extend(deviation / (float(fit.sd(abs(mean))) * math.sqrt(1.0 - 1.0 / len(deviation))))
+    return WithinFit(alpha_bytes=fit.alpha_bytes, beta=fit.beta, dof=dof, scores=tuple(sorted(map(float, scores))))
+
+
+@dataclass(frozen=True)
 class TaskGroups:
-    """In-worker task maxima, one per (run, block shape) (module docstring)."""
+    """In-worker tasks, one group per (run, block shape) (module docstring)."""
 
     shapes: np.ndarray  # (n, 3) int64 block shapes
-    peak_bytes: np.ndarray  # (n,) largest task of the group
+    peak_bytes: np.ndarray  # (n,) the group's largest task
+    mean_bytes: np.ndarray  # (n,) the group's mean task
+    variances: np.ndarray  # (n,) the group's sample variance (0 for a single task)
     n_tasks: np.ndarray  # (n,) tasks in the group
     sources: tuple[str, ...]  # the group's source ("probe" or "production")
+    deviations: tuple = ()  # per group, its tasks' peaks minus the group's mean
 
 
 def _is_in_worker(record, environment: str | None) -> bool:
@@ -233,12 +346,36 @@ def task_groups(records, environment: str | None = None) -> TaskGroups:
             key = (str(r.context.get("run", "")), tuple(int(n) for n in r.shape))
             groups.setdefault(key, []).append(r)
     keys = sorted(groups)
+    peaks = [np.asarray([float(r.peak_bytes) for r in groups[k]]) for k in keys]
     return TaskGroups(
         shapes=np.asarray([k[1] for k in keys], dtype=np.int64).reshape(-1, 3),
-        peak_bytes=np.asarray([max(float(r.peak_bytes) for r in groups[k]) for k in keys], dtype=np.float64),
-        n_tasks=np.asarray([len(groups[k]) for k in keys], dtype=np.int64),
+        peak_bytes=np.asarray([p.max() for p in peaks], dtype=np.float64),
+        mean_bytes=np.asarray([p.mean() for p in peaks], dtype=np.float64),
+        variances=np.asarray([p.var(ddof=1) if len(p) > 1 else 0.0 for p in peaks], dtype=np.float64),
+        n_tasks=np.asarray([len(p) for p in peaks], dtype=np.int64),
         sources=tuple(groups[k][0].source for k in keys),
+        deviations=tuple(p - p.mean() for p in peaks),
     )
+
+
+def task_bound(mean_isolated, upper_isolated, voxels, excess: ExcessFit | None, within: WithinFit | None,
+               confidence: float) -> tuple[np.ndarray, np.ndarray]:
+    """``(mean, upper)`` bytes of a single task in a worker (module docstring): the isolated
+    model's ``(mean_P, upper_P)`` plus the excess between groups and the spread within one::
+
+        mean  = mean_P + delta_mean(V)
+        upper = max(upper_P, mean + sqrt(h_P^2 + h_between(V)^2 + h_within(mean)^2))
+
+    The isolated bound alone when the excess is not identified."""
+    mean_isolated = np.asarray(mean_isolated, dtype=np.float64)
+    upper_isolated = np.asarray(upper_isolated, dtype=np.float64)
+    if excess is None:
+        return mean_isolated, upper_isolated
+    d_mean, d_half = excess.predict(voxels, confidence)
+    mean = mean_isolated + d_mean
+    w_half = within.half_width(mean, confidence) if within is not None else 0.0
+    half = np.sqrt((upper_isolated - mean_isolated) ** 2 + d_half**2 + w_half**2)
+    return mean, np.maximum(upper_isolated, mean + half)
 
 
 # --------------------------------------------------------------------------- time
@@ -331,8 +468,9 @@ class WorkerCalibration:
 
     ``excess`` is None while not identified (see the module docstring); ``environment``
     is the workers' stamp (``explorer.environment``) the observations were made in;
-    ``n_groups_over_bound`` counts the groups above their own in-sample bound at
-    ``confidence`` (a diagnostic: about ``(1 - c) n`` of them are expected).
+    ``within`` the spread of tasks within a group (None while fewer than three degrees
+    of freedom); ``n_groups_over_bound`` counts the groups whose largest task is above its
+    own in-sample single-task bound at ``confidence`` (a diagnostic).
     """
 
     operator: str
@@ -344,6 +482,7 @@ class WorkerCalibration:
     confidence: float
     n_groups_over_bound: int
     environment: dict | None
+    within: WithinFit | None = None
     updated: float = field(default_factory=time.time)
     #: Differences from this process's environment, set by :func:`load_calibration`.
     stale: list = field(default_factory=list)
@@ -356,6 +495,8 @@ class WorkerCalibration:
             out["excess"].update(bytes_per_voxel=self.excess.bytes_per_voxel,
                                  intercept_bytes=self.excess.intercept_bytes, dof=self.excess.dof,
                                  method=self.excess.quantile(self.confidence)[1])
+        if self.within is not None:
+            out["within"]["method"] = self.within.quantile(self.confidence)[1]
         out["timing"]["seconds_per_voxel"] = self.timing.seconds_per_voxel
         return out
 
@@ -372,6 +513,13 @@ class WorkerCalibration:
             if len(excess.coef) != 2 or len(excess.xtx_inv) != 4 or not all(map(math.isfinite, values)) \
                     or excess.residual_sd < 0 or excess.v_ref <= 0 or excess.n_groups <= N_COEFFICIENTS:
                 raise ValueError("the excess fit is malformed")
+        within = data.get("within")
+        if within is not None:
+            within = WithinFit(alpha_bytes=float(within["alpha_bytes"]), beta=float(within["beta"]),
+                               dof=int(within["dof"]), scores=tuple(within.get("scores") or ()))
+            if not (math.isfinite(within.alpha_bytes) and math.isfinite(within.beta) and within.alpha_bytes >= 0
+                    and within.beta >= 0 and within.dof >= 1):
+                raise ValueError("the within-group fit is malformed")
         t = data["timing"]
         timing = TimingFit(**{k: t.get(k) for k in ("operator_seconds_per_voxel", "io_seconds_per_voxel",
                                                     "graph_task_seconds")},
@@ -379,7 +527,7 @@ class WorkerCalibration:
         return cls(operator=str(data["operator"]), excess=excess, timing=timing, n_groups=int(data["n_groups"]),
                    n_probe_groups=int(data.get("n_probe_groups", 0)), n_tasks=int(data["n_tasks"]),
                    confidence=float(data["confidence"]), n_groups_over_bound=int(data["n_groups_over_bound"]),
-                   environment=data.get("environment"), updated=float(data.get("updated", 0.0)))
+                   environment=data.get("environment"), within=within, updated=float(data.get("updated", 0.0)))
 
 
 def calibration_path(operator: str, runs_dir=None) -> Path:
@@ -415,19 +563,19 @@ def calibrate(operator: str, store, model, *, confidence: float = 0.99, runs_dir
     timing = fit_timing(records, digest)
     if len(groups.peak_bytes) == 0 and timing.n_tasks == 0:
         return None
-    excess, over = None, 0
+    excess, within, over = None, None, 0
     if len(groups.peak_bytes):
         mean, upper = model.predict_many(groups.shapes, confidence)
         voxels = groups.shapes.prod(axis=1).astype(np.float64)
-        excess = fit_excess(voxels, groups.peak_bytes - mean)
+        excess = fit_excess(voxels, groups.mean_bytes - mean)
+        within = fit_within(groups.mean_bytes, groups.variances, groups.n_tasks, groups.deviations)
         if excess is not None:
-            d_mean, d_half = excess.predict(voxels, confidence)
-            bound = np.maximum(upper, mean + d_mean + np.sqrt((upper - mean) ** 2 + d_half**2))
+            _, bound = task_bound(mean, upper, voxels, excess, within, confidence)
             over = int((groups.peak_bytes > bound).sum())
     result = WorkerCalibration(
         operator=operator, excess=excess, timing=timing, n_groups=len(groups.peak_bytes),
         n_probe_groups=sum(s == "probe" for s in groups.sources), n_tasks=int(groups.n_tasks.sum()),
-        confidence=float(confidence), n_groups_over_bound=over, environment=stamp)
+        confidence=float(confidence), n_groups_over_bound=over, environment=stamp, within=within)
     if save:
         runs = runs_dir if runs_dir is not None else getattr(store, "runs_dir", None)
         _save(result, calibration_path(operator, runs))
@@ -507,6 +655,10 @@ class TaskModel:
         return None if self.calibration is None else self.calibration.excess
 
     @property
+    def within(self) -> WithinFit | None:
+        return None if self.calibration is None else self.calibration.within
+
+    @property
     def warnings(self) -> list[str]:
         lines = []
         stale = getattr(self.isolated, "stale", None)
@@ -537,9 +689,7 @@ class TaskModel:
         if self.excess is None:
             return mean, upper
         voxels = np.asarray(shapes, dtype=np.float64).reshape(-1, 3).prod(axis=1)
-        d_mean, d_half = self.excess.predict(voxels, confidence)
-        task_mean = mean + d_mean
-        return task_mean, np.maximum(upper, task_mean + np.sqrt((upper - mean) ** 2 + d_half**2))
+        return task_bound(mean, upper, voxels, self.excess, self.calibration.within, confidence)
 
     def predict(self, shape, confidence: float = 0.99) -> tuple[float, float]:
         mean, upper = self.predict_many(np.asarray(shape).reshape(1, 3), confidence)

@@ -266,13 +266,21 @@ def _print_probes(probes: dict | None) -> None:
     timing = cal["timing"]
     print(f"in-worker probes: {len(probes['runs'])} in {probes['seconds']:.1f} s; a task in a worker needs the "
           f"isolated peak {excess['intercept_bytes'] / 2**20:+.2f} MiB {excess['bytes_per_voxel']:+.2f} B/voxel "
-          f"(residual sd {format_bytes(excess['residual_sd'])}, {excess['method']} quantile); idle worker "
-          f"{format_bytes(probes['baseline_bytes'])}")
+          f"(residual sd {format_bytes(excess['residual_sd'])}, {excess['method']} quantile)"
+          + _within_text(cal.get("within")) + f"; idle worker {format_bytes(probes['baseline_bytes'])}")
     if timing.get("seconds_per_voxel") is not None:
         g = timing.get("graph_task_seconds")
         print(f"in-worker time: {timing['operator_seconds_per_voxel'] * 1e9:.0f} ns/voxel in the operator, "
               f"{timing['io_seconds_per_voxel'] * 1e9:.0f} ns/voxel around it"
               + (f", {g * 1e3:.1f} ms per graph task" if g is not None else ""))
+
+
+def _within_text(within: dict | None) -> str:
+    """How much equal tasks of one run differ (``explorer.calibration.WithinFit``)."""
+    if not within:
+        return ""
+    return (f", tasks of one run within sd {format_bytes(within['alpha_bytes'])} + {within['beta']:.1%} "
+            f"({within['method']} quantile)")
 
 
 # -- explore chunks --------------------------------------------------------

@@ -250,16 +250,28 @@ class ObservationPlugin(WorkerPlugin):
         self._lock = threading.Lock()
         self._other_seconds = 0.0
         self._other_tasks = 0
+        self._managed = {}
+
+    def _managed_bytes(self) -> int:
+        """Bytes of task data this worker holds (``WorkerState.nbytes``: its managed memory)
+        plus the bytes of dependencies in flight to it."""
+        state = self.worker.state
+        return int(state.nbytes) + int(getattr(state, "transfer_incoming_bytes", 0) or 0)
 
     def transition(self, key, start, finish, *args, **kwargs):
         if not self.supported:
             return
         if finish == "executing":
             _HIGH_WATER.begin((self.name, key), key)
+            with self._lock:
+                self._managed[key] = self._managed_bytes()
             return
         if start not in ("executing", "long-running") or finish == "long-running":
             return
         measured = _HIGH_WATER.end((self.name, key))
+        managed_after = self._managed_bytes()
+        with self._lock:
+            managed_before = self._managed.pop(key, None)
         with _RUNS_LOCK:
             notes = _RUNS.get(key)
             mine = [n for n in notes if n[0] == self.operator] if notes else []
@@ -300,6 +312,8 @@ class ObservationPlugin(WorkerPlugin):
             "memory_limit": self._limit,
             "environment": self._environment,
             "key": str(key),
+            "managed_before_bytes": None if managed_before is None else int(managed_before),
+            "managed_after_bytes": int(managed_after),
         })
 
 

@@ -205,7 +205,8 @@ class Observer:
                 seconds=float(msg["seconds"]), exact=bool(msg["exact"]), worker=str(msg["worker"]),
                 threads=int(msg["threads"]), memory_limit=int(msg["memory_limit"]), key=str(msg["key"]),
                 extra={k: msg[k] for k in ("run_seconds", "other_seconds", "other_tasks", "n_runs",
-                                           "rss_before_bytes", "process_peak_bytes", "environment") if k in msg},
+                                           "rss_before_bytes", "process_peak_bytes", "environment",
+                                           "managed_before_bytes", "managed_after_bytes") if k in msg},
             )
             self.observations.append(observation)
         self._queue.put(observation)

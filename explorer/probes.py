@@ -14,10 +14,9 @@ Probe blocks: ``n`` cubes of edge ``e_j``, log-spaced from :data:`MIN_PROBE_EDGE
 cube**: the largest cube whose one-thread worker footprint (the isolated 99% bound, the
 measured baseline, the probe grid's held chunks) fits the pause threshold of the target
 memory, which is the block a plan at that memory runs (without a target memory: the largest
-cube the exact isolated profiles reached).  The excess of a task in a worker is not only a function
-of its block: the next tasks' dependencies arrive while it runs, a spread of whole input
-blocks that grows with them (measured: 1 MiB at 161^3, up to 167 MiB at 222x322x236), so
-the probes must run where the plans will.  Lowered until the probes' predicted seconds
+cube the exact isolated profiles reached).  Tasks on equal blocks differ from one another, more
+on larger blocks (gst3d's probes: sd 0.5 MiB at 110^3, 19 MiB at 182^3, 155 MiB at 303^3;
+``explorer.calibration.WithinFit``), so the probes must run where the plans will.  Lowered until the probes' predicted seconds
 fit :data:`PROBE_SECONDS_BUDGET`.  A probe's volume has two chunks
 along every axis the operator splits (``e - h`` each with a halo ``h``, ``e`` without),
 so all its tasks run on blocks of exactly ``e`` per axis, with the neighbour gathering

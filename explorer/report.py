@@ -153,6 +153,11 @@ def operator_report(operator: str, *, runs_dir=None, storage=None, confidence: f
                        f"{e.bytes_per_voxel:+.2f} B/voxel (residual sd {e.residual_sd / 2**20:.2f} MiB, "
                        f"{cal.n_groups} groups of which {cal.n_probe_groups} probes, {cal.n_tasks} tasks; "
                        f"{method} quantile, {e.dof} dof)")
+        if tasks.within is not None:
+            w = tasks.within
+            summary.append(f"tasks of one run on one block differ by sd {w.alpha_bytes / 2**20:.2f} MiB + "
+                           f"{w.beta:.1%} of the task ({w.quantile(confidence)[1]} quantile, {w.dof} dof, "
+                           f"{len(w.scores)} tasks)")
     summary.extend(f"warning: {line}" for line in tasks.warnings)
 
     plt, fig, (ax, ax_ratio) = _figure()

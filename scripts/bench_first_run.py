@@ -87,6 +87,15 @@ def run_table(rows: list[tuple[str, dict]]) -> None:
           f"{'—' if not (hwm and upper) else f'{hwm / upper:.2f}'} | {mib(pause)} | {d['workers_restarted']} |")
 
 
+def within_text(cal: dict, short: bool = False) -> str:
+    """The spread of equal tasks of one run (``explorer.calibration.WithinFit``)."""
+    w = cal.get("within")
+    if not w:
+        return "" if not short else "-"
+    text = f"{mib(w['alpha_bytes'])} + {w['beta']:.1%}"
+    return text if short else f", tasks of one run within sd {text} ({w['method']} quantile, {w['dof']} dof)"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cache", default="runs/bench/first-run", type=Path)
@@ -124,7 +133,7 @@ def main() -> None:
       f"(blocks {', '.join('x'.join(map(str, b)) for b in probes['blocks'])}): a task in a worker needs the isolated "
       f"peak {cal['excess']['intercept_bytes'] / 2**20:+.2f} MiB {cal['excess']['bytes_per_voxel']:+.2f} B/voxel "
       f"(residual sd {mib(cal['excess']['residual_sd'])}, {cal['excess']['method']} quantile, "
-      f"{cal['excess']['dof']} dof); idle worker {mib(probes['baseline_bytes'])}.\n")
+      f"{cal['excess']['dof']} dof){within_text(cal)}; idle worker {mib(probes['baseline_bytes'])}.\n")
     rows = [("README: 240^3 @ 1.5 GiB, 2 workers", first)]
 
     # 2. A survey-size volume from the explored model (no production run).
@@ -167,14 +176,15 @@ def main() -> None:
     p(f"`explore run gst3d {CROP.relative_to(ROOT)}` (F3, 23x18x75): {crop['n_tasks']} task(s) of "
       f"{'x'.join(map(str, crop['chunks']))}, {crop['tasks_over_bound']} over the bound, status {crop['status']}.\n")
     p("| | chunks | tasks | predicted | upper | task peak bound (block) | excess a | excess k | excess residual sd | "
-      "groups (probes) |")
-    p("|---|---|---|---|---|---|---|---|---|---|")
+      "within sd | groups (probes) |")
+    p("|---|---|---|---|---|---|---|---|---|---|---|")
     for name, plan, c in (("before", before, cal_before), ("after the crop's run", after, cal_after)):
         e = c["excess"]
         p(f"| {name} | {'x'.join(map(str, plan['chunks']))} | {plan['n_tasks']} | {mib(plan['predicted_bytes'])} | "
           f"{mib(plan['upper_bytes'])} | {mib(plan['footprint']['task_peak_bytes'])} "
           f"({'x'.join(map(str, plan['block']))}) | {e['intercept_bytes'] / 2**20:+.2f} MiB | "
-          f"{e['bytes_per_voxel']:+.2f} B/voxel | {mib(e['residual_sd'])} | {c['n_groups']} ({c['n_probe_groups']}) |")
+          f"{e['bytes_per_voxel']:+.2f} B/voxel | {mib(e['residual_sd'])} | {within_text(c, short=True)} | "
+          f"{c['n_groups']} ({c['n_probe_groups']}) |")
     moved = after["footprint"]["task_peak_bytes"] / before["footprint"]["task_peak_bytes"] - 1
     p(f"\nThe crop's run adds {cal_after['n_groups'] - cal_before['n_groups']} group(s) at "
       f"{math.prod(crop['chunks'])} voxels; the 800x600x1000 plan's task bound moved by {moved:+.2%} "

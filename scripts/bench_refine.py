@@ -167,7 +167,9 @@ def main() -> None:
         cal = r.calibration
         e = (cal or {}).get("excess")
         cal_text = "—" if not e else (f"{e['intercept_bytes'] / 2**20:+.2f} MiB {e['bytes_per_voxel']:+.2f} B/voxel, "
-                                      f"sd {mib(e['residual_sd'])}, {cal['n_groups']} groups")
+                                      f"sd {mib(e['residual_sd'])}, {cal['n_groups']} groups"
+                                      + (f", within {mib(cal['within']['alpha_bytes'])} + {cal['within']['beta']:.1%}"
+                                         if cal.get("within") else ""))
         plan = r.plan or {}
         notes = []
         if r.replanned_from:

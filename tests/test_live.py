@@ -88,6 +88,10 @@ def test_observations_are_stored_at_once_with_blocks_peaks_and_context(client, s
         assert r.context["cluster"] == "LocalCluster"
         assert r.context["run"] == "test"
         assert r.context["exact"] is True  # one thread per worker
+        # The worker's managed memory around the task: at least the task's own input chunk
+        # is held when it starts.
+        assert r.context["managed_before_bytes"] >= 4 * math.prod(CHUNKS) - 2**20
+        assert r.context["managed_after_bytes"] >= 0
         # The task (overlap concatenation + run + trim + zarr store, fused) contains the
         # run; only memory released by the worker's event loop between the task's start
         # and the run's start (input pieces, a chunk each at most) can make it smaller.
