@@ -620,7 +620,7 @@ def load_calibration(operator: str, runs_dir=None, environment: dict | None = No
             reason = " ".join(str(exc).split()) or type(exc).__name__
             raise CalibrationFileError(
                 f"{path} is not a readable calibration ({type(exc).__name__}: {reason[:120]}): run "
-                f"`explore {operator}` to rebuild it (its in-worker probes), or delete the file") from None
+                f"`{paths.explore_command(operator)}` to rebuild it (its in-worker probes), or delete the file") from None
         _CACHE[key] = cal
     current = environment or environment_stamp(operator)
     return _with_stale(cal, stamp_differences(cal.environment, current, WORKER_KEYS))
@@ -664,13 +664,13 @@ class TaskModel:
         stale = getattr(self.isolated, "stale", None)
         if stale:
             lines.append(f"{self.operator}'s model was learnt in another environment ({'; '.join(stale)}): "
-                         f"run `explore {self.operator}` again")
+                         f"run `{paths.explore_command(self.operator)}` again")
         if self.calibration is not None and self.calibration.stale:
             lines.append(f"{self.operator}'s in-worker calibration was learnt in another environment "
-                         f"({'; '.join(self.calibration.stale)}): run `explore {self.operator}` again")
+                         f"({'; '.join(self.calibration.stale)}): run `{paths.explore_command(self.operator)}` again")
         if self.excess is None:
             lines.append(f"no in-worker calibration for {self.operator}: the bound is the isolated profile's and "
-                         f"does not count a task's copies inside a Dask worker; run `explore {self.operator}` "
+                         f"does not count a task's copies inside a Dask worker; run `{paths.explore_command(self.operator)}` "
                          f"(it ends with in-worker probes)")
         return lines
 

@@ -71,13 +71,16 @@ def _storage_url(text: str) -> str:
 
 
 def _operator_name(text: str) -> str:
-    import operators
+    """An operator spec (a name, ``gaussian(sigma=4)``, ``gaussian,gst3d``, ``gaussian,envelope+gst3d``),
+    returned canonical (``explorer.validate.operator``)."""
+    from explorer import validate
 
-    if text not in operators.names():
-        raise argparse.ArgumentTypeError(
-            f"unknown operator {text!r}; known operators: {', '.join(operators.names())}"
-        )
-    return text
+    try:
+        return validate.operator(text)
+    except KeyError as exc:
+        raise argparse.ArgumentTypeError(exc.args[0]) from None
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 # -- explore operators -----------------------------------------------------

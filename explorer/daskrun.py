@@ -525,8 +525,14 @@ def _prepare(ctx: RunContext, memory_limit) -> None:
     load_plugins()
     try:
         ctx.operator = operators.get(ctx.operator)
-    except KeyError as exc:
+    except (KeyError, operators.SpecError) as exc:
         raise _RunError(ERROR, exc.args[0]) from None
+    branches = getattr(ctx.operator, "branches", ())
+    if branches:
+        prefix = ",".join(stage[0].name for stage in ctx.operator.stages[:-1])
+        each = " and ".join(f"{prefix},{b}" for b in branches)
+        raise _RunError(ERROR, f"{ctx.operator.name}: a fan-out does not run on Dask yet; run each branch as its "
+                               f"own pipeline ({each})")
     try:
         ctx.kind = check_output(ctx.output, overwrite=ctx.overwrite, input_path=ctx.input)
     except OutputError as exc:

@@ -84,7 +84,10 @@ def _module_digest(module_name: str) -> str:
 def operator_code_version(operator) -> str:
     """``<module>.<class>:<version>``: the operator class's own ``version`` when it sets
     one, else a digest of the source of the module that defines it (any change to that
-    module, helpers included, counts as a new operator)."""
+    module, helpers included, counts as a new operator); for a pipeline, its members'."""
+    members = getattr(operator, "members", None)
+    if members is not None and not isinstance(operator, type):  # a pipeline: its members' code
+        return "pipeline[" + ";".join(f"{m.name}={operator_code_version(m)}" for m in members) + "]"
     cls = operator if isinstance(operator, type) else type(operator)
     version = getattr(cls, "version", None)
     return f"{cls.__module__}.{cls.__qualname__}:{version or _module_digest(cls.__module__)}"

@@ -327,6 +327,7 @@ def explore(
     from explorer import acquisition, surrogate
 
     started = time.perf_counter()
+    operator = validate.operator(operator)
     op = operators.get(operator)
     limit = default_memory_limit() if memory_limit is None else validate.size(memory_limit, "memory_limit")
     cap = default_memory_cap() if memory_cap is None else validate.size(memory_cap, "memory_cap")

@@ -72,7 +72,7 @@ def _measure(request: dict, x: np.ndarray, server_rss: int) -> dict:
         "child_hwm_bytes": meter.process_peak_bytes,
         "rss_before_bytes": meter.rss_before,
         "seconds": seconds,
-        "output_bytes": int(y.nbytes) if y is not None else None,
+        "output_bytes": None if y is None else sum(int(a.nbytes) for a in (y if isinstance(y, tuple) else (y,))),
         "error": error,
     }
     if request.get("gpu"):

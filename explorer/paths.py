@@ -28,3 +28,11 @@ def model_path(operator: str, runs: str | os.PathLike | None = None) -> Path:
 
 def report_path(operator: str, runs: str | os.PathLike | None = None) -> Path:
     return operator_dir(operator, runs) / "report.png"
+
+
+def explore_command(operator: str) -> str:
+    """``explore SPEC``, quoted for a POSIX shell when the spec needs it
+    (``explore 'gaussian(sigma=4),gst3d'``): the fix error messages name."""
+    import shlex
+
+    return f"explore {shlex.quote(operator)}"

@@ -247,6 +247,7 @@ def recommend_chunks(
     """
     from explorer import validate
 
+    operator = validate.operator(operator)
     shape = validate.shape(shape)
     limit_bytes = validate.size(memory_limit, "memory_limit")
     confidence = validate.confidence(confidence)

@@ -173,6 +173,7 @@ from pathlib import Path
 
 import numpy as np
 
+from explorer import paths
 from explorer.paths import model_path
 from explorer.stats import normal_scores, t_quantile
 
@@ -629,13 +630,16 @@ def load_model(operator: str, runs_dir=None) -> MemoryModel:
     operator code, machine: ``explorer.environment``) is returned with a
     ``StaleModelWarning`` on first load; ``model.stale`` keeps the differences.
     """
+    from explorer import validate
+
+    operator = validate.operator(operator)
     path = model_path(operator, runs_dir)
     try:
         mtime = path.stat().st_mtime_ns
     except FileNotFoundError:
         where = path.parent.parent
         raise ModelNotFoundError(
-            f"no explored model for {operator!r} in {where}/ — run: explore {operator}") from None
+            f"no explored model for {operator!r} in {where}/ — run: {paths.explore_command(operator)}") from None
     key = (str(path), mtime)
     model = _CACHE.get(key)
     if model is None:
@@ -644,7 +648,7 @@ def load_model(operator: str, runs_dir=None) -> MemoryModel:
         except Exception as exc:  # truncated, not an npz, wrong layout: name the file and the fix
             reason = " ".join(str(exc).split()) or type(exc).__name__
             raise ModelFileError(f"{path} is not a readable model ({reason[:160]}): "
-                                 f"run `explore {operator}` to rebuild it") from None
+                                 f"run `{paths.explore_command(operator)}` to rebuild it") from None
         from explorer.environment import warn_stale
 
         model.stale = model.stale_reasons()

@@ -12,7 +12,20 @@ import math
 from explorer.units import MAX_DIM, MAX_SIZE_BYTES, MAX_VOXELS, parse_shape, parse_size
 
 __all__ = ["MAX_DIM", "MAX_SIZE_BYTES", "MAX_VOXELS", "confidence", "fraction", "positive_int", "non_negative_int",
-           "positive_number", "shape", "size"]
+           "operator", "positive_number", "shape", "size"]
+
+
+def operator(spec) -> str:
+    """The canonical name of an operator spec (``operators.pipeline``): an operator, one
+    with parameters (``gaussian(sigma=4)``), or a pipeline (``gaussian,gst3d``), with
+    default parameters dropped and parameters sorted, so that one operator has one study
+    and one model.  ``KeyError`` for an unknown operator, ``operators.SpecError`` (a
+    ``ValueError``) naming the fault of a malformed spec."""
+    import operators
+
+    if not isinstance(spec, str):
+        raise ValueError(f"operator must be a name or a spec string, not {type(spec).__name__}")
+    return operators.get(spec).name
 
 
 def confidence(value, name: str = "confidence") -> float:

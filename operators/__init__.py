@@ -3,7 +3,7 @@
 Knows nothing about ``explorer``.
 """
 
-from operators.base import RESERVED_NAMES, Operator, get, names, register
+from operators.base import RESERVED_NAMES, Operator, SpecError, get, names, register
 from operators import seismic as _seismic  # noqa: F401  (registers the operators)
 from operators import unet as _unet  # noqa: F401  (registers unet3d; torch is imported by its first run)
 from operators.synthetic import synthetic_volume
@@ -13,6 +13,7 @@ __all__ = [
     "Operator",
     "RESERVED_NAMES",
     "SegyGeometryError",
+    "SpecError",
     "get",
     "names",
     "read_segy",

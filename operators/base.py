@@ -24,6 +24,10 @@ import numpy as np
 Shape = tuple[int, ...]
 
 
+class SpecError(ValueError):
+    """A malformed operator spec or parameter; the message is one line naming the fault."""
+
+
 class Operator:
     """Base class of all operators.
 
@@ -44,6 +48,36 @@ class Operator:
     #: A version string for the operator's code; when None, the environment stamp of a
     #: saved model uses a digest of the module that defines the class.
     version: ClassVar[str | None] = None
+    #: What a spec may set in parentheses (``gaussian(sigma=4)``): parameter name -> a
+    #: parser of its text that returns the value or raises :class:`SpecError`.  A set
+    #: parameter becomes an instance attribute, :meth:`configure` derives the rest (the
+    #: halo), and the operator's ``name`` carries it (its study, its model).
+    parameters: ClassVar[dict[str, Callable[[str], object]]] = {}
+
+    def configure(self) -> None:
+        """Derive what depends on the parameters (``halo``, ``description``) after they are set."""
+
+    @classmethod
+    def from_parameters(cls, given: dict[str, str]) -> "Operator":
+        """An instance with the parameters of a spec set (texts parsed by ``parameters``)."""
+        from operators.pipeline import call_name
+
+        op = cls()
+        if not given:
+            return op
+        for key in given:
+            if key not in cls.parameters:
+                known = ", ".join(sorted(cls.parameters)) or "none"
+                raise SpecError(f"{cls.name} has no parameter {key!r} (its parameters: {known})")
+        try:
+            values = {key: cls.parameters[key](text) for key, text in given.items()}
+        except SpecError as exc:
+            raise SpecError(f"{cls.name}: {exc}") from None
+        for key, value in values.items():
+            setattr(op, key, value)
+        op.configure()
+        op.name = call_name(cls.name, values, {key: getattr(cls, key) for key in values})
+        return op
 
     def run(self, block: np.ndarray) -> np.ndarray:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -106,9 +140,23 @@ def names() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def get(name: str) -> Operator:
-    """The operator registered under ``name``; ``KeyError`` with the known names otherwise."""
+def get(spec: str) -> Operator:
+    """The operator a spec names: a registered name, an operator with parameters
+    (``gaussian(sigma=4)``) or a pipeline (``gaussian,gst3d``; ``operators.pipeline``).
+
+    ``KeyError`` naming the known operators for an unknown one; :class:`SpecError` (a
+    ``ValueError``) naming the fault for a malformed spec."""
+    cls = _REGISTRY.get(spec) if isinstance(spec, str) else None
+    if cls is not None:
+        return cls()
+    from operators.pipeline import build
+
+    return build(spec)
+
+
+def registered(name: str) -> type[Operator]:
+    """The class registered under ``name``; ``KeyError`` with the known names otherwise."""
     try:
-        return _REGISTRY[name]()
+        return _REGISTRY[name]
     except KeyError:
         raise KeyError(f"unknown operator {name!r}; known operators: {', '.join(names())}") from None

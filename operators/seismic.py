@@ -49,6 +49,26 @@ def _float32_volume(block: np.ndarray) -> np.ndarray:
     return x
 
 
+def _positive_triple(text: str, kind, what: str) -> tuple:
+    """A spec parameter's value, one number or three joined by 'x', each > 0."""
+    from operators.pipeline import SpecError, parse_shape_value
+
+    values = parse_shape_value(text, kind, what)
+    if not all(v > 0 for v in values):
+        raise SpecError(f"{what}={text}: every value must be > 0")
+    return values
+
+
+def _odd_window(text: str) -> tuple[int, int, int]:
+    """Semblance's window: odd sample counts (centred on the output sample)."""
+    from operators.pipeline import SpecError
+
+    window = _positive_triple(text, int, "window")
+    if not all(w % 2 == 1 for w in window):
+        raise SpecError(f"window={text}: each size must be odd (the window is centred on its sample)")
+    return window
+
+
 def gaussian_radius(sigma: float, truncate: float) -> int:
     """Kernel radius of ``scipy.ndimage.gaussian_filter1d``: ``int(truncate * sigma + 0.5)``."""
     return int(truncate * float(sigma) + 0.5)
@@ -180,6 +200,13 @@ class GaussianSmoothing(Operator):
         gaussian_radius(sigma[2], truncate),
     )
     whole_axes: ClassVar[tuple[int, ...]] = ()
+    parameters: ClassVar[dict] = {"sigma": lambda text: _positive_triple(text, float, "sigma")}
+
+    def configure(self) -> None:
+        self.halo = tuple(gaussian_radius(s, self.truncate) for s in self.sigma)
+        sigma = ", ".join(f"{s:g}" for s in self.sigma)
+        self.description = (f"3D Gaussian smoothing, scipy.ndimage.gaussian_filter with sigma=({sigma}), "
+                            f"truncate={self.truncate:g}, reflect edges")
 
     def run(self, block: np.ndarray) -> np.ndarray:
         x = _float32_volume(block)
@@ -254,6 +281,13 @@ class Semblance(Operator):
     mode: ClassVar[str] = "reflect"
     halo: ClassVar[Shape] = (1, 1, 4)
     whole_axes: ClassVar[tuple[int, ...]] = ()
+    parameters: ClassVar[dict] = {"window": lambda text: _odd_window(text)}
+
+    def configure(self) -> None:
+        self.halo = tuple(w // 2 for w in self.window)
+        w = self.window
+        self.description = (f"Semblance, {w[0]}x{w[1]} traces x {w[2]} samples: sum_t (sum_traces x)^2 / "
+                            f"(N_traces sum_t sum_traces x^2)")
 
     def _box_sum(self, a: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
         for axis in axes:

@@ -1,0 +1,216 @@
+"""Pipeline specs: chains and fan-outs of operators, accepted wherever an operator name is.
+
+Grammar (shell-safe: no spaces, no quotes needed)::
+
+    spec    := stage ("," stage)*          stages run in sequence
+    stage   := call ("+" call)*            a fan-out: each branch an output of its own
+    call    := NAME [ "(" param ("," param)* ")" ]
+    param   := NAME "=" VALUE              e.g. sigma=4, sigma=1x1x2, window=5x5x11
+
+``gaussian,gst3d`` smooths then computes the dip; ``gaussian,envelope+gst3d`` smooths,
+then computes envelope and dip of the smoothed volume.  A fan-out is the last stage (its
+branches are the pipeline's outputs).  A parameter is part of an operator's identity: the
+canonical spec (:func:`canonical`) names its study and model, and a parameter equal to
+the operator's default is dropped from it (``gaussian(sigma=2)`` *is* ``gaussian``).
+
+The composed operator (:class:`Pipeline`)::
+
+    halo        = sum over stages of the largest halo over the stage's branches (per axis)
+    whole_axes  = the union of the members'
+    run(block)  = the stages in order, each intermediate released as soon as the next
+                  stage has consumed it
+
+Its Dask form is the base class's: one ``map_overlap`` with the pipeline's halo, every task
+running all stages (the *fused* strategy).  Stage ``s``'s values are exact at least
+``sum_{t <= s} halo_t`` from a block's inner edges, so after the trim by the whole halo the
+result equals the NumPy composition on the whole volume, seams included; at the volume's
+edges the blocks are not padded and each stage's own edge handling applies as on the
+whole volume.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from operators.base import Operator, Shape, SpecError, registered
+
+__all__ = ["Call", "Pipeline", "SpecError", "build", "call_name", "canonical", "parse", "parse_shape_value"]
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+#: An operator's name as a spec may write it: anything without the grammar's characters
+#: (an unknown one is then "unknown operator", naming the known ones).
+_OPERATOR = re.compile(r"[^(),+=\s]+\Z")
+
+
+@dataclass(frozen=True)
+class Call:
+    """One operator with its parameters as written (``name``, ``((key, text), ...)``)."""
+
+    name: str
+    params: tuple[tuple[str, str], ...] = ()
+
+
+def _split_top(text: str, sep: str, spec: str) -> list[str]:
+    """``text`` split on ``sep`` outside parentheses; unbalanced parentheses are a SpecError."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch == "(":
+            depth += 1
+            if depth > 1:
+                raise SpecError(f"nested parentheses in {spec!r}")
+        elif ch == ")":
+            depth -= 1
+            if depth < 0:
+                raise SpecError(f"unbalanced parentheses in {spec!r}: a ')' without its '('")
+        elif ch == sep and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    if depth != 0:
+        raise SpecError(f"unbalanced parentheses in {spec!r}: a '(' without its ')'")
+    parts.append(text[start:])
+    return parts
+
+
+def _call(text: str, spec: str) -> Call:
+    if not text:
+        raise SpecError(f"empty stage or branch in {spec!r} (two separators in a row, or one at an end)")
+    if "(" not in text:
+        if not _OPERATOR.match(text):
+            raise SpecError(f"malformed operator name {text!r} in {spec!r}")
+        return Call(text)
+    name, _, rest = text.partition("(")
+    if not rest.endswith(")"):
+        raise SpecError(f"text after ')' in {text!r} of {spec!r}")
+    if not _OPERATOR.match(name):
+        raise SpecError(f"malformed operator name {name!r} in {spec!r}")
+    body = rest[:-1]
+    if not body:
+        raise SpecError(f"empty parentheses in {text!r}: write the operator without them, or name a parameter")
+    params, seen = [], set()
+    for item in body.split(","):
+        key, eq, value = item.partition("=")
+        if not eq or not key or not value:
+            raise SpecError(f"malformed parameter {item!r} of {name}: write key=value (e.g. sigma=4)")
+        if not _NAME.match(key):
+            raise SpecError(f"malformed parameter name {key!r} of {name}")
+        if key in seen:
+            raise SpecError(f"parameter {key!r} of {name} given twice")
+        seen.add(key)
+        params.append((key, value))
+    return Call(name, tuple(params))
+
+
+def parse(spec: str) -> list[list[Call]]:
+    """The stages of ``spec`` (module docstring), each a list of its branches' calls."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise SpecError("empty operator spec")
+    if any(ch.isspace() for ch in spec):
+        raise SpecError(f"spaces in the spec {spec!r}: write it without them (e.g. gaussian,gst3d)")
+    stages = [[_call(b, spec) for b in _split_top(stage, "+", spec)] for stage in _split_top(spec, ",", spec)]
+    for stage in stages[:-1]:
+        if len(stage) > 1:
+            raise SpecError(f"a fan-out ('+') must be the last stage of {spec!r}: its branches are the outputs")
+    return stages
+
+
+def parse_shape_value(text: str, kind=float, what: str = "value") -> tuple:
+    """``4`` -> ``(4, 4, 4)``; ``1x1x2`` -> ``(1, 1, 2)`` (three values, or one for all axes)."""
+    parts = text.lower().split("x")
+    if len(parts) not in (1, 3):
+        raise SpecError(f"{what} {text!r}: one value or three joined by 'x' (e.g. 5x5x11)")
+    try:
+        values = tuple(kind(p) for p in parts)
+    except ValueError:
+        raise SpecError(f"{what} {text!r} is not {'an integer' if kind is int else 'a number'}") from None
+    if not all(math.isfinite(v) for v in values):
+        raise SpecError(f"{what} {text!r} is not finite")
+    return values * 3 if len(values) == 1 else values
+
+
+def _format_value(value) -> str:
+    """The canonical text of a parameter value: ``4``, ``1.5``, ``1x1x2``."""
+    if isinstance(value, (tuple, list)):
+        if len(set(value)) == 1:
+            return _format_value(value[0])
+        return "x".join(_format_value(v) for v in value)
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def call_name(name: str, params: dict, defaults: dict) -> str:
+    """``name(key=value,...)`` with the parameters that differ from ``defaults``, sorted."""
+    differ = {k: v for k, v in params.items() if _format_value(v) != _format_value(defaults.get(k))}
+    if not differ:
+        return name
+    return f"{name}(" + ",".join(f"{k}={_format_value(differ[k])}" for k in sorted(differ)) + ")"
+
+
+def canonical(spec: str) -> str:
+    """The canonical spec: each member's canonical name (defaults dropped, parameters sorted)."""
+    return build(spec).name
+
+
+def build(spec: str) -> Operator:
+    """The operator of a spec: one member when it has one stage of one call, else a
+    :class:`Pipeline`.  ``KeyError`` for an unknown operator, :class:`SpecError` otherwise."""
+    stages = [[registered(call.name).from_parameters(dict(call.params)) for call in stage] for stage in parse(spec)]
+    if len(stages) == 1 and len(stages[0]) == 1:
+        return stages[0][0]
+    return Pipeline(stages)
+
+
+def _lcm(values) -> int:
+    out = 1
+    for v in values:
+        out = out * int(v) // math.gcd(out, int(v))
+    return out
+
+
+class Pipeline(Operator):
+    """Operators in sequence, the last stage possibly a fan-out (module docstring)."""
+
+    def __init__(self, stages: list[list[Operator]]):
+        self.stages = [list(stage) for stage in stages]
+        members = [op for stage in self.stages for op in stage]
+        self.members = members
+        self.branches = tuple(op.name for op in self.stages[-1]) if len(self.stages[-1]) > 1 else ()
+        self.name = ",".join("+".join(op.name for op in stage) for stage in self.stages)
+        self.halo = tuple(sum(max(op.halo[a] for op in stage) for stage in self.stages) for a in range(3))
+        self.whole_axes = tuple(sorted({a for op in members for a in op.whole_axes}))
+        self.block_multiple = tuple(_lcm(op.block_multiple[a] for op in members) for a in range(3))
+        self.output_dtype = np.dtype(self.stages[-1][0].output_dtype)
+        self.description = "pipeline: " + " -> ".join(
+            "{" + ", ".join(op.name for op in stage) + "}" if len(stage) > 1 else stage[0].name
+            for stage in self.stages)
+
+    def run(self, block: np.ndarray):
+        """The stages in order; a fan-out's branches return a tuple of outputs (their order
+        is the spec's).  Each intermediate is released once the next stage has it."""
+        x = block
+        for index, stage in enumerate(self.stages):
+            if len(stage) == 1:
+                y = stage[0].run(x)
+                if index > 0:
+                    del x
+                x = y
+                del y
+            else:
+                outputs = tuple(op.run(x) for op in stage)
+                return outputs
+        return x
+
+    def output_shape(self, shape: Shape) -> Shape:
+        for stage in self.stages:
+            shape = stage[0].output_shape(shape)
+        return tuple(int(n) for n in shape)
+
+    def dask(self, array, *, wrap=None):
+        if self.branches:
+            raise SpecError(f"{self.name}: a fan-out has no single Dask array; its branches run on Dask "
+                            f"are not built yet")
+        return super().dask(array, wrap=wrap)

@@ -1,0 +1,168 @@
+"""Pipeline specs (``operators.pipeline``): the grammar and its one-line errors, parameters
+as part of an operator's identity, the composed operator's halo, NumPy form and fused Dask
+form (equal to the NumPy composition on the whole volume, seams included), and the
+commands taking a spec (real profiling children, a real LocalCluster, a real SEG-Y)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import dask
+import numpy as np
+import pytest
+
+import operators
+from operators.pipeline import Pipeline, SpecError, parse
+
+ISSUE_PIPELINES = ["gaussian,gst3d", "envelope,gaussian", "gaussian(sigma=1),semblance,gaussian"]
+
+
+# --------------------------------------------------------------------------- the grammar (pure)
+
+
+@pytest.mark.parametrize("spec, fragment", [
+    ("", "empty operator spec"),
+    ("gaussian,,gst3d", "empty stage or branch"),
+    ("gaussian,", "empty stage or branch"),
+    ("+gst3d", "empty stage or branch"),
+    ("gaussian(sigma=4", "a '(' without its ')'"),
+    ("gaussian)sigma=4(", "a ')' without its '('"),
+    ("gaussian((sigma=4))", "nested parentheses"),
+    ("gaussian()", "empty parentheses"),
+    ("gaussian(sigma)", "write key=value"),
+    ("gaussian(sigma=4)x", "text after ')'"),
+    ("gaussian(sigma=1,sigma=2)", "given twice"),
+    ("gaussian(size=3)", "gaussian has no parameter 'size' (its parameters: sigma)"),
+    ("gst3d(sigma=2)", "gst3d has no parameter 'sigma' (its parameters: none)"),
+    ("gaussian(sigma=-1)", "gaussian: sigma=-1: every value must be > 0"),
+    ("gaussian(sigma=abc)", "gaussian: sigma 'abc' is not a number"),
+    ("semblance(window=4x4x9)", "semblance: window=4x4x9: each size must be odd"),
+    ("semblance(window=3x3)", "one value or three joined by 'x'"),
+    ("envelope+gst3d,gaussian", "a fan-out ('+') must be the last stage"),
+    ("gaussian, gst3d", "spaces in the spec"),
+    ("gauss=ian", "malformed operator name"),
+])
+def test_a_bad_spec_is_one_line_naming_its_fault(spec, fragment):
+    with pytest.raises(SpecError) as info:
+        operators.get(spec)
+    message = str(info.value)
+    assert fragment in message and "\n" not in message
+
+
+def test_an_unknown_member_names_the_known_operators():
+    with pytest.raises(KeyError) as info:
+        operators.get("gaussian,dip")
+    assert "unknown operator 'dip'; known operators: envelope" in info.value.args[0]
+
+
+def test_stages_branches_and_parameters_parse_as_written():
+    stages = parse("gaussian(sigma=4),envelope+semblance(window=5x5x11)")
+    assert [[(c.name, c.params) for c in stage] for stage in stages] == [
+        [("gaussian", (("sigma", "4"),))], [("envelope", ()), ("semblance", (("window", "5x5x11"),))]]
+
+
+def test_a_parameter_is_part_of_the_name_and_a_default_is_not():
+    assert operators.get("gaussian(sigma=2.0)").name == "gaussian"
+    assert operators.get("gaussian(sigma=2x2x2)").name == "gaussian"
+    assert operators.get("gaussian(sigma=4.0)").name == "gaussian(sigma=4)"
+    assert operators.get("gaussian(sigma=1x1x2.5)").name == "gaussian(sigma=1x1x2.5)"
+    assert operators.get("semblance(window=3x3x9)").name == "semblance"
+    # The parameter sets the halo: gaussian's radius int(4 sigma + 0.5), semblance's half-window.
+    assert operators.get("gaussian(sigma=4)").halo == (16, 16, 16)
+    assert operators.get("gaussian(sigma=1x1x2)").halo == (4, 4, 8)
+    assert operators.get("semblance(window=5x5x11)").halo == (2, 2, 5)
+    assert operators.get("gaussian").halo == (8, 8, 8)  # the class is untouched
+
+
+def test_the_pipeline_halo_is_the_sum_along_the_chain_and_the_largest_over_branches():
+    chain = operators.get("gaussian(sigma=1),semblance,gaussian")
+    assert isinstance(chain, Pipeline) and chain.halo == (4 + 1 + 8, 4 + 1 + 8, 4 + 4 + 8)
+    fan = operators.get("gaussian,envelope+gst3d+semblance")
+    assert fan.halo == (8 + 5, 8 + 5, 8 + 5) and fan.whole_axes == (2,)
+    assert fan.branches == ("envelope", "gst3d", "semblance")
+    assert operators.get("envelope,gaussian").whole_axes == (2,)
+    assert fan.name == "gaussian,envelope+gst3d+semblance"
+
+
+# --------------------------------------------------------------------------- the NumPy and Dask forms
+
+
+def volume(shape, seed=0):
+    return operators.synthetic_volume(shape, seed=seed)
+
+
+def test_run_applies_the_stages_in_order_and_a_fan_out_returns_each_branch():
+    x = volume((30, 26, 40))
+    smoothed = operators.get("gaussian").run(x)
+    np.testing.assert_array_equal(operators.get("gaussian,gst3d").run(x), operators.get("gst3d").run(smoothed))
+    outputs = operators.get("gaussian,envelope+gst3d").run(x)
+    assert isinstance(outputs, tuple) and len(outputs) == 2
+    np.testing.assert_array_equal(outputs[0], operators.get("envelope").run(smoothed))
+    np.testing.assert_array_equal(outputs[1], operators.get("gst3d").run(smoothed))
+    assert operators.get("gaussian,gst3d").output_shape((30, 26, 40)) == (30, 26, 40)
+
+
+@pytest.mark.parametrize("spec", ISSUE_PIPELINES)
+def test_the_fused_dask_form_equals_the_numpy_composition_seams_included(spec):
+    import dask.array as da
+
+    op = operators.get(spec)
+    x = volume((72, 64, 70), seed=1)
+    chunks = tuple(max(h + 4, n // 3) for h, n in zip(op.halo, x.shape))  # several chunks per split axis
+    lazy = op.dask(da.from_array(x, chunks=chunks))
+    assert any(lazy.numblocks[a] > 1 for a in range(3) if a not in op.whole_axes)
+    with dask.config.set(scheduler="synchronous"):
+        got = lazy.compute()
+    np.testing.assert_allclose(got, op.run(x), rtol=0, atol=2e-6)
+
+
+def test_a_fan_out_on_dask_says_it_is_not_built_yet():
+    import dask.array as da
+
+    with pytest.raises(SpecError, match="fan-out"):
+        operators.get("gaussian,envelope+gst3d").dask(da.zeros((32, 32, 32), chunks=16))
+
+
+# --------------------------------------------------------------------------- commands taking a spec
+
+
+def cli(*args, runs=None):
+    command = [sys.executable, "-m", "explorer.cli", *map(str, args)]
+    if runs is not None:
+        command += ["--runs-dir", str(runs)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=600)
+
+
+def test_explore_profile_takes_a_spec_and_names_it_canonically():
+    out = cli("profile", "gaussian(sigma=2.0),gst3d", "32x28x40", "--json")
+    assert out.returncode == 0, out.stderr
+    m = json.loads(out.stdout.strip().splitlines()[-1])
+    assert m["operator"] == "gaussian,gst3d" and m["status"] == "ok" and m["peak_bytes"] > 0
+    fan = json.loads(cli("profile", "gaussian,envelope+gst3d", "32x28x40", "--json").stdout.strip().splitlines()[-1])
+    assert fan["output_bytes"] == 2 * 4 * 32 * 28 * 40  # both branches' outputs
+    bad = cli("profile", "gaussian(sigma=0),gst3d", "32x28x40")
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].endswith("gaussian: sigma=0: every value must be > 0")
+    assert "Traceback" not in bad.stderr
+
+
+def test_explore_run_on_a_chain_writes_the_numpy_composition(tmp_path):
+    spec = "envelope,gaussian"
+    x = volume((40, 36, 48), seed=2)
+    source = tmp_path / "in.sgy"
+    operators.write_segy(source, x)
+    out = cli("run", spec, source, "--output", tmp_path / "out.zarr", "--chunks", "20x18x48", "--workers", "1",
+              "--memory-limit", "1GiB", "--no-refine", "--json", runs=tmp_path / "runs")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["status"] == "ok" and result["operator"] == spec
+    import zarr
+
+    got = np.asarray(zarr.open(str(tmp_path / "out.zarr"), mode="r"))
+    np.testing.assert_allclose(got, operators.get(spec).run(operators.read_segy(source).compute()), rtol=0, atol=2e-6)
+    fan = cli("run", "gaussian,envelope+gst3d", source, "--output", tmp_path / "fan.zarr", "--chunks", "20x18x48",
+              "--workers", "1", "--memory-limit", "1GiB", "--no-refine", runs=tmp_path / "runs")
+    assert fan.returncode != 0 and fan.stderr.strip().splitlines()[-1].endswith(
+        "a fan-out does not run on Dask yet; run each branch as its own pipeline (gaussian,envelope and gaussian,gst3d)")
+    assert "Traceback" not in fan.stderr and not (tmp_path / "fan.zarr").exists()
