@@ -624,7 +624,9 @@ _CACHE: dict[tuple[str, int], MemoryModel] = {}
 def load_model(operator: str, runs_dir=None) -> MemoryModel:
     """The saved model of ``operator`` (``explorer.paths.model_path``), cached by (path, mtime).
 
-    Raises ``ModelNotFoundError`` naming the command that creates it, and
+    A pipeline (``operators.pipeline``) without a model of its own gets one composed from
+    its members' models (``explorer.composed``).  Raises ``ModelNotFoundError`` naming
+    the command that creates it, and
     ``ModelFileError`` naming the file and the command that rebuilds it when the file is
     not a readable model.  A model learnt in another environment (library versions,
     operator code, machine: ``explorer.environment``) is returned with a
@@ -637,6 +639,14 @@ def load_model(operator: str, runs_dir=None) -> MemoryModel:
     try:
         mtime = path.stat().st_mtime_ns
     except FileNotFoundError:
+        import operators
+        from operators.pipeline import Pipeline
+
+        op = operators.get(operator)
+        if isinstance(op, Pipeline):  # without a model of its own: its members'
+            from explorer.composed import compose
+
+            return compose(op, runs_dir)
         where = path.parent.parent
         raise ModelNotFoundError(
             f"no explored model for {operator!r} in {where}/ — run: {paths.explore_command(operator)}") from None

@@ -1,0 +1,209 @@
+"""Benchmark of pipelines: is a pipeline's memory, composed from its members' models with no
+profile of the pipeline, right and honest?
+
+For each pipeline spec (default: the four of issue 14):
+
+1. **Members.** Every member operator is explored once into a shared runs directory
+   (``explore(member, budget=B, memory_limit=L, probes=0)``; a member already explored
+   there is reused: ``--cache``).
+2. **Composed model.** ``load_model(spec)``: the pipeline has no model of its own, so it is
+   composed from its members' (``explorer.composed``): the largest stage term, each
+   member's peak plus the outputs alive while it runs, each member's bound at the
+   Bonferroni confidence ``1 - (1 - c) / S``.
+3. **Held-out truth**, placed as ``scripts/bench_explore.py`` places them (one definition:
+   its ``region_shapes`` and ``extrapolation_shapes``): ``--heldout`` shapes whose task
+   memory ``4 V + mean`` (by the composed model) is stratified log-uniform between 1 % and
+   100 % of ``L``, plus 2x, 4x and 8x the volume the *least-reaching* member profiled
+   (the composed model extrapolates as far as its shortest member).  Every one is
+   profiled for real as the pipeline (``Profiler.profile(spec, ...)``, ``--truth-repeat``
+   runs): the highest run must fall under the 99 % bound, the runs' mean is what MAPE
+   compares with.  A shape whose predicted input + upper exceeds the profiling cap is
+   skipped and reported.  Profiles are cached in ``--cache``/pipeline-profiles.json by
+   spec, environment, shape and repeat count.
+
+Targets (issue 14): MAPE <= 5 %, coverage of the 99 % bound >= 99 %, median upper/true
+<= 1.15, per pipeline and pooled.
+
+    python scripts/bench_pipelines.py [--pipelines SPEC;SPEC] [--memory-limit 1GiB] [--budget 30]
+        [--cache runs/bench/pipelines] [--heldout 12] [--truth-repeat 2] [--seed 0]
+
+Prints Markdown tables, verdicts and the machine line; progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import operators  # noqa: E402
+from bench_explore import EXTRAPOLATION_FACTORS, Truth, extrapolation_shapes, metrics, region_shapes  # noqa: E402
+from explorer.exploration import explore  # noqa: E402
+from explorer.profiling import OK, Profiler, default_memory_cap  # noqa: E402
+from explorer.store import SOURCE_PROFILE, Store, study_name  # noqa: E402
+from explorer.surrogate import load_model  # noqa: E402
+from explorer.units import format_bytes, format_shape, parse_size  # noqa: E402
+from machine import machine_line  # noqa: E402
+
+ISSUE_PIPELINES = ("gaussian,gst3d;envelope,gaussian;gaussian(sigma=1),semblance,gaussian;"
+                   "gaussian,envelope+instantaneous_phase+instantaneous_frequency+gst3d")
+CONFIDENCE = 0.99
+TARGETS = {"mape": 0.05, "coverage": 0.99, "median_ratio": 1.15}
+STARTED = time.perf_counter()
+
+
+def log(message: str) -> None:
+    print(f"[{time.perf_counter() - STARTED:7.1f} s] {message}", file=sys.stderr, flush=True)
+
+
+class ProfileCache:
+    """Isolated profiles of pipelines, kept in one JSON file so that reruns are cheap."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.data = json.loads(path.read_text()) if path.exists() else {}
+
+    def profile(self, profiler: Profiler, spec: str, shape, repeat: int) -> dict:
+        key = f"{spec}|{study_name(spec)}|{'x'.join(map(str, shape))}|r{repeat}"
+        if key not in self.data:
+            m = profiler.profile(spec, shape, repeat=repeat)
+            self.data[key] = {"status": m.status, "error": m.error,
+                              "peaks": [r["peak_bytes"] for r in m.repeats if r.get("status") == OK]}
+            self.path.write_text(json.dumps(self.data, indent=1))
+        return self.data[key]
+
+
+def explore_members(specs, runs: Path, budget: int, limit: int, seed: int) -> dict:
+    """Each distinct member explored once into ``runs`` (kept when already there)."""
+    seen = {}
+    for spec in specs:
+        for op in operators.get(spec).members:
+            if op.name in seen:
+                continue
+            try:
+                load_model(op.name, runs_dir=runs)
+                seen[op.name] = "cached"
+                log(f"member {op.name}: model in the cache")
+                continue
+            except LookupError:
+                pass
+            log(f"member {op.name}: explore budget={budget}")
+            r = explore(op.name, budget=budget, memory_limit=limit, runs_dir=runs, seed=seed, report=False, probes=0)
+            seen[op.name] = f"{r.profiles} profiles, {r.seconds:.0f} s, {r.stopped_because}"
+            log(f"member {op.name}: {seen[op.name]}")
+    return seen
+
+
+def least_reach(spec: str, runs: Path) -> float:
+    """The largest profiled volume of the member that reached least (the composed model's reach)."""
+    reach = []
+    for op in operators.get(spec).members:
+        shapes = [r.shape for r in Store(runs).records(op.name) if r.source == SOURCE_PROFILE and r.status == OK]
+        reach.append(max(float(np.prod(s)) for s in shapes))
+    return min(reach)
+
+
+def run_pipeline(spec: str, args, runs: Path, cache: ProfileCache, profiler: Profiler, limit: int, cap: int):
+    op = operators.get(spec)
+    model = load_model(spec, runs_dir=runs)
+    assert getattr(model, "composed", False), f"{spec} has a model of its own in {runs}: not a composed model"
+    v_max = least_reach(spec, runs)
+    candidates = [(s, "region", "") for s in region_shapes(model, op, limit, args.heldout, args.seed)]
+    candidates += [(s, "extrapolation", f"{k}x V") for s, k in
+                   zip(extrapolation_shapes(op, v_max, args.seed), EXTRAPOLATION_FACTORS)]
+    truths, skipped, rows = [], [], []
+    for shape, kind, label in candidates:
+        mean, upper = model.predict(shape, CONFIDENCE)
+        need = 4.0 * np.prod(shape) + upper
+        if need > cap:
+            skipped.append(f"{format_shape(shape)} ({kind}): predicted input + upper {format_bytes(need)} > cap")
+            continue
+        log(f"{spec}: profiling {format_shape(shape)} ({kind} {label})")
+        p = cache.profile(profiler, spec, shape, args.truth_repeat)
+        if p["status"] != OK or not p["peaks"]:
+            skipped.append(f"{format_shape(shape)} ({kind}): profile ended {p['status']}: {p['error']}")
+            continue
+        truth = Truth(tuple(shape), kind, max(p["peaks"]), float(np.mean(p["peaks"])), label)
+        truths.append(truth)
+        rows.append((truth, mean, upper))
+    m = metrics(lambda shapes: model.predict_many(np.asarray(shapes), CONFIDENCE), truths)
+    return {"spec": spec, "metrics": m, "rows": rows, "skipped": skipped, "v_max": v_max,
+            "members": sorted({o.name for o in op.members}), "stages": len(model.terms)}
+
+
+def verdict(m) -> str:
+    ok = (m["mape"] <= TARGETS["mape"] and m["covered"] / m["n"] >= TARGETS["coverage"]
+          and m["median_ratio"] <= TARGETS["median_ratio"])
+    return "PASS" if ok else "FAIL"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pipelines", default=ISSUE_PIPELINES, help="specs separated by ';'")
+    parser.add_argument("--memory-limit", default="1GiB", help="the target worker memory L")
+    parser.add_argument("--budget", type=int, default=30, help="explore budget of each member")
+    parser.add_argument("--cache", default="runs/bench/pipelines", type=Path)
+    parser.add_argument("--heldout", type=int, default=12)
+    parser.add_argument("--truth-repeat", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    specs = [operators.get(s).name for s in args.pipelines.split(";") if s]
+    limit = parse_size(args.memory_limit)
+    cap = default_memory_cap()
+    args.cache.mkdir(parents=True, exist_ok=True)
+    runs = args.cache / "runs"
+    members = explore_members(specs, runs, args.budget, limit, args.seed)
+    cache = ProfileCache(args.cache / "pipeline-profiles.json")
+    results = []
+    with Profiler() as profiler:
+        for spec in specs:
+            results.append(run_pipeline(spec, args, runs, cache, profiler, limit, cap))
+
+    print(f"`python scripts/bench_pipelines.py --memory-limit {args.memory_limit} --budget {args.budget} "
+          f"--heldout {args.heldout} --truth-repeat {args.truth_repeat} --seed {args.seed}`\n")
+    print("## The composed model, no profile of the pipeline\n")
+    print(f"Members explored into `{runs}` (budget {args.budget}, target memory {format_bytes(limit)}, "
+          "no probes):\n")
+    for name, what in members.items():
+        print(f"- `{name}`: {what}")
+    print("\n| pipeline | members | stage terms | held-out | MAPE (region / beyond) | covered by the 99% bound | "
+          "median upper/true | max upper/true | min upper/true | verdict |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    pooled = []
+    for r in results:
+        m = r["metrics"]
+        pooled += [t for t, _, _ in r["rows"]]
+        print(f"| `{r['spec']}` | {len(r['members'])} | {r['stages']} | {m['n']} | {m['mape']:.2%} "
+              f"({m['mape_region']:.2%} / {m['mape_extra']:.2%}) | {m['covered']}/{m['n']} | {m['median_ratio']:.3f} "
+              f"| {m['max_ratio']:.3f} | {m['min_ratio']:.3f} | {verdict(m)} |")
+    ape = [abs(mean / t.mean - 1) for r in results for t, mean, _ in r["rows"]]
+    ratios = [upper / t.peak for r in results for t, _, upper in r["rows"]]
+    covered = sum(upper >= t.peak for r in results for t, _, upper in r["rows"])
+    pooled_m = {"mape": float(np.mean(ape)), "covered": int(covered), "n": len(ratios),
+                "median_ratio": float(np.median(ratios))}
+    print(f"| pooled | | | {len(ratios)} | {pooled_m['mape']:.2%} | {covered}/{len(ratios)} | "
+          f"{pooled_m['median_ratio']:.3f} | {max(ratios):.3f} | {min(ratios):.3f} | {verdict(pooled_m)} |")
+    print(f"\nTargets: MAPE <= {TARGETS['mape']:.0%}, coverage >= {TARGETS['coverage']:.0%}, median upper/true <= "
+          f"{TARGETS['median_ratio']:.2f}. Every held-out shape:\n")
+    print("| pipeline | shape | kind | true peak (max of runs) | mean of runs | composed mean | error | 99% upper | "
+          "upper/true |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in results:
+        for t, mean, upper in r["rows"]:
+            print(f"| `{r['spec']}` | {format_shape(t.shape)} | {t.kind} {t.label} | {format_bytes(t.peak)} | "
+                  f"{format_bytes(t.mean)} | {format_bytes(mean)} | {mean / t.mean - 1:+.2%} | {format_bytes(upper)} | "
+                  f"{upper / t.peak:.3f} |")
+    for r in results:
+        for line in r["skipped"]:
+            print(f"- skipped, `{r['spec']}`: {line}")
+    print(f"\nBenchmark wall time {time.perf_counter() - STARTED:.0f} s.")
+    print(machine_line())
+
+
+if __name__ == "__main__":
+    main()
