@@ -262,9 +262,16 @@ class WithinFit:
             return max(0.0, self.scores[k - 1]), "conformal"
         return t_quantile(float(confidence), float(self.dof)), "student-t"
 
-    def half_width(self, task_mean_bytes, confidence: float) -> np.ndarray:
-        """``q_c sigma_w(m)``: the within-group part of a single task's bound."""
-        return self.quantile(confidence)[0] * self.sd(task_mean_bytes)
+    def half_width(self, task_mean_bytes, confidence: float, tasks=1) -> np.ndarray:
+        """``q sigma_w(m)``: the within-group part of the bound on the largest of ``tasks``
+        tasks (scalar or per row), ``q`` at ``c^(1 / tasks)`` (Sidak: ``c`` that none of
+        them exceeds it); one task: the single task's ``q_c``."""
+        m = np.asarray(task_mean_bytes, dtype=np.float64)
+        counts = np.broadcast_to(np.maximum(np.asarray(tasks, dtype=np.int64), 1), m.shape)
+        q = np.empty(m.shape, dtype=np.float64)
+        for k in np.unique(counts):
+            q[counts == k] = self.quantile(float(confidence) ** (1.0 / float(k)))[0]
+        return q * self.sd(m)
 
 
 def _page_bytes() -> int:
@@ -359,21 +366,25 @@ def task_groups(records, environment: str | None = None) -> TaskGroups:
 
 
 def task_bound(mean_isolated, upper_isolated, voxels, excess: ExcessFit | None, within: WithinFit | None,
-               confidence: float) -> tuple[np.ndarray, np.ndarray]:
-    """``(mean, upper)`` bytes of a single task in a worker (module docstring): the isolated
+               confidence: float, tasks=1) -> tuple[np.ndarray, np.ndarray]:
+    """``(mean, upper)`` bytes of a task in a worker (module docstring): the isolated
     model's ``(mean_P, upper_P)`` plus the excess between groups and the spread within one::
 
         mean  = mean_P + delta_mean(V)
-        upper = max(upper_P, mean + sqrt(h_P^2 + h_between(V)^2 + h_within(mean)^2))
+        upper = max(upper_P, mean + sqrt(h_P^2 + h_between(V)^2 + h_within(mean; tasks)^2))
 
-    The isolated bound alone when the excess is not identified."""
+    ``tasks`` (scalar or per row): the bound covers the largest of that many tasks of one
+    run.  Only the spread within a group differs from task to task; the model's and the
+    line's uncertainty is shared by all of them and stays at ``c``
+    (:meth:`WithinFit.half_width`).  The isolated bound alone when the excess is not
+    identified."""
     mean_isolated = np.asarray(mean_isolated, dtype=np.float64)
     upper_isolated = np.asarray(upper_isolated, dtype=np.float64)
     if excess is None:
         return mean_isolated, upper_isolated
     d_mean, d_half = excess.predict(voxels, confidence)
     mean = mean_isolated + d_mean
-    w_half = within.half_width(mean, confidence) if within is not None else 0.0
+    w_half = within.half_width(mean, confidence, tasks) if within is not None else 0.0
     half = np.sqrt((upper_isolated - mean_isolated) ** 2 + d_half**2 + w_half**2)
     return mean, np.maximum(upper_isolated, mean + half)
 
@@ -683,13 +694,15 @@ class TaskModel:
     def graph_task_seconds(self) -> float | None:
         return None if self.calibration is None else self.calibration.timing.graph_task_seconds
 
-    def predict_many(self, shapes, confidence: float = 0.99) -> tuple[np.ndarray, np.ndarray]:
-        """``(mean, upper)`` bytes of a task's in-worker peak on blocks of ``shapes``."""
+    def predict_many(self, shapes, confidence: float = 0.99, tasks=1) -> tuple[np.ndarray, np.ndarray]:
+        """``(mean, upper)`` bytes of a task's in-worker peak on blocks of ``shapes``; with
+        ``tasks`` (scalar or per row), ``upper`` bounds the largest of that many tasks of
+        one run (:func:`task_bound`: what a plan's worker footprint must hold for)."""
         mean, upper = self.isolated.predict_many(shapes, confidence)
         if self.excess is None:
             return mean, upper
         voxels = np.asarray(shapes, dtype=np.float64).reshape(-1, 3).prod(axis=1)
-        return task_bound(mean, upper, voxels, self.excess, self.calibration.within, confidence)
+        return task_bound(mean, upper, voxels, self.excess, self.calibration.within, confidence, tasks)
 
     def predict(self, shape, confidence: float = 0.99) -> tuple[float, float]:
         mean, upper = self.predict_many(np.asarray(shape).reshape(1, 3), confidence)

@@ -17,7 +17,8 @@ one; never more than ``N``)::
           + neighbour_chunk_bytes                        #   ... and chunks kept for halos
 
     input_block_bytes               = prod(b) * itemsize          (float32 input: 4)
-    task_peak_bytes                 = the in-worker task peak at b (mean, or its upper bound)
+    task_peak_bytes                 = the in-worker task peak at b (mean, or its upper bound on
+                                      the largest of the plan's n tasks: Predictor)
     waiting_input_bytes_per_thread  = WAITING_INPUTS_PER_THREAD * prod(b) * itemsize
     held_output_bytes_per_thread    = HELD_OUTPUTS_PER_THREAD  * prod(b) * output_itemsize
 
@@ -68,7 +69,7 @@ Among the candidates that fit the plan is, in order:
 
 1. with one slot (one worker, one thread): fewest tasks ``n = prod(ceil(N_i / c_i))``,
    the largest chunks.  With ``C = workers * threads > 1`` slots: fastest by
-   :func:`plan_seconds`, the wall-time bound ``(n / C + 1 - 1 / C) * (o + s prod(b))``
+   :func:`plan_seconds`, the wall time of list scheduling ``ceil(n / C) * (o + s prod(b))``
    (``o`` the Dask overhead of a chunk's graph tasks), all plans within 5%
    (:data:`SECONDS_TIE_FRACTION`) of the fastest tied: enough chunks per slot that
    none idles through the tail, not so many that the overhead ``n o`` wins;
@@ -169,8 +170,20 @@ SECONDS_TIE_FRACTION = 0.05
 #: Dask's documented default of ``distributed.worker.memory.pause`` if distributed is absent.
 FALLBACK_PAUSE_FRACTION = 0.8
 
-#: ``predict(block_shapes (m, ndim) int64, confidence=...) -> (mean_bytes (m,), upper_bytes (m,))``
+#: ``predict(block_shapes (m, ndim) int64, confidence=...) -> (mean_bytes (m,), upper_bytes (m,))``.
+#: A predictor that takes ``tasks=`` (``(m,)``: the tasks of each row's plan) bounds the
+#: largest of that many tasks (``explorer.calibration.TaskModel``: a plan's footprint must
+#: hold for every task it runs); the planner passes it when it does.
 Predictor = Callable[..., tuple[np.ndarray, np.ndarray]]
+
+
+def _takes_tasks(predict) -> bool:
+    import inspect
+
+    try:
+        return "tasks" in inspect.signature(predict).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 class ChunkPlanError(ValueError):
@@ -354,19 +367,21 @@ def plan_seconds(
 ):
     """Predicted wall time of ``n_tasks`` chunks' work on blocks of ``block_samples`` voxels.
 
-    Graham's bound for greedy list scheduling on ``C = slots`` workers x threads, which
-    is how Dask hands out ready tasks::
+    Greedy list scheduling, which is how Dask hands out ready tasks, of ``n`` near-equal
+    tasks on ``C = slots`` workers x threads: ``ceil(n / C)`` waves of one chunk each::
 
-        seconds = (n / C + 1 - 1 / C) * chunk_seconds
+        seconds = ceil(n / C) * chunk_seconds
         chunk_seconds = graph_task_seconds * tasks_per_chunk + seconds_per_voxel * prod(b)
 
-    ``n / C`` chunks of work per slot, plus the tail: up to one chunk's time during
-    which the other slots have run out of work.  It assumes nothing about durations
-    being equal, which they are not (a worker's first task is cold, I/O varies).  With
-    one slot it is ``n * chunk_seconds``: the fewest, largest chunks.  With several,
-    large chunks leave slots idle in the tail and small ones pay the overhead ``n``
-    times; for a fixed volume the optimum is near ``n = sqrt(C * work / overhead)``.
-    ``tasks_per_chunk``: :func:`graph_tasks_per_chunk`.  Scalars or arrays (broadcast).
+    (:func:`schedule_waves`).  A plan's chunks are equal but for the edges, which are
+    smaller, so the largest block's seconds is each wave's.  With one slot it is ``n *
+    chunk_seconds``: the fewest, largest chunks.  With several, ``n`` not a multiple of
+    ``C`` leaves slots idle in the last wave, large chunks make that wave long, and small
+    ones pay the overhead ``n`` times.  (Graham's bound ``n / C + 1 - 1 / C``, used
+    before, assumes nothing about durations and so charges a plan of ``k C`` equal
+    chunks ``1 - 1 / C`` of a chunk it does not idle: first_derivative's plan came out
+    1.145x the oracle for it.)  ``tasks_per_chunk``: :func:`graph_tasks_per_chunk`.
+    Scalars or arrays (broadcast).
     """
     if seconds_per_voxel < 0 or graph_task_seconds < 0:
         raise ValueError("seconds_per_voxel and graph_task_seconds must be non-negative")
@@ -376,12 +391,12 @@ def plan_seconds(
 
 
 def schedule_waves(n_tasks, slots: int):
-    """``n / C + 1 - 1 / C``: Graham's bound on greedy list scheduling of ``n`` tasks on
-    ``C`` slots, in units of one task's time (:func:`plan_seconds`)."""
+    """``ceil(n / C)``: the waves greedy list scheduling of ``n`` near-equal tasks on ``C``
+    slots takes, in units of one task's time (:func:`plan_seconds`)."""
     slots = int(slots)
     if slots < 1:
         raise ValueError(f"slots must be >= 1, got {slots}")
-    return np.asarray(n_tasks, dtype=np.float64) / slots + 1.0 - 1.0 / slots
+    return np.ceil(np.asarray(n_tasks, dtype=np.float64) / slots)
 
 
 # --------------------------------------------------------------------------- the plan
@@ -794,11 +809,15 @@ def _predict_rows(predict, c: Candidates, rows, confidence, footprint) -> None:
     """Fill ``mean_peak``, ``upper_peak`` (>= mean) and ``upper_total`` of ``c`` at ``rows``.
 
     Rows go in slices of ``PREDICT_BATCH_ROWS``; a non-finite prediction leaves the
-    total at int64 max (never fits).
+    total at int64 max (never fits).  A predictor taking ``tasks`` gets each row's count.
     """
+    takes_tasks = _takes_tasks(predict)
     for start in range(0, len(rows), PREDICT_BATCH_ROWS):
         part = rows[start : start + PREDICT_BATCH_ROWS]
-        mean, upper = predict(c.blocks[part], confidence=confidence)
+        if takes_tasks:
+            mean, upper = predict(c.blocks[part], confidence=confidence, tasks=c.n_tasks[part])
+        else:
+            mean, upper = predict(c.blocks[part], confidence=confidence)
         mean = _checked_prediction(mean, len(part), "mean")
         upper = np.maximum(_checked_prediction(upper, len(part), "upper"), mean)
         finite = np.isfinite(upper)
@@ -826,7 +845,8 @@ REPLAN_MAX_DONE_FRACTION = 0.5
 
 def plan_fits(plan: ChunkPlan, predict: Predictor) -> bool:
     """Whether ``plan``'s upper worker footprint still fits its budget under ``predict``."""
-    _mean, upper = predict(np.asarray([plan.block], dtype=np.int64), confidence=plan.confidence)
+    tasks = {"tasks": np.asarray([plan.n_tasks])} if _takes_tasks(predict) else {}
+    _mean, upper = predict(np.asarray([plan.block], dtype=np.int64), confidence=plan.confidence, **tasks)
     total = worker_footprint(plan.block, float(np.asarray(upper)[0]), threads_per_worker=plan.threads_per_worker,
                              itemsize=plan.itemsize, output_itemsize=plan.output_itemsize,
                              baseline_bytes=plan.footprint.baseline_bytes, chunk_shapes=plan.chunks,

@@ -92,7 +92,7 @@ def within_text(cal: dict, short: bool = False) -> str:
     w = cal.get("within")
     if not w:
         return "" if not short else "-"
-    text = f"{mib(w['alpha_bytes'])} + {w['beta']:.1%}"
+    text = f"{w['alpha_bytes'] / 2**20:.2f} MiB + {w['beta']:.1%}"
     return text if short else f", tasks of one run within sd {text} ({w['method']} quantile, {w['dof']} dof)"
 
 

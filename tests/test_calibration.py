@@ -149,6 +149,31 @@ def test_a_single_tasks_bound_covers_99_percent_of_tasks_where_a_line_through_gr
     assert covered_old / groups < 0.95
 
 
+def test_a_plans_bound_covers_the_largest_of_its_tasks_through_the_spread_within_alone():
+    """The footprint must hold for every task of a run: the within term's quantile goes to
+    ``c^(1/n)``; the line's and the model's uncertainty, shared by the tasks, does not."""
+    rng = np.random.default_rng(8)
+    within = within_of(simulated_groups(rng, 6, 8, alpha=0.3 * MiB, beta=0.04))
+    v = np.geomspace(1e4, 3e7, 6)
+    excess = cal.fit_excess(v, 0.5 * MiB + 16.0 * v + rng.normal(0, 0.5 * MiB, v.size))
+    zeros = np.zeros(3)
+    voxels = np.array([1e6, 1e7, 2e7])
+    mean, one = cal.task_bound(zeros, zeros, voxels, excess, within, 0.99)
+    _, many = cal.task_bound(zeros, zeros, voxels, excess, within, 0.99, tasks=np.array([1, 18, 18]))
+    assert many[0] == one[0] and np.all(many[1:] > one[1:])
+    _, d_half = excess.predict(voxels, 0.99)
+    q18 = stats.t.ppf(0.99 ** (1 / 18), within.dof)
+    expected = mean[1:] + np.sqrt(d_half[1:] ** 2 + (q18 * within.sd(mean[1:])) ** 2)
+    np.testing.assert_allclose(many[1:], expected, rtol=1e-9)
+    # Simulated runs of 18 tasks: the largest stays under the plan's bound in >= 99% of runs.
+    truth = lambda v: 0.5 * MiB + 16.0 * v  # noqa: E731
+    covered = 0
+    for _ in range(2000):
+        m = truth(2e7)
+        covered += (m + rng.normal(0, 0.04 * m, 18)).max() <= m + q18 * 0.04 * m
+    assert covered / 2000 >= 0.985
+
+
 # --------------------------------------------------------------------------- groups and timings (records)
 
 
