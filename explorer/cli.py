@@ -349,7 +349,8 @@ def _cmd_run(argv: list[str]) -> int:
     parser.add_argument("operator", type=_operator_name)
     parser.add_argument("input", help="a SEG-Y file with regular 3D geometry")
     parser.add_argument("--output", required=True,
-                        help="PATH.zarr or PATH.sgy (a SEG-Y output keeps the input's headers and geometry)")
+                        help="PATH.zarr or PATH.sgy (a SEG-Y output keeps the input's headers and geometry); "
+                             "a fan-out writes PATH.zarr/<branch>, or PATH-<branch>.sgy per branch")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an existing output, if memory-explorer wrote it (never anything else)")
     parser.add_argument("--memory-limit", type=_size, default=None,
@@ -401,6 +402,8 @@ def _cmd_run(argv: list[str]) -> int:
             print(f"chunks           {format_shape(result.chunks)} ({result.chunks_source}, {result.n_tasks} tasks)")
         if result.seconds is not None:
             print(f"seconds          {result.seconds:.1f}")
+        for branch, path in result.outputs.items():
+            print(f"output           {path}  ({branch})")
         if result.worker_peak_bytes:
             limit = result.memory_limit_bytes
             peaks = ", ".join(format_bytes(p) + (f" ({p / limit:.0%})" if limit else "")

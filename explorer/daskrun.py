@@ -88,7 +88,8 @@ from pathlib import Path
 import numpy as np
 
 from explorer.live import MAX_OVER_BOUND_WARNINGS
-from explorer.outputs import ZARR_MARK, OutputError, check_output, partial_path, put_in_place, remove_own
+from explorer.outputs import (ZARR_MARK, OutputError, branch_outputs, check_output, output_kind, partial_path,
+                              put_in_place, remove_own)
 from explorer.units import format_bytes, format_shape, parse_shape
 
 __all__ = ["RunResult", "run"]
@@ -149,6 +150,8 @@ class RunResult:
     calibration: dict | None = None
     replanned_from: list[list[int]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    #: A fan-out's outputs, ``{branch: path}`` (``out.zarr/<branch>`` or ``<stem>-<branch>.sgy``).
+    outputs: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         out = dict(self.__dict__)
@@ -528,13 +531,15 @@ def _prepare(ctx: RunContext, memory_limit) -> None:
     except (KeyError, operators.SpecError) as exc:
         raise _RunError(ERROR, exc.args[0]) from None
     branches = getattr(ctx.operator, "branches", ())
-    if branches:
-        prefix = ",".join(stage[0].name for stage in ctx.operator.stages[:-1])
-        each = " and ".join(f"{prefix},{b}" for b in branches)
-        raise _RunError(ERROR, f"{ctx.operator.name}: a fan-out does not run on Dask yet; run each branch as its "
-                               f"own pipeline ({each})")
     try:
-        ctx.kind = check_output(ctx.output, overwrite=ctx.overwrite, input_path=ctx.input)
+        if branches and output_kind(ctx.output) == "segy":  # one file per branch, each checked
+            ctx.kind = "segy"
+            ctx.result.outputs = branch_outputs(ctx.output, branches)
+            for path in ctx.result.outputs.values():
+                check_output(path, overwrite=ctx.overwrite, input_path=ctx.input)
+        else:
+            ctx.kind = check_output(ctx.output, overwrite=ctx.overwrite, input_path=ctx.input)
+            ctx.result.outputs = branch_outputs(ctx.output, branches) if branches else {}
     except OutputError as exc:
         raise _RunError(ERROR, str(exc)) from None
     try:
@@ -750,13 +755,27 @@ def _store(ctx: RunContext, partial: Path, interrupt: _Interrupt):
 
     x = operators.read_segy(ctx.input, chunks=ctx.chunk)
     y = ctx.operator.dask(x, wrap=ctx.observer.wrap if ctx.observer is not None else None)
-    if not _regular(y.chunks):  # zarr chunks must not be shared by two tasks
-        y = y.rechunk(tuple(c[0] for c in y.chunks))
-    ctx.result.n_tasks = int(np.prod(y.numblocks))
-    target = zarr.create_array(store=str(partial), shape=y.shape, chunks=tuple(c[0] for c in y.chunks),
-                               dtype=y.dtype)
-    target.attrs[ZARR_MARK] = _output_attributes(ctx)
-    stored = da.store(y, ZarrTarget(partial, y.shape, y.dtype), lock=False, compute=False, return_stored=True,
+    arrays = y if isinstance(y, dict) else {None: y}  # a fan-out: one array per branch
+    for name, a in arrays.items():
+        if not _regular(a.chunks):  # zarr chunks must not be shared by two tasks
+            arrays[name] = a.rechunk(tuple(c[0] for c in a.chunks))
+    first = next(iter(arrays.values()))
+    ctx.result.n_tasks = int(np.prod(first.numblocks))
+    attributes = _output_attributes(ctx)
+    targets = []
+    if None in arrays:
+        target = zarr.create_array(store=str(partial), shape=first.shape, chunks=tuple(c[0] for c in first.chunks),
+                                   dtype=first.dtype)
+        target.attrs[ZARR_MARK] = attributes
+        targets.append(ZarrTarget(partial, first.shape, first.dtype))
+    else:
+        group = zarr.create_group(store=str(partial))
+        group.attrs[ZARR_MARK] = {**attributes, "branches": list(arrays)}
+        for name, a in arrays.items():
+            array = group.create_array(name, shape=a.shape, chunks=tuple(c[0] for c in a.chunks), dtype=a.dtype)
+            array.attrs[ZARR_MARK] = {**attributes, "branch": name}
+            targets.append(ZarrTarget(partial / name, a.shape, a.dtype))
+    stored = da.store(list(arrays.values()), targets, lock=False, compute=False, return_stored=True,
                       load_stored=False)
 
     started = time.perf_counter()
@@ -811,18 +830,26 @@ def _output_attributes(ctx: RunContext) -> dict:
 
 
 def _write_output(ctx: RunContext, partial: Path) -> None:
-    """Put the complete result in place: the Zarr itself, or a SEG-Y on the input's survey."""
+    """Put the complete result in place: the Zarr itself (a group of one array per branch for
+    a fan-out), or a SEG-Y on the input's survey (one per branch, ``result.outputs``)."""
     if ctx.kind == "segy":
         import zarr
 
         from operators import write_segy_like
 
         started = time.perf_counter()
-        segy = partial_path(ctx.output)
-        ctx.partials.append(segy)
-        write_segy_like(segy, zarr.open_array(str(partial), mode="r"), like=ctx.input,
-                        history=f"{ctx.operator.name} of {os.path.basename(ctx.input)}")
-        put_in_place(segy, ctx.output, overwrite=ctx.overwrite)
+        pieces = ({ctx.output: (partial, ctx.operator.name)} if not ctx.result.outputs else
+                  {path: (partial / branch, f"{branch} of {ctx.operator.name}")
+                   for branch, path in ctx.result.outputs.items()})
+        written = []
+        for path, (array_path, what) in pieces.items():
+            segy = partial_path(path)
+            ctx.partials.append(segy)
+            write_segy_like(segy, zarr.open_array(str(array_path), mode="r"), like=ctx.input,
+                            history=f"{what} of {os.path.basename(ctx.input)}")
+            written.append((segy, path))
+        for segy, path in written:  # all written before any is put in place
+            put_in_place(segy, path, overwrite=ctx.overwrite)
         ctx.result.seconds += time.perf_counter() - started
     else:
         put_in_place(partial, ctx.output, overwrite=ctx.overwrite)

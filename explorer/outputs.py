@@ -89,6 +89,16 @@ def check_output(output, *, overwrite: bool = False, input_path=None) -> str:
     return kind
 
 
+def branch_outputs(output, branches) -> dict:
+    """Where a fan-out's branches go: ``{branch: path}``.  A Zarr output is one group
+    with an array per branch (``out.zarr/<branch>``); a SEG-Y output is one file per
+    branch beside it, ``<stem>-<branch><suffix>`` (each on the input's survey)."""
+    out = Path(output)
+    if output_kind(output) == "zarr":
+        return {b: os.fspath(out / b) for b in branches}
+    return {b: os.fspath(out.with_name(f"{out.stem}-{b}{out.suffix}")) for b in branches}
+
+
 def partial_path(output, tag: str = "partial") -> Path:
     """A fresh hidden path beside ``output`` for this process to write into."""
     out = Path(output)

@@ -132,7 +132,9 @@ def _run_warm_up_graph(client, operator: str, n_workers: int) -> None:
     per_axis = max(2, round((WARM_UP_CHUNKS_PER_WORKER * n_workers) ** (1 / 3) + 0.5))
     shape = tuple(edge if axis in op.whole_axes else edge * per_axis for axis in range(3))
     x = da.random.default_rng(0).random(shape, chunks=edge, dtype="f4")
-    future = client.compute(op.dask(x).sum())
+    y = op.dask(x)
+    outputs = list(y.values()) if isinstance(y, dict) else [y]  # a fan-out: one array per branch
+    future = client.compute(da.stack([a.sum() for a in outputs]).sum())
     try:
         future.result(timeout=WARM_UP_TIMEOUT_SECONDS)
     except TimeoutError:

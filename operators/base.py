@@ -100,13 +100,7 @@ class Operator:
         import dask.array as da
 
         block_function = self.run if wrap is None else functools.partial(wrap, self.run)
-        # An axis no longer than its halo is kept whole too: every output sample along it
-        # depends on all of it, and map_overlap refuses a depth larger than the array.
-        whole = set(self.whole_axes) | {a for a, h in enumerate(self.halo) if h and array.shape[a] <= h}
-        if any(array.numblocks[a] > 1 for a in whole):
-            array = array.rechunk({axis: -1 for axis in sorted(whole)})
-        # An axis in one chunk has no neighbours: no depth (and none larger than the array).
-        depth = {axis: (0 if axis in whole or array.numblocks[axis] == 1 else h) for axis, h in enumerate(self.halo)}
+        array, depth = self.overlap_depth(array)
         if not any(depth.values()):
             return array.map_blocks(block_function, dtype=self.output_dtype)
         # boundary="none": blocks at the volume's edges are not padded, so run()
@@ -114,6 +108,18 @@ class Operator:
         return da.map_overlap(
             block_function, array, depth=depth, boundary="none", dtype=self.output_dtype, trim=True
         )
+
+    def overlap_depth(self, array):
+        """``(array, depth)``: ``array`` rechunked so that the axes that must be whole are,
+        and the ``map_overlap`` depth per axis (0 on an axis in one chunk)."""
+        # An axis no longer than its halo is kept whole too: every output sample along it
+        # depends on all of it, and map_overlap refuses a depth larger than the array.
+        whole = set(self.whole_axes) | {a for a, h in enumerate(self.halo) if h and array.shape[a] <= h}
+        if any(array.numblocks[a] > 1 for a in whole):
+            array = array.rechunk({axis: -1 for axis in sorted(whole)})
+        # An axis in one chunk has no neighbours: no depth (and none larger than the array).
+        depth = {axis: (0 if axis in whole or array.numblocks[axis] == 1 else h) for axis, h in enumerate(self.halo)}
+        return array, depth
 
     def __repr__(self) -> str:
         return f"<operator {self.name} halo={self.halo} whole_axes={self.whole_axes}>"

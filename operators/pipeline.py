@@ -30,6 +30,7 @@ whole volume.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass
@@ -164,6 +165,11 @@ def build(spec: str) -> Operator:
     return Pipeline(stages)
 
 
+def _stacked(block, run):
+    """The branches' outputs of one block, stacked on a new first axis (one Dask chunk)."""
+    return np.stack(run(block), axis=0)
+
+
 def _lcm(values) -> int:
     out = 1
     for v in values:
@@ -210,7 +216,19 @@ class Pipeline(Operator):
         return tuple(int(n) for n in shape)
 
     def dask(self, array, *, wrap=None):
-        if self.branches:
-            raise SpecError(f"{self.name}: a fan-out has no single Dask array; its branches run on Dask "
-                            f"are not built yet")
-        return super().dask(array, wrap=wrap)
+        """A chain: the base class's fused ``map_overlap``.  A fan-out: a dict of one Dask
+        array per branch (``branches`` order), from one fused task per block that runs
+        every stage and stacks the branches' outputs (one graph, the shared stages run
+        once per block), then trimmed by the halo and split."""
+        if not self.branches:
+            return super().dask(array, wrap=wrap)
+        from dask.array.overlap import overlap, trim_internal
+
+        run = self.run if wrap is None else functools.partial(wrap, self.run)
+        array, depth = self.overlap_depth(array)
+        extended = overlap(array, depth=depth, boundary="none") if any(depth.values()) else array
+        stacked = extended.map_blocks(_stacked, run, new_axis=0, chunks=((len(self.branches),),) + extended.chunks,
+                                      dtype=self.output_dtype, meta=np.empty((0, 0, 0, 0), self.output_dtype))
+        if any(depth.values()):
+            stacked = trim_internal(stacked, {0: 0, **{a + 1: d for a, d in depth.items()}}, boundary="none")
+        return {name: stacked[i] for i, name in enumerate(self.branches)}
