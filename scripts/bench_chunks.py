@@ -662,7 +662,7 @@ def print_time_model(records: list[dict]) -> None:
     error = fitted / measured - 1.0
     p = print
     p("\n### Time model: `plan_seconds` against the measured runs\n")
-    p(f"`ceil(n / C) * (g * tasks_per_chunk + s * prod(block))` with C = {WORKERS * THREADS} slots, fitted "
+    p(f"`(n / C + 1 - 1 / C) * (g * tasks_per_chunk + s * prod(block))` with C = {WORKERS * THREADS} slots, fitted "
       f"by least squares on relative errors to the {len(plans)} grid and ours (refine=False) shapes whose runs all "
       f"ended ok (median seconds): g = {fit.x[0]:.2f} ms per graph task, "
       + ", ".join(f"s({op}) = {s:.0f} ns/voxel" for op, s in zip(ops, fit.x[1:]))
