@@ -160,10 +160,16 @@ def test_explore_run_on_a_chain_writes_the_numpy_composition(tmp_path):
     source = tmp_path / "in.sgy"
     operators.write_segy(source, x)
     out = cli("run", spec, source, "--output", tmp_path / "out.zarr", "--chunks", "20x18x48", "--workers", "1",
-              "--memory-limit", "1GiB", "--no-refine", "--json", runs=tmp_path / "runs")
+              "--memory-limit", "1GiB", "--json", runs=tmp_path / "runs")
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["status"] == "ok" and result["operator"] == spec
+    # live refinement records the pipeline's tasks in its own study, each on its block
+    from explorer.store import Store
+
+    tasks = Store(tmp_path / "runs").records(spec, source="production")
+    assert len(tasks) == result["n_tasks"] == result["observations_recorded"] == 4
+    assert {r.shape for r in tasks} == {(20 + 8, 18 + 8, 48)}  # halo 8 on the split axes, samples whole
     import zarr
 
     got = np.asarray(zarr.open(str(tmp_path / "out.zarr"), mode="r"))
