@@ -626,7 +626,18 @@ def load_calibration(operator: str, runs_dir=None, environment: dict | None = No
     if cal is None:
         try:
             with open(path) as f:
-                cal = WorkerCalibration.from_dict(json.load(f))
+                data = json.load(f)
+            if isinstance(data, dict) and isinstance(data.get("format_version"), int) \
+                    and data["format_version"] != FORMAT_VERSION:
+                # Saved by another version of this tool: not this version's evidence, and
+                # not a broken file either.  Used as none (``TaskModel.warnings`` names the fix).
+                import warnings
+
+                warnings.warn(f"{path} was saved by another version of memory-explorer (calibration format "
+                              f"{data['format_version']}, this one reads {FORMAT_VERSION}): not used; run "
+                              f"`{paths.explore_command(operator)}` to rebuild it", RuntimeWarning, stacklevel=2)
+                return None
+            cal = WorkerCalibration.from_dict(data)
         except Exception as exc:
             reason = " ".join(str(exc).split()) or type(exc).__name__
             raise CalibrationFileError(

@@ -88,7 +88,7 @@ def main() -> None:
         hwm = [h for h in data.get("worker_hwm_bytes") or [] if h]
         hwm = f"{max(hwm) / 2**20:,.0f} MiB" if hwm else "-"
         upper = (data.get("plan") or {}).get("upper_bytes")
-        print(f"| {label} | {code} | {data.get('status', last[:60])} | {'x'.join(map(str, data.get('chunks', []))) or '-'} "
+        print(f"| {label} | {code} | {data.get('status', last[:60])} | {'x'.join(map(str, data.get('chunks') or [])) or '-'} "
               f"| {data.get('n_tasks', '-')} | {seconds:.0f} | {data.get('workers_restarted', '-')} | {hwm} | "
               f"{'-' if upper is None else f'{upper / 2**20:,.0f} MiB'} | {data.get('tasks_over_bound', '-')} | {diff} |")
     print(f"\nMachine: {machine_line()}")

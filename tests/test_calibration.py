@@ -336,6 +336,12 @@ def test_a_calibration_from_other_workers_is_stale_and_a_garbage_file_names_the_
             cal.load_calibration(OPERATOR, tmp_path)
         assert str(path) in str(err.value) and "explore gst3d" in str(err.value) and "\n" not in str(err.value)
     assert StaleModelWarning  # the class users filter on
+    # a calibration saved by another version of the tool is not garbage: used as none, with the fix
+    saved = json.loads(json.dumps({"format_version": cal.FORMAT_VERSION - 1, "operator": OPERATOR}))
+    path.write_text(json.dumps(saved))
+    with pytest.warns(RuntimeWarning, match="saved by another version of memory-explorer.*explore gst3d"):
+        assert cal.load_calibration(OPERATOR, tmp_path) is None
+    assert any("no in-worker calibration for gst3d" in w for w in cal.task_model(OPERATOR, tmp_path).warnings)
 
 
 # --------------------------------------------------------------------------- probe sizes
