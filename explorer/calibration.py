@@ -257,10 +257,8 @@ class WithinFit:
         enough of them (``ceil((N + 1) c) <= N``), else Student-t with ``nu_w`` dof.  Tasks
         in a worker have a heavier upper tail than a normal (an occasional task 3 sd above
         its group's mean): the rank quantile learns it from production's tasks."""
-        k = conformal_rank(len(self.scores), confidence)
-        if k is not None:
-            return max(0.0, self.scores[k - 1]), "conformal"
-        return t_quantile(float(confidence), float(self.dof)), "student-t"
+        method = "conformal" if conformal_rank(len(self.scores), confidence) is not None else "student-t"
+        return float(self.quantiles([confidence])[0]), method
 
     def half_width(self, task_mean_bytes, confidence: float, tasks=1) -> np.ndarray:
         """``q sigma_w(m)``: the within-group part of the bound on the largest of ``tasks``
@@ -268,10 +266,23 @@ class WithinFit:
         them exceeds it); one task: the single task's ``q_c``."""
         m = np.asarray(task_mean_bytes, dtype=np.float64)
         counts = np.broadcast_to(np.maximum(np.asarray(tasks, dtype=np.int64), 1), m.shape)
-        q = np.empty(m.shape, dtype=np.float64)
-        for k in np.unique(counts):
-            q[counts == k] = self.quantile(float(confidence) ** (1.0 / float(k)))[0]
-        return q * self.sd(m)
+        unique, inverse = np.unique(counts, return_inverse=True)
+        q = self.quantiles(float(confidence) ** (1.0 / unique.astype(np.float64)))
+        return q[inverse].reshape(m.shape) * self.sd(m)
+
+    def quantiles(self, confidences) -> np.ndarray:
+        """:meth:`quantile` at each of ``confidences`` (vectorised: the planner's hot path)."""
+        from scipy.special import stdtrit
+
+        c = np.asarray(confidences, dtype=np.float64)
+        q = stdtrit(float(self.dof), c)
+        n = len(self.scores)
+        if n:
+            ranks = np.ceil((n + 1) * c - 1e-12).astype(np.int64)
+            conformal = ranks <= n
+            scores = np.asarray(self.scores, dtype=np.float64)
+            q = np.where(conformal, np.maximum(0.0, scores[np.minimum(ranks, n) - 1]), q)
+        return q
 
 
 def _page_bytes() -> int:
