@@ -61,7 +61,14 @@ def stage_terms(pipeline) -> list[tuple[object, list]]:
 
 
 def _output_bytes(op, shapes: np.ndarray) -> np.ndarray:
-    out = np.asarray([op.output_shape(tuple(int(n) for n in s)) for s in shapes], dtype=np.float64)
+    """Bytes of ``op``'s output on each block (vectorised for the same-shape outputs of the
+    base class; one call per row for an operator that changes the shape)."""
+    from operators import Operator
+
+    if type(op).output_shape is Operator.output_shape:
+        out = shapes.astype(np.float64)
+    else:
+        out = np.asarray([op.output_shape(tuple(int(n) for n in s)) for s in shapes], dtype=np.float64)
     return out.prod(axis=1) * float(np.dtype(op.output_dtype).itemsize)
 
 

@@ -47,6 +47,7 @@ import argparse
 import itertools
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -156,6 +157,8 @@ def main(argv=None) -> int:
     parser.add_argument("--budget", type=int, default=30, help="explore budget (profiles) per model")
     parser.add_argument("--calls", type=int, default=10, help="warm calls per case per child")
     parser.add_argument("--children", type=int, default=3, help="fresh processes per operator and setting")
+    parser.add_argument("--pipelines", default="", help="pipeline specs separated by ';': each planned from the "
+                        "model composed of its members' (explored as operators are), without a calibration")
     args = parser.parse_args(argv)
 
     import operators
@@ -187,6 +190,23 @@ def main(argv=None) -> int:
             summary.update(operator=name, setting=setting, profiles=explored.get("profiles"))
             rows.append(summary)
         os.replace(aside, cal_path)
+    for index, spec_text in enumerate(s for s in args.pipelines.split(";") if s):
+        pipeline = operators.get(spec_text)
+        runs = Path(args.cache) / "recommend" / f"runs-pipeline-{index}"
+        for member in {m.name for m in pipeline.members}:
+            member_runs = Path(args.cache) / "recommend" / f"runs-{member}"
+            ensure_model(member, default_memory_limit(), member_runs, args.budget)
+            target = runs / member
+            target.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(member_runs / member / "model.npz", target / "model.npz")
+        spec = {"runs_dir": str(runs), "operator": pipeline.name, "cases": grid, "calls": 1}
+        run_child(spec)  # measures and saves this machine's idle-worker baseline for the spec once
+        spec["calls"] = args.calls
+        results = [run_child(spec) for _ in range(args.children)]
+        log(f"{pipeline.name}: {args.children} children")
+        summary = summarise(results, grid)
+        summary.update(operator=f"`{pipeline.name}`", setting="composed", profiles=0)
+        rows.append(summary)
 
     load = os.getloadavg()
     print("## recommend_chunks latency\n")
