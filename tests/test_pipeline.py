@@ -198,3 +198,96 @@ def test_explore_run_on_a_chain_writes_the_numpy_composition(tmp_path):
         np.testing.assert_allclose(operators.read_segy(written).compute(), expected, rtol=0, atol=2e-6)
         assert written.read_bytes()[3600:3840] == source.read_bytes()[3600:3840]  # the first trace header: same survey
     assert not (tmp_path / "dip.sgy").exists()
+
+
+# --------------------------------------------------------------------------- the composed model
+
+
+class Known:
+    """A member model with a known mean and upper (bytes per voxel), recording the confidence asked."""
+
+    def __init__(self, mean_per_voxel, upper_per_voxel, seconds_per_voxel=1e-8):
+        self.a, self.b = mean_per_voxel, upper_per_voxel
+        self.info, self.stale, self.asked = {"seconds_per_voxel": seconds_per_voxel}, [], []
+
+    def predict_many(self, shapes, confidence=0.99):
+        self.asked.append(confidence)
+        v = np.asarray(shapes, dtype=float).reshape(-1, 3).prod(1)
+        return self.a * v, self.b * v
+
+
+def test_the_composed_peak_is_the_largest_stage_with_what_is_alive_and_bonferroni_bounds():
+    from explorer.composed import ComposedModel
+
+    chain = operators.get("gaussian,gst3d")
+    members = {"gaussian": Known(20.0, 21.0), "gst3d": Known(90.0, 95.0)}
+    model = ComposedModel(chain, members)
+    v = 50**3
+    mean, upper = model.predict((50, 50, 50), 0.99)
+    # gst3d runs with gaussian's float32 output alive: 4 + 90 bytes per voxel
+    assert mean == pytest.approx((4 + 90) * v) and upper == pytest.approx((4 + 95) * v)
+    assert members["gst3d"].asked == [pytest.approx(1 - 0.01 / 2)]
+    assert model.info["seconds_per_voxel"] == pytest.approx(2e-8)
+    # a fan-out: each branch runs with the prefix's output and the earlier branches' outputs alive
+    fan = operators.get("gaussian,envelope+gst3d")
+    members = {"gaussian": Known(200.0, 210.0), "envelope": Known(16.0, 17.0), "gst3d": Known(90.0, 95.0)}
+    mean, upper = ComposedModel(fan, members).predict((50, 50, 50), 0.99)
+    assert mean == pytest.approx(200.0 * v)  # the smoothing dominates here
+    members["gaussian"] = Known(20.0, 21.0)
+    mean, upper = ComposedModel(fan, members).predict((50, 50, 50), 0.99)
+    assert mean == pytest.approx((4 + 4 + 90) * v) and upper == pytest.approx((4 + 4 + 95) * v)
+    assert members["envelope"].asked[-1] == pytest.approx(1 - 0.01 / 3)
+
+
+def test_a_member_without_a_model_is_named_with_the_command_that_explores_it(tmp_path, gst3d_model):
+    from explorer import paths
+    from explorer.surrogate import ModelNotFoundError, load_model
+
+    gst3d_model.save(paths.model_path("gst3d", tmp_path))
+    with pytest.raises(ModelNotFoundError) as info:
+        load_model("gaussian(sigma=1),gst3d", runs_dir=tmp_path)
+    message = str(info.value)
+    assert "none for its member(s) gaussian(sigma=1)" in message and "explore 'gaussian(sigma=1)'" in message
+
+
+def fitted_model(name, shapes):
+    from explorer import surrogate
+    from explorer.profiling import profile
+
+    peaks, noise = [], []
+    for shape in shapes:
+        m = profile(name, shape, repeat=2)
+        assert m.status == "ok", m.error
+        runs = [r["peak_bytes"] for r in m.repeats]
+        peaks.append(np.mean(runs))
+        noise.append(np.var(runs, ddof=1) / len(runs))
+    return surrogate.fit(name, shapes, peaks, noise, np.zeros(len(shapes), bool), halo=operators.get(name).halo,
+                         n_repeats=[2] * len(shapes))
+
+
+def test_the_composed_model_predicts_a_real_pipeline_profile_it_never_saw(tmp_path, gst3d_model):
+    """gaussian's model from six real profiles and gst3d's session model, composed: the
+    pipeline's own isolated profile at held-out shapes falls under the 99% bound and
+    within 5% of the mean; recommend_chunks plans with it without importing torch."""
+    from explorer import paths
+    from explorer.profiling import profile
+    from explorer.surrogate import load_model
+
+    shapes = [(24, 24, 24), (40, 30, 50), (60, 60, 40), (30, 70, 60), (74, 58, 50), (100, 100, 100)]
+    fitted_model("gaussian", shapes).save(paths.model_path("gaussian", tmp_path))
+    gst3d_model.save(paths.model_path("gst3d", tmp_path))
+    model = load_model("gaussian,gst3d", runs_dir=tmp_path)
+    assert getattr(model, "composed", False)
+    for shape in [(56, 80, 64), (90, 70, 96)]:
+        truth = profile("gaussian,gst3d", shape, repeat=2)
+        peak = max(r["peak_bytes"] for r in truth.repeats)
+        mean, upper = model.predict(shape, 0.99)
+        assert peak <= upper and abs(mean / truth.peak_bytes - 1) <= 0.05, (shape, peak, mean, upper)
+    code = ("import json, sys, explorer; p = explorer.recommend_chunks('gaussian,gst3d', (300, 300, 300), '1GiB', "
+            f"runs_dir={str(tmp_path)!r}, baseline_bytes=100 * 2**20); "
+            "print(json.dumps([p.upper_bytes <= p.budget_bytes, 'torch' in sys.modules, list(p.halo), p.warnings]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    fits, torch_imported, halo, plan_warnings = json.loads(out.stdout.strip().splitlines()[-1])
+    assert fits and not torch_imported and halo == [13, 13, 13]
+    assert any("no in-worker calibration for gaussian,gst3d" in w for w in plan_warnings)
