@@ -12,24 +12,31 @@ import operators
 OPERATOR = "gst3d"
 
 
-@functools.lru_cache(maxsize=None)
-def fitted_gst3d_model():
-    """gst3d's surrogate fitted from six real isolated profiles (two runs each, up to 100^3,
-    so that its in-worker probes reach the blocks the tests run), once per test session
-    (botorch is a dependency: a broken install fails here, it does not skip)."""
+#: Six shapes up to 100^3: enough for a surrogate, and in-worker probes reach the tests' blocks.
+FIT_SHAPES = [(24, 24, 24), (40, 30, 50), (60, 60, 40), (30, 70, 60), (74, 58, 50), (100, 100, 100)]
+
+
+def fitted_model(name: str, shapes=FIT_SHAPES):
+    """``name``'s surrogate fitted from real isolated profiles of ``shapes`` (two runs each;
+    botorch is a dependency: a broken install fails here, it does not skip)."""
     from explorer import surrogate
     from explorer.profiling import profile
 
-    shapes = [(24, 24, 24), (40, 30, 50), (60, 60, 40), (30, 70, 60), (74, 58, 50), (100, 100, 100)]
     peaks, noise = [], []
     for shape in shapes:
-        m = profile(OPERATOR, shape, repeat=2)
+        m = profile(name, shape, repeat=2)
         assert m.status == "ok", m.error
         runs = [r["peak_bytes"] for r in m.repeats]
         peaks.append(np.mean(runs))
         noise.append(np.var(runs, ddof=1) / len(runs))
-    return surrogate.fit(OPERATOR, shapes, peaks, noise, np.zeros(len(shapes), bool),
-                         halo=operators.get(OPERATOR).halo, n_repeats=[2] * len(shapes))
+    return surrogate.fit(name, shapes, peaks, noise, np.zeros(len(shapes), bool),
+                         halo=operators.get(name).halo, n_repeats=[2] * len(shapes))
+
+
+@functools.lru_cache(maxsize=None)
+def fitted_gst3d_model():
+    """gst3d's surrogate from :data:`FIT_SHAPES`, once per test session."""
+    return fitted_model(OPERATOR)
 
 
 @pytest.fixture(scope="session")

@@ -15,6 +15,7 @@ import pytest
 
 import operators
 from operators.pipeline import Pipeline, SpecError, parse
+from tests.conftest import fitted_model
 
 ISSUE_PIPELINES = ["gaussian,gst3d", "envelope,gaussian", "gaussian(sigma=1),semblance,gaussian"]
 
@@ -250,21 +251,6 @@ def test_a_member_without_a_model_is_named_with_the_command_that_explores_it(tmp
     assert "none for its member(s) gaussian(sigma=1)" in message and "explore 'gaussian(sigma=1)'" in message
 
 
-def fitted_model(name, shapes):
-    from explorer import surrogate
-    from explorer.profiling import profile
-
-    peaks, noise = [], []
-    for shape in shapes:
-        m = profile(name, shape, repeat=2)
-        assert m.status == "ok", m.error
-        runs = [r["peak_bytes"] for r in m.repeats]
-        peaks.append(np.mean(runs))
-        noise.append(np.var(runs, ddof=1) / len(runs))
-    return surrogate.fit(name, shapes, peaks, noise, np.zeros(len(shapes), bool), halo=operators.get(name).halo,
-                         n_repeats=[2] * len(shapes))
-
-
 def test_the_composed_model_predicts_a_real_pipeline_profile_it_never_saw(tmp_path, gst3d_model):
     """gaussian's model from six real profiles and gst3d's session model, composed: the
     pipeline's own isolated profile at held-out shapes falls under the 99% bound and
@@ -273,8 +259,7 @@ def test_the_composed_model_predicts_a_real_pipeline_profile_it_never_saw(tmp_pa
     from explorer.profiling import profile
     from explorer.surrogate import load_model
 
-    shapes = [(24, 24, 24), (40, 30, 50), (60, 60, 40), (30, 70, 60), (74, 58, 50), (100, 100, 100)]
-    fitted_model("gaussian", shapes).save(paths.model_path("gaussian", tmp_path))
+    fitted_model("gaussian").save(paths.model_path("gaussian", tmp_path))
     gst3d_model.save(paths.model_path("gst3d", tmp_path))
     model = load_model("gaussian,gst3d", runs_dir=tmp_path)
     assert getattr(model, "composed", False)
