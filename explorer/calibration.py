@@ -104,7 +104,7 @@ import math
 import os
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -333,7 +333,7 @@ def fit_within(mean_bytes, variances, n_tasks, deviations=()) -> WithinFit | Non
         deviation = np.asarray(deviation, dtype=np.float64)
         if len(deviation) > 1:
             scores.extend(deviation / (float(fit.sd(abs(mean))) * math.sqrt(1.0 - 1.0 / len(deviation))))
-    return WithinFit(alpha_bytes=fit.alpha_bytes, beta=fit.beta, dof=dof, scores=tuple(sorted(map(float, scores))))
+    return replace(fit, scores=tuple(sorted(map(float, scores))))
 
 
 @dataclass(frozen=True)

@@ -650,12 +650,13 @@ def evaluate_candidates(c: Candidates, predict: Predictor, *, confidence: float,
         sub = np.unique(np.rint(np.linspace(0, len(lengths) - 1, PROBE_VALUES_PER_AXIS)).astype(np.int64))
         probe &= np.isin(c.grid[axis], sub)
     probe_rows = np.flatnonzero(probe)
-    _predict_rows(predict, c, probe_rows, confidence, footprint)
+    takes_tasks = _takes_tasks(predict)
+    _predict_rows(predict, c, probe_rows, confidence, footprint, takes_tasks)
     probe_fits = probe_rows[c.upper_total[probe_rows] <= budget]
     rest = ~probe
     if probe_fits.size:
         rest &= first_key <= first_key[probe_fits].min() * tie
-    _predict_rows(predict, c, np.flatnonzero(rest), confidence, footprint)
+    _predict_rows(predict, c, np.flatnonzero(rest), confidence, footprint, takes_tasks)
     return int(probe.sum() + rest.sum())
 
 
@@ -811,13 +812,13 @@ def _no_fit_message(c: Candidates, shape, operator, threads, confidence, pause_f
             f"{format_bytes(baseline_bytes)}; {advice}")
 
 
-def _predict_rows(predict, c: Candidates, rows, confidence, footprint) -> None:
+def _predict_rows(predict, c: Candidates, rows, confidence, footprint, takes_tasks: bool) -> None:
     """Fill ``mean_peak``, ``upper_peak`` (>= mean) and ``upper_total`` of ``c`` at ``rows``.
 
     Rows go in slices of ``PREDICT_BATCH_ROWS``; a non-finite prediction leaves the
-    total at int64 max (never fits).  A predictor taking ``tasks`` gets each row's count.
+    total at int64 max (never fits).  A predictor taking ``tasks`` (``takes_tasks``) gets
+    each row's count.
     """
-    takes_tasks = _takes_tasks(predict)
     for start in range(0, len(rows), PREDICT_BATCH_ROWS):
         part = rows[start : start + PREDICT_BATCH_ROWS]
         if takes_tasks:
