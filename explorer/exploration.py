@@ -273,8 +273,9 @@ class ExplorationCore:
             batch = acquisition.validation_shapes(model, targets, self.memory_cap, n=min(n, budget_left),
                                                   confidence=self.confidence, exclude=tried + list(pending))
             self.validations.update(batch)
-        else:
-            batch = acquisition.propose(model, self.candidates, targets, cost_model or acquisition.CostModel(),
+        else:  # variance reduction integrated over the targets whose bound is still too wide
+            loose = targets[acquisition.relative_half_width(model, targets, self.confidence) > self.tolerance]
+            batch = acquisition.propose(model, self.candidates, loose, cost_model or acquisition.CostModel(),
                                         self.memory_cap, n=min(n, budget_left), confidence=self.confidence,
                                         pending=list(pending), exclude=tried)
         if not batch:

@@ -15,10 +15,18 @@ with warnings.catch_warnings():  # gpytorch's import-time torch.jit deprecation 
     warnings.simplefilter("ignore", DeprecationWarning)
     import gpytorch
     import torch
-    from gpytorch.constraints import Positive
-    from gpytorch.priors import LogNormalPrior
+    from gpytorch.constraints import Interval, Positive
+    from gpytorch.priors import LogNormalPrior, NormalPrior
 
-from explorer.surrogate import _LENGTHSCALE_PRIOR, _NUGGET_PRIOR, _OUTPUTSCALE_PRIOR, BASIS_EXPONENTS, FLAT_TERMS
+from explorer.surrogate import (
+    _LENGTHSCALE_PRIOR,
+    _NUGGET_PRIOR,
+    _OUTPUTSCALE_PRIOR,
+    _SLOPE_PRIOR_SD,
+    _SLOPE_START,
+    BASIS_EXPONENTS,
+    FLAT_TERMS,
+)
 
 
 def positive_log():
@@ -49,19 +57,26 @@ class FeatureMap(torch.nn.Module):
     def basis(self, dims):
         return self.raw_basis(dims) @ self.basis_transform
 
-    def amplitude(self, dims):
-        return (self.raw_basis(dims) @ self.amplitude_coef).clamp_min(self.amp_floor)
+    def amplitude(self, dims, slope):
+        raw = self.raw_basis(dims)
+        return (raw @ self.amplitude_coef).clamp_min(self.amp_floor) * raw[..., 1] ** -slope
 
     def kernel_inputs(self, dims):
         return (torch.log(dims) - self.log_lo) / self.log_span
 
 
 class RelativeResidualKernel(gpytorch.kernels.Kernel):
-    """``sigma_f^2 s(x) s(x') Matern52(z(x), z(x'))`` on raw dims."""
+    """``sigma_f^2 s(x) s(x') Matern52(z(x), z(x'))`` on raw dims, ``s`` with its learnt slope
+    ``kappa`` in ``[0, 1]`` (``FeatureMap.amplitude``)."""
 
     def __init__(self, feature_map):
         super().__init__()
         self.feature_map = feature_map
+        self.register_parameter("raw_slope", torch.nn.Parameter(torch.zeros((), dtype=torch.float64)))
+        self.register_constraint("raw_slope", Interval(0.0, 1.0))
+        self.register_prior("slope_prior", NormalPrior(0.0, _SLOPE_PRIOR_SD), lambda m: m.slope,
+                            lambda m, v: m._set_slope(v))
+        self._set_slope(torch.tensor(_SLOPE_START, dtype=torch.float64))
         self.scaled = gpytorch.kernels.ScaleKernel(
             gpytorch.kernels.MaternKernel(
                 nu=2.5, ard_num_dims=3, lengthscale_prior=lognormal_with_mode(*_LENGTHSCALE_PRIOR),
@@ -69,10 +84,22 @@ class RelativeResidualKernel(gpytorch.kernels.Kernel):
             outputscale_prior=lognormal_with_mode(*_OUTPUTSCALE_PRIOR),
             outputscale_constraint=positive_log())
 
+    @property
+    def slope(self):
+        return self.raw_slope_constraint.transform(self.raw_slope)
+
+    @slope.setter
+    def slope(self, value):
+        self._set_slope(value)
+
+    def _set_slope(self, value):
+        value = torch.as_tensor(value, dtype=torch.float64)
+        self.initialize(raw_slope=self.raw_slope_constraint.inverse_transform(value))
+
     def forward(self, x1, x2, diag=False, **params):
         fm = self.feature_map
         k = self.scaled.forward(fm.kernel_inputs(x1), fm.kernel_inputs(x2), diag=diag)
-        s1, s2 = fm.amplitude(x1), fm.amplitude(x2)
+        s1, s2 = fm.amplitude(x1, self.slope), fm.amplitude(x2, self.slope)
         if diag:
             return s1 * k * s2
         return s1.unsqueeze(-1) * k * s2.unsqueeze(-2)

@@ -45,12 +45,16 @@ pseudo-rows is orthonormal; the posterior is invariant to this.
                \mathrm{Matern}_{5/2}\big(z(x), z(x'); \ell_1, \ell_2, \ell_3\big),
     \qquad z_i = \frac{\log n_i - \log n_i^{lo}}{\log n_i^{hi} - \log n_i^{lo}}
 
-where ``s(x) = max(h(x)^T gamma, floor)`` is a positive amplitude envelope
-(``gamma >= 0``: a non-negative least-squares fit of the basis to the data with
-relative weights):
-``sigma_f`` is then a *relative* deviation (1 % means "the truth departs from
-the polynomial by about 1 % of its value"), so small and large blocks get a
-residual of comparable relative size instead of one absolute output scale.
+where ``s(x) = max(h(x)^T gamma, floor) v(x)^{-kappa}`` is a positive amplitude
+envelope (``gamma >= 0``: a non-negative least-squares fit of the basis to the data
+with relative weights; ``v = u_1 u_2 u_3`` the block's volume relative to the design
+centre): ``sigma_f`` is then a *relative* deviation at the centre (1 % means "the
+truth departs from the polynomial by about 1 % of its value"), and the slope
+``kappa`` in ``[0, 1]`` says how that relative deviation changes with the volume:
+``kappa = 0`` one relative size everywhere, ``kappa = 1`` one absolute size in
+bytes (allocator and page granularity: small blocks depart from the polynomial by
+a larger share of their peak than large ones do).  ``kappa`` is fitted with the
+kernel (ML-II below) under a half-normal prior of sd 0.5 about 0.
 
 *Noise* (bytes^2).  A single profiling run at a shape whose peak is ``y`` has
 variance ``rho_run^2 y^2 + a^2``; ``a`` is an absolute term for allocator /
@@ -76,7 +80,7 @@ observation noise of training point ``i`` is
 (``max``: one lucky pair of repeats does not make a point exact, one noisy
 pair is believed).  ``rho_nug^2`` is a relative nugget fitted with the kernel.
 
-*Fitting* (ML-II).  ``sigma_f``, ``ell`` and ``rho_nug`` maximise the
+*Fitting* (ML-II).  ``sigma_f``, ``ell``, ``kappa`` and ``rho_nug`` maximise the
 restricted marginal likelihood (``beta`` integrated out, R&W eq. 2.43-2.45
 with ``B^{-1} -> 0`` on the flat directions) plus weak log-normal priors:
 
@@ -205,13 +209,17 @@ _RUN_NOISE_PRIOR = (0.005, 4.0)
 #: Default absolute noise floor of a single run: allocator and page granularity (64 KiB).
 DEFAULT_ABS_NOISE_FLOOR_BYTES = 64 * 1024
 #: Bumped when the saved layout changes.
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 
 # Weak priors of the ML-II stage, log-normal given as (mode, sd of the log).  The fit
 # is a MAP on the parameter itself, so with no information a parameter sits at the mode.
 _LENGTHSCALE_PRIOR = (0.5, 1.0)  # on normalised log-dims (the training box is [0, 1])
 _OUTPUTSCALE_PRIOR = (0.005**2, 2.0)  # relative residual variance: sigma_f ~ 0.5 %
 _NUGGET_PRIOR = (0.001**2, 2.0)  # relative nugget variance: rho_nug ~ 0.1 %
+#: The residual amplitude's slope ``kappa`` in ``[0, 1]``: a half-normal prior of this sd about 0
+#: (a relative residual of one size everywhere unless the data say otherwise), and its start.
+_SLOPE_PRIOR_SD = 0.5
+_SLOPE_START = 0.02
 #: Prior sd of each face/edge coefficient, relative to the peak at the design centre.
 _FACE_EDGE_PRIOR_RELATIVE_SD = 1.0
 
@@ -257,6 +265,12 @@ def _raw_basis(dims: np.ndarray, axis_length: np.ndarray, multiple) -> np.ndarra
 def _kernel_inputs(dims: np.ndarray, log_lo: np.ndarray, log_span: np.ndarray, multiple) -> np.ndarray:
     """Normalised log effective dims ``z = (log n - log n_lo) / span``: the training box is [0, 1]^3."""
     return (np.log(effective_dims(dims, multiple)) - log_lo) / log_span
+
+
+def _amplitude(raw: np.ndarray, gamma: np.ndarray, floor: float, slope: float) -> np.ndarray:
+    """``s(x) = max(h(x)^T gamma, floor) * v(x)^-kappa``: the residual's amplitude, from the raw
+    basis (its volume column is ``v = prod u``, 1 at the design centre)."""
+    return np.maximum(raw @ gamma, floor) * raw[:, 1] ** -slope
 
 
 def _matern52(za: np.ndarray, zb: np.ndarray, lengthscale: np.ndarray) -> np.ndarray:
@@ -314,6 +328,7 @@ _SCALAR_NAMES = (
     "noise_dof",  # nu: degrees of freedom of rho_run^2 (from the repeats; reported)
     "scale_var",  # s^2: posterior scale of lambda, the overall variance multiplier
     "scale_dof",  # its degrees of freedom: SCALE_PRIOR_DOF + n_exact - len(FLAT_TERMS)
+    "amplitude_slope",  # kappa: the relative residual scales as v(x)^-kappa (module docstring)
 )
 
 
@@ -356,6 +371,7 @@ class MemoryModel:
         self._noise_dof = s["noise_dof"]
         self._scale_var = s["scale_var"]
         self._scale_dof = s["scale_dof"]
+        self._amp_slope = s["amplitude_slope"]
         # Derived training quantities.
         self._train_z = self._z(self._a["train_dims"])
         self._train_amp = self._amplitude(self._a["train_dims"])
@@ -368,7 +384,7 @@ class MemoryModel:
         return _raw_basis(dims, self._a["axis_length"], self._a["block_multiple"])
 
     def _amplitude(self, dims):
-        return np.maximum(self._raw_basis(dims) @ self._a["amplitude_coef"], self._amp_floor)
+        return _amplitude(self._raw_basis(dims), self._a["amplitude_coef"], self._amp_floor, self._amp_slope)
 
     def _basis(self, dims):
         return self._raw_basis(dims) @ self._a["basis_transform"]
@@ -520,7 +536,7 @@ class MemoryModel:
         a["train_noise_var"] = np.concatenate([a["train_noise_var"], v])
         a["train_is_lower_bound"] = np.concatenate([a["train_is_lower_bound"], np.full(len(y), lower_bound)])
         scale = self._bytes_scale
-        hyper = {"outputscale": self._outputscale, "lengthscale": a["lengthscale"]}
+        hyper = {"outputscale": self._outputscale, "lengthscale": a["lengthscale"], "amplitude_slope": self._amp_slope}
         a.update(_posterior_arrays(a["train_dims"], a["train_bytes"] / scale, a["train_noise_var"] / scale**2,
                                    a, self._amp_floor, hyper))
         return MemoryModel(self.operator, self.halo, self.n_observations + len(y), a, self.info,
@@ -873,6 +889,7 @@ def _fit_posterior(dims, y, fixed_var, is_lower_bound, *, rel_run_var, abs_var, 
     scale_dof = SCALE_PRIOR_DOF + n - len(FLAT_TERMS)
     quadratic = float(y_s @ posterior["alpha"])
     scalars.update(outputscale=hyper["outputscale"], relative_nugget_var=hyper["relative_nugget_var"],
+                   amplitude_slope=hyper["amplitude_slope"],
                    scale_var=max(1.0, (SCALE_PRIOR_DOF + quadratic) / scale_dof), scale_dof=scale_dof)
     arrays = {
         "train_dims": dims,
@@ -891,7 +908,7 @@ def _posterior_arrays(dims, y_s, noise_var_s, features, amp_floor, hyper):
     """``L^{-1}``, ``alpha``, ``beta_bar``, ``W = L^{-1} H^T``, ``L_A^{-1}`` (NumPy, float64)."""
     raw = _raw_basis(dims, features["axis_length"], features["block_multiple"])
     h = raw @ features["basis_transform"]
-    amp = np.maximum(raw @ features["amplitude_coef"], amp_floor)
+    amp = _amplitude(raw, features["amplitude_coef"], amp_floor, hyper["amplitude_slope"])
     z = _kernel_inputs(dims, features["log_lo"], features["log_span"], features["block_multiple"])
     k = hyper["outputscale"] * amp[:, None] * _matern52(z, z, hyper["lengthscale"]) * amp[None, :]
     k_y = k + np.diag(noise_var_s)
@@ -982,6 +999,7 @@ def _fit_from_start(t, x, y, fixed, features, amp_floor, lengthscale, residual_s
         "lengthscale": scaled.base_kernel.lengthscale.detach().reshape(-1).numpy().copy(),
         "outputscale": float(scaled.outputscale.detach()),
         "relative_nugget_var": float(likelihood.noise_covar.nugget.detach()),
+        "amplitude_slope": float(gp.covar_module.slope.detach()),
     }
 
 
@@ -1009,6 +1027,7 @@ def _torch_posterior(model: MemoryModel, shapes):
                                   beta=torch.as_tensor(a["beta"], dtype=torch.float64))
         gp.covar_module.scaled.base_kernel.lengthscale = torch.as_tensor(a["lengthscale"]).reshape(1, 3)
         gp.covar_module.scaled.outputscale = torch.tensor(model._outputscale, dtype=torch.float64)
+        gp.covar_module.slope = torch.tensor(model._amp_slope, dtype=torch.float64)
         gp.eval()
         xs = torch.as_tensor(effective_dims(_as_dims(shapes), a["block_multiple"]), dtype=torch.float64)
         with torch.no_grad(), gpytorch.settings.fast_pred_var(False), gpytorch.settings.max_cholesky_size(10**6):
