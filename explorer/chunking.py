@@ -459,6 +459,9 @@ class ChunkPlan:
     baseline_source: str = "given"
     #: Chunk lengths of split axes are multiples of these (``Operator.block_multiple``).
     block_multiple: tuple[int, ...] | None = None
+    #: A fan-out pipeline's branches in the order its tasks run them (the order the
+    #: predicted peak assumes: ``explorer.composed``); empty for anything else.
+    branch_order: tuple[str, ...] = ()
 
     @property
     def budget_bytes(self) -> int:
@@ -499,6 +502,7 @@ class ChunkPlan:
             "baseline_source": self.baseline_source,
             "block_multiple": None if self.block_multiple is None else list(self.block_multiple),
             "graph_task_seconds": self.graph_task_seconds,
+            "branch_order": list(self.branch_order),
             "warnings": list(self.warnings),
         }
 

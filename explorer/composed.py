@@ -16,12 +16,22 @@ growth over *its* input is therefore, while stage ``s`` runs, the previous stage
     peak(b) = max( P_1(b),  max_{s >= 2} ( O_{s-1}(b) + P_s(b) ) )
 
 with ``O_s(b)`` the bytes of stage ``s``'s output (deterministic: its shape and dtype).
-In a fan-out last stage the branches run in the order written on the prefix's output
-``y``, and the outputs of the branches already run stay alive::
+In a fan-out last stage the branches run one after another on the prefix's output ``y``,
+and the outputs of the branches already run stay alive::
 
-    while branch j runs:  O_prefix(b) + sum_{i < j} O_{B_i}(b) + P_{B_j}(b)
+    while branch j runs:  O_prefix(b) + sum_{i before j} O_{B_i}(b) + P_{B_j}(b)
 
 (``O_prefix = 0`` when the fan-out is the first stage: the input is the caller's).
+
+The order the branches run in
+-----------------------------
+The largest of those terms depends on the order.  Running the branches in decreasing
+``P_j - O_j`` minimises it (Liu 1987, the post-order rule for trees; an exchange argument:
+swapping two neighbours out of that order never lowers the larger of their two terms), so
+the composed model predicts the pipeline run in that order at each block
+(:func:`liu_order` on the branches' upper bounds), and ``recommend_chunks`` puts the order
+of the plan's block in the plan (``ChunkPlan.branch_order``) for the run to use
+(``Pipeline.in_order``).
 
 Uncertainty
 -----------
@@ -40,24 +50,21 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["ComposedModel", "bonferroni_confidence", "compose", "stage_terms"]
+__all__ = ["ComposedModel", "bonferroni_confidence", "compose", "liu_order", "sequence_peak"]
 
 
-def stage_terms(pipeline) -> list[tuple[object, list]]:
-    """``[(member, alive), ...]`` in the order the members run: each member operator with
-    the list of operators whose outputs are alive while it runs (module docstring)."""
-    terms, previous = [], None
-    for stage in pipeline.stages:
-        if len(stage) == 1:
-            terms.append((stage[0], [previous] if previous is not None else []))
-            previous = stage[0]
-            continue
-        done = []
-        for branch in stage:
-            alive = ([previous] if previous is not None else []) + list(done)
-            terms.append((branch, alive))
-            done.append(branch)
-    return terms
+def liu_order(peak: np.ndarray, output: np.ndarray) -> np.ndarray:
+    """Per row, the branch indices in decreasing ``peak - output`` (Liu's rule): the order
+    that minimises :func:`sequence_peak`.  ``peak``, ``output``: ``(m, B)`` bytes."""
+    return np.argsort(-(np.asarray(peak, np.float64) - np.asarray(output, np.float64)), axis=1, kind="stable")
+
+
+def sequence_peak(held: np.ndarray, peak: np.ndarray, output: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """``max_j (held + sum_{i before j} O_i + P_j)`` per row, the branches run in ``order``
+    (``(m, B)`` indices): the peak of a fan-out over what its prefix holds."""
+    p = np.take_along_axis(np.asarray(peak, np.float64), order, axis=1)
+    o = np.take_along_axis(np.asarray(output, np.float64), order, axis=1)
+    return np.asarray(held, np.float64) + (np.cumsum(o, axis=1) - o + p).max(axis=1)
 
 
 def _output_bytes(op, shapes: np.ndarray) -> np.ndarray:
@@ -84,7 +91,6 @@ class ComposedModel:
         self.members = members  # member name -> its MemoryModel
         self.operator = pipeline.name
         self.halo = tuple(pipeline.halo)
-        self.terms = stage_terms(pipeline)
         speeds = [m.info.get("seconds_per_voxel") for m in members.values()]
         self.info = {
             "composed_from": sorted(members),
@@ -92,23 +98,47 @@ class ComposedModel:
         }
         self.stale = [f"{name}: {reason}" for name, m in members.items() for reason in (getattr(m, "stale", None) or [])]
 
-    def predict_many(self, shapes, confidence: float = 0.99) -> tuple[np.ndarray, np.ndarray]:
-        """``(mean, upper)`` bytes of the pipeline's isolated peak on blocks ``shapes``."""
+    def predict_many(self, shapes, confidence: float = 0.99, *, branch_order=None) -> tuple[np.ndarray, np.ndarray]:
+        """``(mean, upper)`` bytes of the pipeline's isolated peak on blocks ``shapes``, a
+        fan-out's branches run in ``branch_order`` (names), by default Liu's order at each
+        block (module docstring)."""
         shapes = np.asarray(shapes, dtype=np.int64).reshape(-1, 3)
-        per_stage = bonferroni_confidence(confidence, len(self.terms))
-        outputs = {}
+        per_stage = bonferroni_confidence(confidence, len(self.pipeline.members))
         mean = np.full(len(shapes), -np.inf)
         upper = np.full(len(shapes), -np.inf)
-        for member, alive in self.terms:
-            m, u = self.members[member.name].predict_many(shapes, per_stage)
-            held = np.zeros(len(shapes))
-            for op in alive:
-                if op.name not in outputs:
-                    outputs[op.name] = _output_bytes(op, shapes)
-                held = held + outputs[op.name]
-            mean = np.maximum(mean, held + np.asarray(m, dtype=np.float64))
-            upper = np.maximum(upper, held + np.asarray(u, dtype=np.float64))
+        held = np.zeros(len(shapes))
+        for stage in self.pipeline.stages:
+            bounds = [self.members[op.name].predict_many(shapes, per_stage) for op in stage]
+            if len(stage) == 1:
+                mean = np.maximum(mean, held + np.asarray(bounds[0][0], dtype=np.float64))
+                upper = np.maximum(upper, held + np.asarray(bounds[0][1], dtype=np.float64))
+                held = _output_bytes(stage[0], shapes)
+                continue
+            means, uppers = (np.stack([np.asarray(b[k], dtype=np.float64) for b in bounds], axis=1) for k in (0, 1))
+            outputs = np.stack([_output_bytes(op, shapes) for op in stage], axis=1)
+            order = self._order(uppers, outputs, branch_order)
+            mean = np.maximum(mean, sequence_peak(held, means, outputs, order))
+            upper = np.maximum(upper, sequence_peak(held, uppers, outputs, order))
         return mean, upper
+
+    def _order(self, uppers, outputs, branch_order) -> np.ndarray:
+        if branch_order is None:
+            return liu_order(uppers, outputs)
+        index = [self.pipeline.branches.index(name) for name in self.pipeline.in_order(branch_order).branch_order]
+        return np.broadcast_to(np.asarray(index), uppers.shape)
+
+    def branch_order(self, shape, confidence: float = 0.99) -> tuple[str, ...]:
+        """The fan-out's branches in Liu's order on a block of ``shape`` (empty: no fan-out)."""
+        branches = self.pipeline.branches
+        if not branches:
+            return ()
+        shapes = np.asarray(shape, dtype=np.int64).reshape(1, 3)
+        per_stage = bonferroni_confidence(confidence, len(self.pipeline.members))
+        last = self.pipeline.stages[-1]
+        uppers = np.stack([np.asarray(self.members[op.name].predict_many(shapes, per_stage)[1], np.float64)
+                           for op in last], axis=1)
+        outputs = np.stack([_output_bytes(op, shapes) for op in last], axis=1)
+        return tuple(branches[i] for i in liu_order(uppers, outputs)[0])
 
     def predict(self, shape, confidence: float = 0.99) -> tuple[float, float]:
         mean, upper = self.predict_many(np.asarray(shape).reshape(1, 3), confidence)

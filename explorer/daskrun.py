@@ -152,6 +152,8 @@ class RunResult:
     warnings: list[str] = field(default_factory=list)
     #: A fan-out's outputs, ``{branch: path}`` (``out.zarr/<branch>`` or ``<stem>-<branch>.sgy``).
     outputs: dict = field(default_factory=dict)
+    #: The order a fan-out's tasks ran its branches in (the plan's, else the spec's).
+    branch_order: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         out = dict(self.__dict__)
@@ -651,6 +653,7 @@ def _choose_chunks(ctx: RunContext) -> None:
         result.plan, result.chunks_source = ctx.plan.to_dict(), "model"
         result.warnings.extend(ctx.plan.warnings)
         chunk = tuple(ctx.plan.chunks)
+        op = _in_plan_order(ctx, ctx.plan)
     elif isinstance(request, str) and request == "auto":
         chunk = tuple(int(c[0]) for c in operators.read_segy(ctx.input, chunks="auto").chunks)
         result.chunks_source = "auto"
@@ -658,6 +661,7 @@ def _choose_chunks(ctx: RunContext) -> None:
         chunk = tuple(int(c) for c in request)
         result.chunks_source = "explicit"
     ctx.chunk = _whole(op, ctx.shape, chunk)
+    result.branch_order = list(getattr(op, "branch_order", ()))
     if ctx.chunk != chunk and result.chunks_source == "explicit":
         reasons = []
         whole = [axis for axis in op.whole_axes if chunk[axis] != ctx.shape[axis]]
@@ -676,6 +680,13 @@ def _choose_chunks(ctx: RunContext) -> None:
         ctx.model = None
         result.warnings.append(f"tasks not checked against a bound: {exc}")
     result.chunks = list(ctx.chunk)
+
+
+def _in_plan_order(ctx: RunContext, plan):
+    """``ctx.operator`` set to run a fan-out's branches in ``plan``'s order; returns it."""
+    if plan.branch_order:
+        ctx.operator = ctx.operator.in_order(plan.branch_order)
+    return ctx.operator
 
 
 def _compute(ctx: RunContext) -> None:
@@ -701,6 +712,7 @@ def _compute(ctx: RunContext) -> None:
             result.warnings.append(f"a task exceeded its bound early: restarted with the recalibrated plan "
                                    f"{format_shape(new_plan.chunks)} (was {format_shape(ctx.chunk)})")
             ctx.plan, result.plan = new_plan, new_plan.to_dict()
+            result.branch_order = list(getattr(_in_plan_order(ctx, new_plan), "branch_order", ()))
             ctx.chunk = _whole(ctx.operator, ctx.shape, new_plan.chunks)
             result.chunks = list(ctx.chunk)
             ctx.observer.context["chunks"] = list(ctx.chunk)

@@ -21,6 +21,8 @@ work runs, never a constant:
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import logging
 import os
@@ -270,7 +272,7 @@ def recommend_chunks(
     learnt = model.seconds_per_voxel
     seconds_per_voxel = learnt if learnt is not None else run_seconds_per_voxel(model.info.get("seconds_per_voxel"))
     graph_task_seconds = model.graph_task_seconds
-    return plan_chunks(
+    plan = plan_chunks(
         shape,
         op.halo,
         op.whole_axes,
@@ -290,3 +292,11 @@ def recommend_chunks(
         warnings=tuple(model.warnings),
         block_multiple=None if set(op.block_multiple) == {1} else op.block_multiple,
     )
+    branches = getattr(op, "branches", ())
+    if not branches:
+        return plan
+    # A composed model predicts Liu's order at each block: the plan's block fixes the run's;
+    # a pipeline's own model learnt the order its spec is written in.
+    liu = getattr(model.isolated, "branch_order", None)
+    order = liu(plan.block, confidence) if callable(liu) else tuple(branches)
+    return dataclasses.replace(plan, branch_order=tuple(order))

@@ -180,7 +180,7 @@ def _lcm(values) -> int:
 class Pipeline(Operator):
     """Operators in sequence, the last stage possibly a fan-out (module docstring)."""
 
-    def __init__(self, stages: list[list[Operator]]):
+    def __init__(self, stages: list[list[Operator]], branch_order=None):
         self.stages = [list(stage) for stage in stages]
         members = [op for stage in self.stages for op in stage]
         self.members = members
@@ -193,10 +193,35 @@ class Pipeline(Operator):
         self.description = "pipeline: " + " -> ".join(
             "{" + ", ".join(op.name for op in stage) + "}" if len(stage) > 1 else stage[0].name
             for stage in self.stages)
+        #: The order a fan-out's branches run in (names; the spec's by default): it changes the
+        #: peak, not the outputs (``explorer.composed.liu_order`` picks it).
+        self.branch_order = self._checked_order(branch_order)
+
+    def _checked_order(self, order) -> tuple[str, ...]:
+        if order is None:
+            return self.branches
+        order = tuple(str(name) for name in order)
+        if sorted(order) != sorted(self.branches):
+            raise SpecError(f"branch order {', '.join(order)} is not an order of {self.name}'s branches "
+                            f"{', '.join(self.branches) or '(none)'}")
+        return order
+
+    @property
+    def spec_in_order(self) -> str:
+        """The spec with the fan-out's branches written in ``branch_order``: the pipeline a
+        profile of that spec runs is this one, order included."""
+        stages = [[op.name for op in stage] for stage in self.stages[:-1]] + [list(self.branch_order or
+                                                                                 [self.stages[-1][0].name])]
+        return ",".join("+".join(stage) for stage in stages)
+
+    def in_order(self, branch_order) -> "Pipeline":
+        """This pipeline with its fan-out's branches run in ``branch_order`` (names)."""
+        return Pipeline(self.stages, branch_order)
 
     def run(self, block: np.ndarray):
-        """The stages in order; a fan-out's branches return a tuple of outputs (their order
-        is the spec's).  Each intermediate is released once the next stage has it."""
+        """The stages in order; a fan-out's branches run in ``branch_order`` and return a tuple
+        of outputs in the spec's order.  Each intermediate is released once the next stage
+        has it."""
         x = block
         for index, stage in enumerate(self.stages):
             if len(stage) == 1:
@@ -206,8 +231,10 @@ class Pipeline(Operator):
                 x = y
                 del y
             else:
-                outputs = tuple(op.run(x) for op in stage)
-                return outputs
+                outputs = {}
+                for name in self.branch_order:
+                    outputs[name] = stage[self.branches.index(name)].run(x)
+                return tuple(outputs[name] for name in self.branches)
         return x
 
     def output_shape(self, shape: Shape) -> Shape:

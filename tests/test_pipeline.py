@@ -235,9 +235,42 @@ def test_the_composed_peak_is_the_largest_stage_with_what_is_alive_and_bonferron
     mean, upper = ComposedModel(fan, members).predict((50, 50, 50), 0.99)
     assert mean == pytest.approx(200.0 * v)  # the smoothing dominates here
     members["gaussian"] = Known(20.0, 21.0)
-    mean, upper = ComposedModel(fan, members).predict((50, 50, 50), 0.99)
-    assert mean == pytest.approx((4 + 4 + 90) * v) and upper == pytest.approx((4 + 4 + 95) * v)
+    model = ComposedModel(fan, members)
+    # in the order written, gst3d runs with envelope's output alive too
+    mean, upper = model.predict_many([(50, 50, 50)], 0.99, branch_order=("envelope", "gst3d"))
+    assert mean[0] == pytest.approx((4 + 4 + 90) * v) and upper[0] == pytest.approx((4 + 4 + 95) * v)
     assert members["envelope"].asked[-1] == pytest.approx(1 - 0.01 / 3)
+    # Liu's order (decreasing peak - output) runs gst3d first: the default, and the plan's
+    mean, upper = model.predict((50, 50, 50), 0.99)
+    assert mean == pytest.approx((4 + 90) * v) and upper == pytest.approx((4 + 95) * v)
+    assert model.branch_order((50, 50, 50)) == ("gst3d", "envelope")
+
+
+def test_liu_order_gives_the_smallest_peak_of_every_order():
+    import itertools
+
+    from explorer.composed import liu_order, sequence_peak
+
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        b = int(rng.integers(2, 6))
+        output = rng.uniform(0, 10, size=(1, b))
+        peak = output + rng.uniform(0, 30, size=(1, b))  # a branch's peak includes its output
+        held = rng.uniform(0, 5, size=1)
+        best = min(sequence_peak(held, peak, output, np.asarray([p]))[0] for p in itertools.permutations(range(b)))
+        assert sequence_peak(held, peak, output, liu_order(peak, output))[0] == pytest.approx(best)
+
+
+def test_a_fan_out_runs_its_branches_in_the_order_asked_with_the_same_outputs():
+    fan = operators.get("gaussian,envelope+gst3d+instantaneous_phase")
+    block = volume((24, 20, 18), seed=2)
+    written = fan.run(block)
+    reordered = fan.in_order(("gst3d", "instantaneous_phase", "envelope"))
+    assert reordered.branch_order == ("gst3d", "instantaneous_phase", "envelope") and reordered.name == fan.name
+    for a, b in zip(written, reordered.run(block)):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(SpecError, match="not an order of"):
+        fan.in_order(("gst3d", "envelope"))
 
 
 def test_a_member_without_a_model_is_named_with_the_command_that_explores_it(tmp_path, gst3d_model):
@@ -276,3 +309,25 @@ def test_the_composed_model_predicts_a_real_pipeline_profile_it_never_saw(tmp_pa
     fits, torch_imported, halo, plan_warnings = json.loads(out.stdout.strip().splitlines()[-1])
     assert fits and not torch_imported and halo == [13, 13, 13]
     assert any("no in-worker calibration for gaussian,gst3d" in w for w in plan_warnings)
+
+
+def test_a_fan_out_plan_from_composed_models_runs_the_branches_in_liu_order(tmp_path, gst3d_model):
+    """Real models of gaussian and envelope, gst3d's session model: gst3d's working memory
+    over its output (~85 B/voxel) dwarfs envelope's (~12), so the plan runs gst3d first,
+    whatever the order written, and its bound is the one of that order."""
+    from explorer import paths
+    from explorer.recommend import recommend_chunks
+    from explorer.surrogate import load_model
+
+    for name in ("gaussian", "envelope"):
+        fitted_model(name).save(paths.model_path(name, tmp_path))
+    gst3d_model.save(paths.model_path("gst3d", tmp_path))
+    spec = "gaussian,envelope+gst3d"
+    plan = recommend_chunks(spec, (300, 300, 300), "1GiB", runs_dir=tmp_path, baseline_bytes=100 * 2**20)
+    assert plan.branch_order == ("gst3d", "envelope") and plan.to_dict()["branch_order"] == ["gst3d", "envelope"]
+    model = load_model(spec, runs_dir=tmp_path)
+    _, liu = model.predict_many([plan.block], 0.99)
+    _, written = model.predict_many([plan.block], 0.99, branch_order=("envelope", "gst3d"))
+    assert liu[0] < written[0]
+    chain = recommend_chunks("gaussian,gst3d", (300, 300, 300), "1GiB", runs_dir=tmp_path, baseline_bytes=100 * 2**20)
+    assert chain.branch_order == ()
