@@ -325,7 +325,7 @@ def _cmd_chunks(argv: list[str]) -> int:
           f"at {plan.confidence:.0%} confidence, limit {format_bytes(plan.limit_bytes)} "
           f"(pause at {plan.pause_fraction:.0%})")
     if plan.branch_order:
-        print(f"branch order    {' then '.join(plan.branch_order)}  (Liu's rule: the smallest predicted peak)")
+        print(f"branch order    {' then '.join(plan.branch_order)}")
     print(f"threads/worker  {plan.threads_per_worker}")
     print(f"worker baseline {format_bytes(plan.footprint.baseline_bytes)} ({_BASELINE_SOURCES[plan.baseline_source]})")
     if plan.predicted_seconds is not None:
