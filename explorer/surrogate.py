@@ -197,6 +197,9 @@ BASIS_NAMES = ("constant", "volume", "face12", "face13", "face23", "edge1", "edg
 #: The basis itself, the one definition every form uses (NumPy here, torch in ``gp_torch``):
 #: term ``j`` is the monomial ``prod_i u_i ** BASIS_EXPONENTS[j, i]``.
 BASIS_EXPONENTS = np.array([[0, 0, 0], [1, 1, 1], [1, 1, 0], [1, 0, 1], [0, 1, 1], [1, 0, 0], [0, 1, 0], [0, 0, 1]])
+#: Which terms each axis enters (``BASIS_EXPONENTS`` holds only 0 and 1).
+_HAS_AXIS = [BASIS_EXPONENTS[:, axis] == 1 for axis in range(BASIS_EXPONENTS.shape[1])]
+assert set(np.unique(BASIS_EXPONENTS)) <= {0, 1}
 #: Terms with a flat prior (the constant and the volume); the others get a vague Gaussian.
 FLAT_TERMS = (0, 1)
 #: Prior degrees of freedom of the overall scale ``lambda`` (module docstring): one
@@ -259,7 +262,10 @@ def effective_dims(dims: np.ndarray, multiple) -> np.ndarray:
 def _raw_basis(dims: np.ndarray, axis_length: np.ndarray, multiple) -> np.ndarray:
     """``[1, V, n1n2, n1n3, n2n3, n1, n2, n3]`` on ``u = effective_dims / axis_length``, (m, 8)."""
     u = effective_dims(dims, multiple) / axis_length
-    return np.prod(u[:, None, :] ** BASIS_EXPONENTS[None, :, :], axis=2)
+    raw = np.ones((len(u), len(BASIS_EXPONENTS)))
+    for axis in range(BASIS_EXPONENTS.shape[1]):  # exponents are 0 or 1: products, no powers (hot path)
+        raw[:, _HAS_AXIS[axis]] *= u[:, axis : axis + 1]
+    return raw
 
 
 def _kernel_inputs(dims: np.ndarray, log_lo: np.ndarray, log_span: np.ndarray, multiple) -> np.ndarray:
@@ -400,10 +406,11 @@ class MemoryModel:
     def _parts(self, dims):
         """Per-test-point pieces: mean, ``V = L^{-1} k_*``, ``Q = L_A^{-1} R_*``, z, amplitude."""
         z = self._z(dims)
-        amp = self._amplitude(dims)
+        raw = self._raw_basis(dims)
+        amp = _amplitude(raw, self._a["amplitude_coef"], self._amp_floor, self._amp_slope)
         k_train = self._outputscale * self._train_amp[:, None] * _matern52(
             self._train_z, z, self._a["lengthscale"]) * amp[None, :]  # (n, m)
-        h = self._basis(dims)  # (m, p)
+        h = raw @ self._a["basis_transform"]  # (m, p)
         mean = h @ self._a["beta"] + k_train.T @ self._a["alpha"]
         v = self._a["chol_inv"] @ k_train  # (n, m)
         r = h.T - self._a["whitened_basis"].T @ v  # (p, m)
