@@ -58,8 +58,9 @@ class FeatureMap(torch.nn.Module):
         return self.raw_basis(dims) @ self.basis_transform
 
     def amplitude(self, dims, slope):
-        raw = self.raw_basis(dims)
-        return (raw @ self.amplitude_coef).clamp_min(self.amp_floor) * raw[..., 1] ** -slope
+        envelope = (self.raw_basis(dims) @ self.amplitude_coef).clamp_min(self.amp_floor)
+        centre = max(float(self.amplitude_coef.sum()), self.amp_floor)
+        return envelope * (envelope / centre) ** -slope
 
     def kernel_inputs(self, dims):
         return (torch.log(dims) - self.log_lo) / self.log_span

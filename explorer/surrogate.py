@@ -45,15 +45,15 @@ pseudo-rows is orthonormal; the posterior is invariant to this.
                \mathrm{Matern}_{5/2}\big(z(x), z(x'); \ell_1, \ell_2, \ell_3\big),
     \qquad z_i = \frac{\log n_i - \log n_i^{lo}}{\log n_i^{hi} - \log n_i^{lo}}
 
-where ``s(x) = max(h(x)^T gamma, floor) v(x)^{-kappa}`` is a positive amplitude
-envelope (``gamma >= 0``: a non-negative least-squares fit of the basis to the data
-with relative weights; ``v = u_1 u_2 u_3`` the block's volume relative to the design
-centre): ``sigma_f`` is then a *relative* deviation at the centre (1 % means "the
-truth departs from the polynomial by about 1 % of its value"), and the slope
-``kappa`` in ``[0, 1]`` says how that relative deviation changes with the volume:
-``kappa = 0`` one relative size everywhere, ``kappa = 1`` one absolute size in
-bytes (allocator and page granularity: small blocks depart from the polynomial by
-a larger share of their peak than large ones do).  ``kappa`` is fitted with the
+where ``s(x) = e(x) (e(x) / e_c)^{-kappa}`` is a positive amplitude: ``e(x) =
+max(h(x)^T gamma, floor)`` an envelope of the peak (``gamma >= 0``: a non-negative
+least-squares fit of the basis to the data with relative weights) and ``e_c`` its
+value at the design centre.  ``sigma_f`` is then a *relative* deviation at the centre
+(1 % means "the truth departs from the polynomial by about 1 % of its value"), and
+the slope ``kappa`` in ``[0, 1]`` says how that relative deviation changes with the
+size of the peak: ``kappa = 0`` one relative size everywhere, ``kappa = 1`` one
+absolute size in bytes (allocator and page granularity: small blocks depart from the
+polynomial by a larger share of their peak than large ones do).  ``kappa`` is fitted with the
 kernel (ML-II below) under a half-normal prior of sd 0.5 about 0.
 
 *Noise* (bytes^2).  A single profiling run at a shape whose peak is ``y`` has
@@ -274,9 +274,10 @@ def _kernel_inputs(dims: np.ndarray, log_lo: np.ndarray, log_span: np.ndarray, m
 
 
 def _amplitude(raw: np.ndarray, gamma: np.ndarray, floor: float, slope: float) -> np.ndarray:
-    """``s(x) = max(h(x)^T gamma, floor) * v(x)^-kappa``: the residual's amplitude, from the raw
-    basis (its volume column is ``v = prod u``, 1 at the design centre)."""
-    return np.maximum(raw @ gamma, floor) * raw[:, 1] ** -slope
+    """``s(x) = e(x) (e(x) / e_c)^-kappa`` with the envelope ``e = max(h^T gamma, floor)`` and
+    ``e_c = max(sum gamma, floor)`` its value at the design centre (every raw term is 1 there)."""
+    envelope = np.maximum(raw @ gamma, floor)
+    return envelope * (envelope / max(float(gamma.sum()), floor)) ** -slope
 
 
 def _matern52(za: np.ndarray, zb: np.ndarray, lengthscale: np.ndarray) -> np.ndarray:
@@ -334,7 +335,7 @@ _SCALAR_NAMES = (
     "noise_dof",  # nu: degrees of freedom of rho_run^2 (from the repeats; reported)
     "scale_var",  # s^2: posterior scale of lambda, the overall variance multiplier
     "scale_dof",  # its degrees of freedom: SCALE_PRIOR_DOF + n_exact - len(FLAT_TERMS)
-    "amplitude_slope",  # kappa: the relative residual scales as v(x)^-kappa (module docstring)
+    "amplitude_slope",  # kappa: the relative residual scales as e(x)^-kappa (module docstring)
 )
 
 
