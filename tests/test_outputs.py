@@ -161,8 +161,9 @@ def test_an_interrupted_run_leaves_no_partial_output_and_no_worker_traceback(tmp
     source = tmp_path / "in.sgy"
     operators.write_segy(source, operators.synthetic_volume((64, 64, 64), seed=0))
     command = ["run", "test_slow", "in.sgy", "--output", "out.zarr", "--chunks", "16x16x64", "--no-refine",
-               "--memory-limit", "1GiB"]  # 16 tasks of 0.5 s on 2 workers: 4 s at least
-    env = {**os.environ, "EXPLORER_PLUGINS": "tests.plugin_ops",
+               "--memory-limit", "1GiB"]  # 16 tasks of 1.5 s on 2 workers: 12 s at least, so the
+    # signal lands mid-run even on a loaded machine (at 0.5 s a run once finished before it)
+    env = {**os.environ, "EXPLORER_PLUGINS": "tests.plugin_ops", "EXPLORER_TEST_SLOW_SECONDS": "1.5",
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
     p = subprocess.Popen([sys.executable, "-m", "explorer.cli", *command], cwd=tmp_path, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, start_new_session=True, env=env)
