@@ -22,7 +22,6 @@ work runs, never a constant:
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import logging
 import os
