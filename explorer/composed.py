@@ -98,6 +98,17 @@ class ComposedModel:
         }
         self.stale = [f"{name}: {reason}" for name, m in members.items() for reason in (getattr(m, "stale", None) or [])]
 
+    def _stage_terms(self, stage, shapes, per_stage, seen: dict):
+        """``(means, uppers, outputs)``, each ``(m, len(stage))``: the stage's members' bounds at
+        ``per_stage`` and their output bytes; a member met before in ``seen`` is not predicted
+        again (``gaussian,envelope,gaussian``)."""
+        for op in stage:
+            if op.name not in seen:
+                m, u = self.members[op.name].predict_many(shapes, per_stage)
+                seen[op.name] = (np.asarray(m, dtype=np.float64), np.asarray(u, dtype=np.float64),
+                                 _output_bytes(op, shapes))
+        return tuple(np.stack([seen[op.name][k] for op in stage], axis=1) for k in range(3))
+
     def predict_many(self, shapes, confidence: float = 0.99, *, branch_order=None) -> tuple[np.ndarray, np.ndarray]:
         """``(mean, upper)`` bytes of the pipeline's isolated peak on blocks ``shapes``, a
         fan-out's branches run in ``branch_order`` (names), by default Liu's order at each
@@ -107,22 +118,17 @@ class ComposedModel:
         mean = np.full(len(shapes), -np.inf)
         upper = np.full(len(shapes), -np.inf)
         held = np.zeros(len(shapes))
+        seen: dict = {}
         for stage in self.pipeline.stages:
-            bounds = [self.members[op.name].predict_many(shapes, per_stage) for op in stage]
-            if len(stage) == 1:
-                mean = np.maximum(mean, held + np.asarray(bounds[0][0], dtype=np.float64))
-                upper = np.maximum(upper, held + np.asarray(bounds[0][1], dtype=np.float64))
-                held = _output_bytes(stage[0], shapes)
-                continue
-            means, uppers = (np.stack([np.asarray(b[k], dtype=np.float64) for b in bounds], axis=1) for k in (0, 1))
-            outputs = np.stack([_output_bytes(op, shapes) for op in stage], axis=1)
-            order = self._order(uppers, outputs, branch_order)
+            means, uppers, outputs = self._stage_terms(stage, shapes, per_stage, seen)
+            order = self._order(uppers, outputs, branch_order)  # one column for a single operator
             mean = np.maximum(mean, sequence_peak(held, means, outputs, order))
             upper = np.maximum(upper, sequence_peak(held, uppers, outputs, order))
+            held = outputs[:, 0]  # only a fan-out's stage has several outputs, and it is the last
         return mean, upper
 
     def _order(self, uppers, outputs, branch_order) -> np.ndarray:
-        if branch_order is None:
+        if branch_order is None or uppers.shape[1] == 1:
             return liu_order(uppers, outputs)
         index = [self.pipeline.branches.index(name) for name in self.pipeline.in_order(branch_order).branch_order]
         return np.broadcast_to(np.asarray(index), uppers.shape)
@@ -134,10 +140,7 @@ class ComposedModel:
             return ()
         shapes = np.asarray(shape, dtype=np.int64).reshape(1, 3)
         per_stage = bonferroni_confidence(confidence, len(self.pipeline.members))
-        last = self.pipeline.stages[-1]
-        uppers = np.stack([np.asarray(self.members[op.name].predict_many(shapes, per_stage)[1], np.float64)
-                           for op in last], axis=1)
-        outputs = np.stack([_output_bytes(op, shapes) for op in last], axis=1)
+        _, uppers, outputs = self._stage_terms(self.pipeline.stages[-1], shapes, per_stage, {})
         return tuple(branches[i] for i in liu_order(uppers, outputs)[0])
 
     def predict(self, shape, confidence: float = 0.99) -> tuple[float, float]:
