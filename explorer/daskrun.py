@@ -653,15 +653,14 @@ def _choose_chunks(ctx: RunContext) -> None:
         result.plan, result.chunks_source = ctx.plan.to_dict(), "model"
         result.warnings.extend(ctx.plan.warnings)
         chunk = tuple(ctx.plan.chunks)
-        op = _in_plan_order(ctx, ctx.plan)
     elif isinstance(request, str) and request == "auto":
         chunk = tuple(int(c[0]) for c in operators.read_segy(ctx.input, chunks="auto").chunks)
         result.chunks_source = "auto"
     else:
         chunk = tuple(int(c) for c in request)
         result.chunks_source = "explicit"
+    op = _in_plan_order(ctx, ctx.plan)
     ctx.chunk = _whole(op, ctx.shape, chunk)
-    result.branch_order = list(getattr(op, "branch_order", ()))
     if ctx.chunk != chunk and result.chunks_source == "explicit":
         reasons = []
         whole = [axis for axis in op.whole_axes if chunk[axis] != ctx.shape[axis]]
@@ -683,9 +682,11 @@ def _choose_chunks(ctx: RunContext) -> None:
 
 
 def _in_plan_order(ctx: RunContext, plan):
-    """``ctx.operator`` set to run a fan-out's branches in ``plan``'s order; returns it."""
-    if plan.branch_order:
+    """``ctx.operator`` set to run a fan-out's branches in ``plan``'s order (a model plan's;
+    else the spec's), recorded in the result; returns it."""
+    if plan is not None and plan.branch_order:
         ctx.operator = ctx.operator.in_order(plan.branch_order)
+    ctx.result.branch_order = list(getattr(ctx.operator, "branch_order", ()))
     return ctx.operator
 
 
@@ -712,7 +713,7 @@ def _compute(ctx: RunContext) -> None:
             result.warnings.append(f"a task exceeded its bound early: restarted with the recalibrated plan "
                                    f"{format_shape(new_plan.chunks)} (was {format_shape(ctx.chunk)})")
             ctx.plan, result.plan = new_plan, new_plan.to_dict()
-            result.branch_order = list(getattr(_in_plan_order(ctx, new_plan), "branch_order", ()))
+            _in_plan_order(ctx, new_plan)
             ctx.chunk = _whole(ctx.operator, ctx.shape, new_plan.chunks)
             result.chunks = list(ctx.chunk)
             ctx.observer.context["chunks"] = list(ctx.chunk)
