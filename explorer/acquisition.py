@@ -39,7 +39,7 @@ profile already exceeded the cap.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -401,6 +401,8 @@ class StopDecision:
 
     half_width: float
     tests: tuple[StopTest, ...]
+    #: The relative half-width at each target (``half_width`` is their largest).
+    widths: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     @property
     def tight(self) -> bool:
@@ -446,7 +448,8 @@ def stop_decision(model, targets, *, tolerance: float = DEFAULT_TOLERANCE, confi
     from explorer.stats import chi2_upper, normal_upper
 
     targets = _shapes(targets)
-    half_width = float(np.max(relative_half_width(model, targets, confidence))) if len(targets) else math.inf
+    widths = relative_half_width(model, targets, confidence)
+    half_width = float(np.max(widths)) if len(targets) else math.inf
     tests = [StopTest("tight", half_width <= tolerance,
                       f"{confidence:.0%} bound's relative half-width {half_width:.1%} vs tolerance {tolerance:.1%}")]
     if callable(prequential_scores):
@@ -467,4 +470,4 @@ def stop_decision(model, targets, *, tolerance: float = DEFAULT_TOLERANCE, confi
     worst, critical = float(loo.max(initial=0.0)), normal_upper(level / (2 * max(len(loo), 1)))
     tests.append(StopTest("leave-one-out", worst <= critical,
                           f"largest |score| of the {len(loo)} profiles in the region {worst:.2f} vs {critical:.2f}"))
-    return StopDecision(half_width, tuple(tests))
+    return StopDecision(half_width, tuple(tests), widths)

@@ -274,7 +274,7 @@ class ExplorationCore:
                                                   confidence=self.confidence, exclude=tried + list(pending))
             self.validations.update(batch)
         else:  # variance reduction integrated over the targets whose bound is still too wide
-            loose = targets[acquisition.relative_half_width(model, targets, self.confidence) > self.tolerance]
+            loose = targets[decision.widths > self.tolerance]
             batch = acquisition.propose(model, self.candidates, loose, cost_model or acquisition.CostModel(),
                                         self.memory_cap, n=min(n, budget_left), confidence=self.confidence,
                                         pending=list(pending), exclude=tried)
