@@ -210,9 +210,8 @@ class Pipeline(Operator):
     def spec_in_order(self) -> str:
         """The spec with the fan-out's branches written in ``branch_order``: the pipeline a
         profile of that spec runs is this one, order included."""
-        stages = [[op.name for op in stage] for stage in self.stages[:-1]] + [list(self.branch_order or
-                                                                                 [self.stages[-1][0].name])]
-        return ",".join("+".join(stage) for stage in stages)
+        last = self.branch_order or (self.stages[-1][0].name,)  # no branches: the last stage's one operator
+        return ",".join(["+".join(op.name for op in stage) for stage in self.stages[:-1]] + ["+".join(last)])
 
     def in_order(self, branch_order) -> "Pipeline":
         """This pipeline with its fan-out's branches run in ``branch_order`` (names)."""
