@@ -267,6 +267,8 @@ def test_a_fan_out_runs_its_branches_in_the_order_asked_with_the_same_outputs():
     written = fan.run(block)
     reordered = fan.in_order(("gst3d", "instantaneous_phase", "envelope"))
     assert reordered.branch_order == ("gst3d", "instantaneous_phase", "envelope") and reordered.name == fan.name
+    # a profile of the spec written in that order runs the same pipeline, order included
+    assert operators.get(reordered.spec_in_order).branch_order == reordered.branch_order
     for a, b in zip(written, reordered.run(block)):
         np.testing.assert_array_equal(a, b)
     with pytest.raises(SpecError, match="not an order of"):
