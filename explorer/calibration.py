@@ -86,11 +86,20 @@ they dominate)::
     task_seconds - run_seconds + other     ~ a_io + io_seconds_per_voxel * V
 
 (the ratio of sums when the blocks have a single volume, or a line comes out with a
-negative slope or intercept), and from each run's wall time ``W`` (``source="run"``
-records), the planner's own time model (``explorer.chunking.plan_seconds``) solved for
-the overhead per graph task, which so absorbs a chunk's fixed costs ``a_op + a_io``::
+negative slope or intercept): what a task costs per voxel at the margin, shown to users.
 
-    g_run = (W / schedule_waves(n, C) - seconds_per_voxel * mean V) / tasks_per_chunk
+The planner's time model takes a task's whole cost at each block volume instead
+(:func:`fit_clock`, an ``explorer.chunking.TaskClock``): per observed volume ``V`` the
+median of ``(task_seconds + other) / V`` over its tasks, so a task's fixed costs stay
+with the small blocks that pay them and a large block that runs slower per voxel
+(caches, fresh pages) is charged what it costs; and per volume the median coefficient
+of variation ``sigma`` of the seconds of groups of >= 3 equal tasks (one run, one shape),
+the spread list scheduling of near-equal tasks pays in its last wave
+(``explorer.chunking.schedule_waves``).  From each run's wall time ``W``
+(``source="run"`` records) the same time model is solved for the overhead per graph
+task, at the run's mean task volume ``V``::
+
+    g_run = (W / schedule_waves(n, C, sigma(V)) - s(V) V) / tasks_per_chunk
 
 ``graph_task_seconds`` is the median of ``g_run`` (clipped at 0) over the runs.  These
 replace ``explorer.chunking``'s defaults once a probe or a production run has taught them.
@@ -110,6 +119,7 @@ from pathlib import Path
 import numpy as np
 
 from explorer import paths
+from explorer.chunking import TaskClock
 from explorer.stats import t_quantile
 
 __all__ = [
@@ -124,6 +134,7 @@ __all__ = [
     "calibration_path",
     "environment_digest",
     "fit_excess",
+    "fit_clock",
     "fit_timing",
     "fit_within",
     "load_calibration",
@@ -412,6 +423,8 @@ class TimingFit:
     graph_task_seconds: float | None
     n_tasks: int
     n_runs: int
+    #: The planner's time per task at each observed block volume, and equal tasks' spread.
+    clock: TaskClock | None = None
 
     @property
     def seconds_per_voxel(self) -> float | None:
@@ -434,12 +447,39 @@ def _slope_through(volume: np.ndarray, seconds: np.ndarray) -> tuple[float, floa
     return float(slope), float(intercept)
 
 
+def fit_clock(rows) -> TaskClock | None:
+    """The :class:`~explorer.chunking.TaskClock` of in-worker tasks ``(run, shape, seconds)``
+    (module docstring): per block volume the median seconds per voxel over its tasks, and
+    the median over its groups of three or more equal tasks (one run, one shape) of their
+    seconds' coefficient of variation."""
+    by_volume: dict[int, list[float]] = {}
+    groups: dict[tuple, list[float]] = {}
+    for run, shape, seconds in rows:
+        volume = math.prod(shape)
+        by_volume.setdefault(volume, []).append(seconds / volume)
+        groups.setdefault((run, tuple(shape)), []).append(seconds)
+    if not by_volume:
+        return None
+    spread_by_volume: dict[int, list[float]] = {}
+    for (_run, shape), seconds in groups.items():
+        s = np.asarray(seconds)
+        if len(s) >= 3 and s.mean() > 0:
+            spread_by_volume.setdefault(math.prod(shape), []).append(float(s.std(ddof=1) / s.mean()))
+    volumes = sorted(by_volume)
+    spread_volumes = sorted(spread_by_volume)
+    return TaskClock(volumes=tuple(float(v) for v in volumes),
+                     seconds_per_voxel=tuple(float(np.median(by_volume[v])) for v in volumes),
+                     spread_volumes=tuple(float(v) for v in spread_volumes),
+                     spreads=tuple(float(np.median(spread_by_volume[v])) for v in spread_volumes))
+
+
 def fit_timing(records, environment: str | None = None) -> TimingFit:
-    """Operator and I/O seconds per voxel from in-worker task clocks, and the overhead per
-    graph task from the runs' wall times (module docstring)."""
+    """Operator and I/O seconds per voxel from in-worker task clocks, the planner's
+    :class:`~explorer.chunking.TaskClock` from the same clocks, and the overhead per graph
+    task from the runs' wall times (module docstring)."""
     from explorer.chunking import schedule_waves
 
-    rows, runs = [], []
+    rows, runs, clocked = [], [], []
     for r in records:
         if (r.source not in IN_WORKER_SOURCES or r.status != "ok"
                 or (environment is not None and r.context.get("environment") != environment)):
@@ -451,11 +491,13 @@ def fit_timing(records, environment: str | None = None) -> TimingFit:
         other = float(c.get("other_seconds") or 0.0)
         rows.append((float(math.prod(r.shape)), float(inside), max(0.0, float(task) - float(inside)) + other))
         runs.append(str(c.get("run", "")))
+        clocked.append((runs[-1], tuple(r.shape), max(float(task), float(inside)) + other))
     if not rows:
         return TimingFit(None, None, None, 0, 0)
     volume, inside, around = (np.asarray(col) for col in zip(*rows))
     operator_slope, _ = _slope_through(volume, inside)
     io_slope, _ = _slope_through(volume, around)
+    clock = fit_clock(clocked)
     per_run_volume: dict[str, list[float]] = {}
     for run, v in zip(runs, volume):
         per_run_volume.setdefault(run, []).append(float(v))
@@ -468,9 +510,10 @@ def fit_timing(records, environment: str | None = None) -> TimingFit:
         needed = ("seconds", "n_tasks", "slots", "tasks_per_chunk")
         if not volumes or any(c.get(k) is None for k in needed):
             continue
-        waves = float(schedule_waves(c["n_tasks"], c["slots"]))
-        per_voxel = (operator_slope + io_slope) * float(np.mean(volumes))
-        g = (float(c["seconds"]) / waves - per_voxel) / float(c["tasks_per_chunk"])
+        mean_volume = float(np.mean(volumes))
+        waves = float(schedule_waves(c["n_tasks"], c["slots"], clock.spread_at(mean_volume)))
+        g = (float(c["seconds"]) / waves - float(clock.seconds_per_voxel_at(mean_volume)) * mean_volume) \
+            / float(c["tasks_per_chunk"])
         overheads.append(max(0.0, g))
     return TimingFit(
         operator_seconds_per_voxel=operator_slope,
@@ -478,6 +521,7 @@ def fit_timing(records, environment: str | None = None) -> TimingFit:
         graph_task_seconds=float(np.median(overheads)) if overheads else None,
         n_tasks=len(rows),
         n_runs=len(overheads),
+        clock=clock,
     )
 
 
@@ -545,7 +589,8 @@ class WorkerCalibration:
         t = data["timing"]
         timing = TimingFit(**{k: t.get(k) for k in ("operator_seconds_per_voxel", "io_seconds_per_voxel",
                                                     "graph_task_seconds")},
-                           n_tasks=int(t.get("n_tasks") or 0), n_runs=int(t.get("n_runs") or 0))
+                           n_tasks=int(t.get("n_tasks") or 0), n_runs=int(t.get("n_runs") or 0),
+                           clock=TaskClock.from_dict(t["clock"]) if t.get("clock") else None)
         return cls(operator=str(data["operator"]), excess=excess, timing=timing, n_groups=int(data["n_groups"]),
                    n_probe_groups=int(data.get("n_probe_groups", 0)), n_tasks=int(data["n_tasks"]),
                    confidence=float(data["confidence"]), n_groups_over_bound=int(data["n_groups_over_bound"]),
@@ -715,6 +760,11 @@ class TaskModel:
     @property
     def graph_task_seconds(self) -> float | None:
         return None if self.calibration is None else self.calibration.timing.graph_task_seconds
+
+    @property
+    def task_clock(self) -> TaskClock | None:
+        """The workers' learnt :class:`~explorer.chunking.TaskClock` (None: not learnt yet)."""
+        return None if self.calibration is None else self.calibration.timing.clock
 
     def predict_many(self, shapes, confidence: float = 0.99, tasks=1) -> tuple[np.ndarray, np.ndarray]:
         """``(mean, upper)`` bytes of a task's in-worker peak on blocks of ``shapes``; with

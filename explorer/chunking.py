@@ -69,8 +69,9 @@ Among the candidates that fit the plan is, in order:
 
 1. with one slot (one worker, one thread): fewest tasks ``n = prod(ceil(N_i / c_i))``,
    the largest chunks.  With ``C = workers * threads > 1`` slots: fastest by
-   :func:`plan_seconds`, the wall-time bound ``(n / C + 1 - 1 / C) * (o + s prod(b))``
-   (``o`` the Dask overhead of a chunk's graph tasks), all plans within 5%
+   :func:`plan_seconds`, ``waves(n, C) * (o + s(b) prod(b))`` (``o`` the Dask overhead
+   of a chunk's graph tasks, ``s(b)`` the seconds per voxel at the block's volume,
+   ``waves`` list scheduling's makespan in tasks: :func:`schedule_waves`), all plans within 5%
    (:data:`SECONDS_TIE_FRACTION`) of the fastest tied: enough chunks per slot that
    none idles through the tail, not so many that the overhead ``n o`` wins;
 2. most even: smallest padding fraction ``(prod(k_i c_i) - prod(N_i)) / prod(N_i)``,
@@ -85,7 +86,7 @@ The three stages are separate functions: :func:`chunk_candidates` (shapes, block
 counts, time model), :func:`evaluate_candidates` (predictions and footprints) and
 :func:`rank_candidates` (the keys above).  The time model's ``s`` and ``o`` come from
 the caller: learnt from the workers' clocks once a probe or a run has taught them
-(``explorer.calibration.TimingFit``), the defaults below before.
+(``explorer.calibration.TimingFit``: a :class:`TaskClock`), the defaults below before.
 
 Re-planning (:func:`replan`) is planning policy too: a running computation whose task
 exceeded its bound restarts with a new plan only early (at most
@@ -117,6 +118,8 @@ __all__ = [
     "rank_candidates",
     "replan",
     "schedule_waves",
+    "expected_max_normal",
+    "TaskClock",
     "neighbour_chunks_held",
     "run_seconds_per_voxel",
     "graph_tasks_per_chunk",
@@ -362,47 +365,126 @@ def plan_seconds(
     slots: int,
     *,
     tasks_per_chunk=3.0,
-    seconds_per_voxel: float = DEFAULT_SECONDS_PER_VOXEL,
+    seconds_per_voxel=DEFAULT_SECONDS_PER_VOXEL,
     graph_task_seconds: float = DEFAULT_GRAPH_TASK_SECONDS,
+    spread=None,
 ):
-    """Predicted wall time of ``n_tasks`` chunks' work on blocks of ``block_samples`` voxels.
+    """Predicted wall time of ``n_tasks`` chunks' work on blocks of ``block_samples`` voxels::
 
-    Graham's bound for greedy list scheduling on ``C = slots`` workers x threads, which
-    is how Dask hands out ready tasks::
-
-        seconds = (n / C + 1 - 1 / C) * chunk_seconds
+        seconds = schedule_waves(n, C, spread) * chunk_seconds
         chunk_seconds = graph_task_seconds * tasks_per_chunk + seconds_per_voxel * prod(b)
 
-    ``n / C`` chunks of work per slot, plus the tail: up to one chunk's time during
-    which the other slots have run out of work.  It assumes nothing about durations
-    being equal, which they are not (a worker's first task is cold, I/O varies, and a
-    large block costs more per voxel than a small one).  With one slot it is ``n *
+    on ``C = slots`` workers x threads (Dask hands ready tasks to free slots: greedy list
+    scheduling).  ``spread``: the coefficient of variation of equal tasks' seconds, learnt
+    from the workers' clocks (:class:`TaskClock`); None (nothing learnt) takes Graham's
+    bound, which assumes nothing about the durations.  With one slot it is ``n *
     chunk_seconds``: the fewest, largest chunks.  With several, large chunks leave slots
-    idle in the tail and small ones pay the overhead ``n`` times; for a fixed volume the
-    optimum is near ``n = sqrt(C * work / overhead)``.
+    idle in the last wave and small ones pay the overhead ``n`` times.
 
-    Measured against the alternative, ``ceil(n / C)`` waves of equal tasks (which charges
-    no tail to ``k C`` chunks), on ``scripts/bench_chunks.py``'s seven scenarios: it
-    brought first_derivative from 1.07-1.15x the oracle to 1.066x but took gst3d 256^3 @
-    1.5 GiB to 2 chunks, 1.121x the oracle (2.33 s against 8 chunks' 2.08 s, medians of
-    5): per voxel the large blocks ran 21% slower (268 against 221 ns), which a constant
-    ``seconds_per_voxel`` cannot see and this bound's tail happens to charge.
+    ``seconds_per_voxel`` is the cost per voxel at each row's block volume: in a worker a
+    task's fixed costs weigh on small blocks, and caches and fresh pages on large ones,
+    which :meth:`TaskClock.seconds_per_voxel_at` follows from the clocks.
     ``tasks_per_chunk``: :func:`graph_tasks_per_chunk`.  Scalars or arrays (broadcast).
     """
-    if seconds_per_voxel < 0 or graph_task_seconds < 0:
+    seconds_per_voxel = np.asarray(seconds_per_voxel, dtype=np.float64)
+    if (seconds_per_voxel < 0).any() or graph_task_seconds < 0:
         raise ValueError("seconds_per_voxel and graph_task_seconds must be non-negative")
     chunk_seconds = (graph_task_seconds * np.asarray(tasks_per_chunk, dtype=np.float64)
                      + seconds_per_voxel * np.asarray(block_samples, dtype=np.float64))
-    return schedule_waves(n_tasks, slots) * chunk_seconds
+    return schedule_waves(n_tasks, slots, spread) * chunk_seconds
 
 
-def schedule_waves(n_tasks, slots: int):
-    """``n / C + 1 - 1 / C``: Graham's bound on greedy list scheduling of ``n`` tasks on
-    ``C`` slots, in units of one task's time (:func:`plan_seconds`)."""
+@functools.lru_cache(maxsize=64)
+def expected_max_normal(m: int) -> float:
+    """``E[max(Z_1 .. Z_m)]`` of ``m`` independent standard normals, by quadrature of
+    ``m z phi(z) Phi(z)^(m - 1)`` (0 for one, ``1 / sqrt(pi)`` for two)."""
+    if m < 1:
+        raise ValueError(f"m must be >= 1, got {m}")
+    if m == 1:
+        return 0.0
+    z = np.linspace(-10.0, 10.0, 8001)
+    pdf = np.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
+    cdf = np.cumsum(pdf) * (z[1] - z[0])
+    integrand = m * z * pdf * np.clip(cdf, 0.0, 1.0) ** (m - 1)
+    return float(np.sum(integrand) * (z[1] - z[0]))
+
+
+def schedule_waves(n_tasks, slots: int, spread=None):
+    """The makespan of greedy list scheduling of ``n`` tasks on ``C`` slots, in units of one
+    task's (mean) time (:func:`plan_seconds`).
+
+    ``spread`` None: Graham's bound ``n / C + 1 - 1 / C``, for durations nothing is known
+    about.  ``spread`` ``sigma`` (the tasks' coefficient of variation, learnt): near-equal
+    tasks run in ``k = ceil(n / C)`` waves, and the last slot to finish has run ``k``
+    tasks whose sum is about normal, so the expected makespan is::
+
+        k + sigma * sqrt(k) * E[max of min(n, C) standard normals]
+
+    (no idle tail when ``n`` is a multiple of ``C`` and the tasks are equal).  When the
+    last wave is partial its tasks go to the slots that finished first, so the makespan
+    is a little shorter than this (within its spread term of ``k``): the formula charges
+    a partial wave as a full one.
+    """
     slots = int(slots)
     if slots < 1:
         raise ValueError(f"slots must be >= 1, got {slots}")
-    return np.asarray(n_tasks, dtype=np.float64) / slots + 1.0 - 1.0 / slots
+    n = np.asarray(n_tasks, dtype=np.float64)
+    if spread is None:
+        return n / slots + 1.0 - 1.0 / slots
+    spread = np.asarray(spread, dtype=np.float64)
+    if (spread < 0).any():
+        raise ValueError("spread must be non-negative")
+    waves = np.ceil(n / slots)
+    table = np.array([expected_max_normal(m) for m in range(1, slots + 1)])
+    running = np.clip(n, 1, slots).astype(np.int64)
+    return waves + spread * np.sqrt(waves) * table[running - 1]
+
+
+@dataclass(frozen=True)
+class TaskClock:
+    """A task's seconds as a function of its block's volume, learnt from workers' clocks
+    (``explorer.calibration.fit_timing``): the planner's time model where it has them.
+
+    ``volumes`` (increasing) and ``seconds_per_voxel``: a task's median seconds per block
+    voxel (read, operator, store: everything the worker spends on it) in groups of equal
+    tasks of those volumes; between them, linear in ``log V``; beyond them, the nearest
+    group's (a task's fixed costs are inside each group's figure, so no per-voxel slope
+    fitted over all sizes charges small blocks' fixed costs to large ones).
+    ``spread_volumes`` and ``spreads``: the coefficient of variation of the groups' task
+    seconds (groups of at least three tasks), interpolated alike; empty when none.
+    """
+
+    volumes: tuple[float, ...]
+    seconds_per_voxel: tuple[float, ...]
+    spread_volumes: tuple[float, ...] = ()
+    spreads: tuple[float, ...] = ()
+
+    def __post_init__(self):
+        if not self.volumes or len(self.volumes) != len(self.seconds_per_voxel) \
+                or len(self.spread_volumes) != len(self.spreads):
+            raise ValueError("a task clock needs one seconds per voxel (and one spread) per volume")
+        if any(v <= 0 for v in self.volumes + self.spread_volumes) \
+                or any(not s >= 0 for s in self.seconds_per_voxel + self.spreads):
+            raise ValueError("a task clock's volumes must be positive and its seconds and spreads non-negative")
+
+    @staticmethod
+    def _at(volumes, knots, values):
+        return np.interp(np.log(np.maximum(np.asarray(volumes, dtype=np.float64), 1.0)), np.log(knots), values)
+
+    def seconds_per_voxel_at(self, volumes) -> np.ndarray:
+        return self._at(volumes, self.volumes, self.seconds_per_voxel)
+
+    def spread_at(self, volumes):
+        """The coefficient of variation at ``volumes``, or None when no group had three tasks."""
+        return self._at(volumes, self.spread_volumes, self.spreads) if self.spreads else None
+
+    def to_dict(self) -> dict:
+        return {k: list(v) for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "TaskClock":
+        return cls(**{k: tuple(float(x) for x in data.get(k) or ()) for k in
+                      ("volumes", "seconds_per_voxel", "spread_volumes", "spreads")})
 
 
 # --------------------------------------------------------------------------- the plan
@@ -439,8 +521,13 @@ class ChunkPlan:
     slots: int = 1
     #: :func:`plan_seconds` of the plan: the time model's wall seconds (a ranking, not a promise).
     predicted_seconds: float | None = None
-    #: The time model's seconds per block voxel.
+    #: The time model's seconds per block voxel (at the plan's block).
     seconds_per_voxel: float | None = None
+    #: The time model's coefficient of variation of equal tasks' seconds at the plan's
+    #: block (learnt from the clocks), or None: Graham's bound (:func:`schedule_waves`).
+    task_spread: float | None = None
+    #: The learnt clocks the time model used (None: the constant ``seconds_per_voxel``).
+    task_clock: TaskClock | None = field(default=None, repr=False)
     #: Input chunks a worker keeps for its neighbours' halos (:func:`neighbour_chunks_held`).
     neighbour_chunks: int = 0
     #: The workers the plan shares the work between.
@@ -496,6 +583,7 @@ class ChunkPlan:
             "slots": self.slots,
             "predicted_seconds": self.predicted_seconds,
             "seconds_per_voxel": self.seconds_per_voxel,
+            "task_spread": self.task_spread,
             "neighbour_chunks": self.neighbour_chunks,
             "workers": self.workers,
             "baseline_bytes": self.footprint.baseline_bytes,
@@ -600,7 +688,8 @@ class Candidates:
 
 
 def chunk_candidates(shape, halo, whole, *, footprint, budget: int, min_chunk: int, workers: int, slots: int,
-                     seconds_per_voxel: float, graph_task_seconds: float, block_multiple=None) -> Candidates:
+                     seconds_per_voxel: float, graph_task_seconds: float, block_multiple=None,
+                     task_clock: TaskClock | None = None) -> Candidates:
     """The candidate chunkings (module docstring): the Cartesian product of per-axis chunk
     lengths, less those whose footprint with ``peak = 0`` already exceeds ``budget`` (the
     smallest is kept so that a failure can report it); their time model is evaluated."""
@@ -623,9 +712,13 @@ def chunk_candidates(shape, halo, whole, *, footprint, budget: int, min_chunk: i
     chunks = np.stack([c[g] for c, g in zip(axis_chunks, grid)], axis=1)
     blocks = np.stack([b[g] for b, g in zip(axis_block, grid)], axis=1)
     counts = -(-np.asarray(shape) // chunks)
-    seconds = plan_seconds(n_tasks[keep], _samples(blocks), slots,
-                           tasks_per_chunk=graph_tasks_per_chunk(counts, halo),
-                           seconds_per_voxel=seconds_per_voxel, graph_task_seconds=graph_task_seconds)
+    volumes = _samples(blocks)
+    spread = None
+    if task_clock is not None:
+        seconds_per_voxel, spread = task_clock.seconds_per_voxel_at(volumes), task_clock.spread_at(volumes)
+    seconds = plan_seconds(n_tasks[keep], volumes, slots, tasks_per_chunk=graph_tasks_per_chunk(counts, halo),
+                           seconds_per_voxel=seconds_per_voxel, graph_task_seconds=graph_task_seconds,
+                           spread=spread)
     return Candidates(axis_chunks=axis_chunks, grid=grid, chunks=chunks, blocks=blocks, n_tasks=n_tasks[keep],
                       neighbours=neighbour_chunks_held(counts, halo, workers), seconds=seconds)
 
@@ -708,6 +801,7 @@ def plan_chunks(
     warnings: tuple[str, ...] = (),
     baseline_source: str = "given",
     block_multiple=None,
+    task_clock: TaskClock | None = None,
 ) -> ChunkPlan:
     """The fastest chunks whose upper worker footprint fits (module docstring):
     :func:`chunk_candidates`, :func:`evaluate_candidates`, :func:`rank_candidates`.
@@ -716,9 +810,10 @@ def plan_chunks(
     (``explorer.recommend``).  ``workers``: the cluster's workers; tasks run
     ``C = workers * threads_per_worker`` at a time.  With one slot the first key is the
     fewest tasks; with several it is :func:`plan_seconds` with ``C`` slots and the given
-    ``seconds_per_voxel`` and ``graph_task_seconds``; plans within
-    :data:`SECONDS_TIE_FRACTION` of the fastest are tied.  ``predicted_seconds`` is
-    reported either way.
+    ``seconds_per_voxel`` and ``graph_task_seconds``, or, given the workers' learnt
+    ``task_clock``, its seconds per voxel and spread at each candidate's block; plans
+    within :data:`SECONDS_TIE_FRACTION` of the fastest are tied.  ``predicted_seconds``
+    is reported either way.
 
     ``predict(block_shapes, confidence=confidence) -> (mean, upper)`` gives a task's
     ``peak_bytes`` for ``(m, ndim)`` int64 block shapes.  A candidate fits when
@@ -756,7 +851,8 @@ def plan_chunks(
                                   output_itemsize=output_itemsize, baseline_bytes=baseline_bytes)
     candidates = chunk_candidates(shape, halo, whole, footprint=footprint, budget=budget, min_chunk=int(min_chunk),
                                   workers=int(workers), slots=slots, seconds_per_voxel=seconds_per_voxel,
-                                  graph_task_seconds=graph_task_seconds, block_multiple=block_multiple)
+                                  graph_task_seconds=graph_task_seconds, block_multiple=block_multiple,
+                                  task_clock=task_clock)
     n_predicted = evaluate_candidates(candidates, predict, confidence=confidence, footprint=footprint,
                                       budget=budget, slots=slots)
     if not (candidates.upper_total <= budget).any():
@@ -787,7 +883,11 @@ def plan_chunks(
         n_candidates=n_predicted,
         slots=slots,
         predicted_seconds=float(candidates.seconds[index]),
-        seconds_per_voxel=float(seconds_per_voxel),
+        seconds_per_voxel=float(seconds_per_voxel if task_clock is None
+                                else task_clock.seconds_per_voxel_at(math.prod(block))),
+        task_spread=None if task_clock is None or task_clock.spread_at(math.prod(block)) is None
+        else float(task_clock.spread_at(math.prod(block))),
+        task_clock=task_clock,
         neighbour_chunks=int(candidates.neighbours[index]),
         workers=int(workers),
         itemsize=int(itemsize),
@@ -882,7 +982,8 @@ def replan(plan: ChunkPlan, predict: Predictor, *, done_fraction: float) -> Chun
                       output_itemsize=plan.output_itemsize, min_chunk=plan.min_chunk, operator=plan.operator,
                       workers=plan.workers, seconds_per_voxel=plan.seconds_per_voxel or DEFAULT_SECONDS_PER_VOXEL,
                       graph_task_seconds=plan.graph_task_seconds, warnings=plan.warnings,
-                      baseline_source=plan.baseline_source, block_multiple=plan.block_multiple)
+                      baseline_source=plan.baseline_source, block_multiple=plan.block_multiple,
+                      task_clock=plan.task_clock)
     return None if new.chunks == plan.chunks else new
 
 

@@ -329,8 +329,10 @@ def _cmd_chunks(argv: list[str]) -> int:
     print(f"threads/worker  {plan.threads_per_worker}")
     print(f"worker baseline {format_bytes(plan.footprint.baseline_bytes)} ({_BASELINE_SOURCES[plan.baseline_source]})")
     if plan.predicted_seconds is not None:
+        spread = ("Graham's bound, no task clocks yet" if plan.task_spread is None
+                  else f"equal tasks' spread {plan.task_spread:.0%}, from the workers' clocks")
         print(f"time model      ~{plan.predicted_seconds:.3g} s on {plan.slots} slot(s) "
-              f"({plan.seconds_per_voxel * 1e9:.0f} ns/voxel; used to rank shapes, not a promise)")
+              f"({plan.seconds_per_voxel * 1e9:.0f} ns/voxel, {spread}; used to rank shapes, not a promise)")
     return 0
 
 

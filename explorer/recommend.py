@@ -288,6 +288,7 @@ def recommend_chunks(
         workers=workers,
         seconds_per_voxel=seconds_per_voxel,
         graph_task_seconds=DEFAULT_GRAPH_TASK_SECONDS if graph_task_seconds is None else graph_task_seconds,
+        task_clock=model.task_clock,
         warnings=tuple(model.warnings),
         block_multiple=None if set(op.block_multiple) == {1} else op.block_multiple,
     )

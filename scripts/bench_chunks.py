@@ -557,6 +557,7 @@ def learnt_timing(op: str, runs_dir) -> dict:
             "learnt_operator_seconds_per_voxel": timing.operator_seconds_per_voxel,
             "learnt_io_seconds_per_voxel": timing.io_seconds_per_voxel,
             "learnt_graph_task_seconds": timing.graph_task_seconds,
+            "learnt_clock": None if timing.clock is None else timing.clock.to_dict(),
             "profiled_seconds_per_voxel": load_model(op, runs_dir=runs_dir).info.get("seconds_per_voxel")}
 
 
@@ -596,13 +597,15 @@ class TimedPlan:
     #: what the planner uses for this operator: learnt from the probes' clocks
     planner_seconds_per_voxel: float
     planner_graph_task_seconds: float
+    #: the learnt spread of equal tasks at this block (None: Graham's bound)
+    planner_spread: float | None
     #: what it used before issue 11: profiled b + RUN_IO_SECONDS_PER_VOXEL, DEFAULT_GRAPH_TASK_SECONDS
     constant_seconds_per_voxel: float
 
 
 def timed_plans(records: list[dict]) -> list[TimedPlan]:
     """The grid shapes and ours (refine=False) of ``records``, one per scenario and method."""
-    from explorer.chunking import (DEFAULT_GRAPH_TASK_SECONDS, axis_blocks, graph_tasks_per_chunk,
+    from explorer.chunking import (DEFAULT_GRAPH_TASK_SECONDS, TaskClock, axis_blocks, graph_tasks_per_chunk,
                                    run_seconds_per_voxel)
 
     groups: dict[tuple, list[dict]] = {}
@@ -619,10 +622,15 @@ def timed_plans(records: list[dict]) -> list[TimedPlan]:
         block = [int(axis_blocks(n, [c], h)[0]) for n, c, h in zip(shape, chunks, halo)]
         constant = run_seconds_per_voxel(runs[0].get("profiled_seconds_per_voxel"))
         learnt_g = runs[0].get("learnt_graph_task_seconds")
-        out.append(TimedPlan(op_name, name, chunks, math.prod(counts), math.prod(block),
+        clock = TaskClock.from_dict(runs[0]["learnt_clock"]) if runs[0].get("learnt_clock") else None
+        volume = math.prod(block)
+        per_voxel = (float(clock.seconds_per_voxel_at(volume)) if clock is not None
+                     else runs[0].get("learnt_seconds_per_voxel") or constant)
+        spread = None if clock is None or clock.spread_at(volume) is None else float(clock.spread_at(volume))
+        out.append(TimedPlan(op_name, name, chunks, math.prod(counts), volume,
                              float(graph_tasks_per_chunk(counts, halo)), statistics.median(r["seconds"] for r in runs),
-                             runs[0].get("learnt_seconds_per_voxel") or constant,
-                             DEFAULT_GRAPH_TASK_SECONDS if learnt_g is None else learnt_g, constant))
+                             per_voxel, DEFAULT_GRAPH_TASK_SECONDS if learnt_g is None else learnt_g, spread,
+                             constant))
     return out
 
 
@@ -648,7 +656,8 @@ def print_time_model(records: list[dict]) -> None:
 
     def model(p: TimedPlan, seconds_per_voxel: float, graph_task_seconds: float) -> float:
         return float(plan_seconds(p.n_tasks, p.block_samples, WORKERS * THREADS, tasks_per_chunk=p.tasks_per_chunk,
-                                  seconds_per_voxel=seconds_per_voxel, graph_task_seconds=graph_task_seconds))
+                                  seconds_per_voxel=seconds_per_voxel, graph_task_seconds=graph_task_seconds,
+                                  spread=p.planner_spread))
 
     def fitted_seconds(params):
         return np.array([model(p, params[1 + index[i]] * 1e-9, params[0] * 1e-3) for i, p in enumerate(plans)])
@@ -662,7 +671,9 @@ def print_time_model(records: list[dict]) -> None:
     error = fitted / measured - 1.0
     p = print
     p("\n### Time model: `plan_seconds` against the measured runs\n")
-    p(f"`(n / C + 1 - 1 / C) * (g * tasks_per_chunk + s * prod(block))` with C = {WORKERS * THREADS} slots, fitted "
+    p(f"`schedule_waves(n, C, sigma) * (g * tasks_per_chunk + s * prod(block))` with C = {WORKERS * THREADS} slots "
+      "and sigma the spread of equal tasks the probes' clocks give at the block (Graham's n / C + 1 - 1 / C where "
+      "they give none), fitted "
       f"by least squares on relative errors to the {len(plans)} grid and ours (refine=False) shapes whose runs all "
       f"ended ok (median seconds): g = {fit.x[0]:.2f} ms per graph task, "
       + ", ".join(f"s({op}) = {s:.0f} ns/voxel" for op, s in zip(ops, fit.x[1:]))
@@ -671,12 +682,13 @@ def print_time_model(records: list[dict]) -> None:
       f"{float(np.sqrt(np.mean(raw_error ** 2))):.1%}), scaled per operator to the measured median, since a plan "
       "depends only on how the model ranks the shapes of one volume.\n")
     p("| operator | method | chunks | chunks x graph tasks | measured s | fitted s | error | planner (scaled) | "
-      "planner s/voxel |")
-    p("|---|---|---|---|---|---|---|---|---|")
+      "planner s/voxel | planner spread |")
+    p("|---|---|---|---|---|---|---|---|---|---|")
     for i, plan in enumerate(plans):
         p(f"| {plan.op} | {plan.name} | {format_shape(plan.chunks)} | {plan.n_tasks} x {plan.tasks_per_chunk:.1f} | "
           f"{plan.seconds:.2f} | {fitted[i]:.2f} | {error[i]:+.1%} | {planner[i] * scale[i]:.2f} | "
-          f"{plan.planner_seconds_per_voxel * 1e9:.0f} ns |")
+          f"{plan.planner_seconds_per_voxel * 1e9:.0f} ns | "
+          f"{'Graham' if plan.planner_spread is None else f'{plan.planner_spread:.1%}'} |")
     p("\n#### Learnt time terms against the constants they replace\n")
     p("Learnt: from the in-worker probes' clocks (`explorer.calibration.TimingFit`: operator and I/O seconds per "
       "voxel from the workers' task timings, the overhead per graph task from the probe runs' wall times).  "

@@ -210,7 +210,8 @@ def test_timings_are_learnt_from_the_workers_clocks_and_the_runs_wall_time():
     v = 100**3
     tasks = [record((100, 100, 100), 1, run="r1", task_seconds=0.30, run_seconds=0.20, other_seconds=0.05)
              for _ in range(8)]
-    wall = schedule_waves(8, 2) * (0.35 + 0.004 * 10)  # g = 4 ms per graph task, 10 graph tasks per chunk
+    # 8 equal tasks on 2 slots: 4 full waves; g = 4 ms per graph task, 10 graph tasks per chunk
+    wall = schedule_waves(8, 2, 0.0) * (0.35 + 0.004 * 10)
     run_record = Record(shape=(96, 96, 96), peak_bytes=1.0, status="ok", source="run",
                         context={"run": "r1", "seconds": wall, "n_tasks": 8, "slots": 2, "tasks_per_chunk": 10})
     t = cal.fit_timing(tasks + [run_record])
@@ -219,34 +220,46 @@ def test_timings_are_learnt_from_the_workers_clocks_and_the_runs_wall_time():
     assert t.seconds_per_voxel == pytest.approx(0.35 / v)
     assert t.graph_task_seconds == pytest.approx(0.004)
     assert t.n_tasks == 8 and t.n_runs == 1
+    assert t.clock.volumes == (v,) and t.clock.seconds_per_voxel == pytest.approx((0.35 / v,))
+    assert t.clock.spreads == (0.0,)  # equal tasks
     assert cal.fit_timing([]).seconds_per_voxel is None
 
 
-def test_a_tasks_fixed_cost_is_not_charged_per_voxel():
+def test_a_tasks_fixed_cost_stays_with_the_blocks_that_pay_it():
     """Tasks of 20 ms fixed plus 100 ns/voxel (operator) and 10 ms fixed plus 50 ns/voxel
-    (around it): the slopes are the per-voxel costs, where a ratio of sums would make the
-    small blocks' fixed costs a per-voxel cost of every plan; the fixed costs go to the
-    overhead per graph task (4 graph tasks per chunk)."""
+    (around it).  The lines' slopes are the marginal costs; the planner's clock charges
+    each volume its own tasks' seconds, so the small blocks' fixed costs are not a
+    per-voxel cost of large ones (as a ratio of sums would make them), and the runs' wall
+    times (4 ms per graph task, 4 graph tasks per chunk, tasks spread by 10%) give back
+    the overhead per graph task.  Groups of 4 tasks with a known spread give it back."""
     from explorer.chunking import schedule_waves
 
     shapes = [(20, 20, 20), (40, 40, 40), (80, 80, 80)]
+    spread = 0.1
     tasks, runs = [], []
     for shape in shapes:
         v = math.prod(shape)
         inside, around = 0.020 + 100e-9 * v, 0.010 + 50e-9 * v
         run = "x".join(map(str, shape))
-        tasks += [record(shape, 1, run=run, task_seconds=inside + around - 0.002, run_seconds=inside,
-                         other_seconds=0.002) for _ in range(4)]
+        # four tasks whose seconds have mean inside + around and coefficient of variation 0.1
+        for z in (-1.5, -0.5, 0.5, 1.5):
+            scale = 1.0 + spread * z / np.std([-1.5, -0.5, 0.5, 1.5], ddof=1)
+            tasks.append(record(shape, 1, run=run, task_seconds=(inside + around) * scale - 0.002,
+                                run_seconds=inside * scale, other_seconds=0.002))
         runs.append(Record(shape=shape, peak_bytes=1.0, status="ok", source="run",
-                           context={"run": run, "seconds": schedule_waves(4, 2) * (inside + around), "n_tasks": 4,
-                                    "slots": 2, "tasks_per_chunk": 4}))
+                           context={"run": run, "seconds": schedule_waves(4, 2, spread) * (inside + around + 0.016),
+                                    "n_tasks": 4, "slots": 2, "tasks_per_chunk": 4}))
     t = cal.fit_timing(tasks + runs)
     assert t.operator_seconds_per_voxel == pytest.approx(100e-9)
     assert t.io_seconds_per_voxel == pytest.approx(50e-9)
-    assert t.graph_task_seconds == pytest.approx(0.030 / 4)
+    volumes = [math.prod(s) for s in shapes]
+    assert t.clock.volumes == tuple(volumes)
+    assert t.clock.seconds_per_voxel == pytest.approx([(0.030 + 150e-9 * v) / v for v in volumes])
+    assert t.clock.spreads == pytest.approx((spread,) * 3)
+    assert t.graph_task_seconds == pytest.approx(0.004)
     ratio = sum(r.context["task_seconds"] + r.context["other_seconds"] for r in tasks) / sum(
         math.prod(r.shape) for r in tasks)
-    assert ratio > 1.1 * t.seconds_per_voxel  # what the ratio of sums would have charged
+    assert ratio > 1.1 * t.clock.seconds_per_voxel[-1]  # what the ratio of sums would have charged
 
 
 # --------------------------------------------------------------------------- the task model

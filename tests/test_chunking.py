@@ -571,12 +571,86 @@ def test_the_three_stages_compose_into_the_plan():
     assert candidates.upper_total[index] == plan.upper_bytes <= budget
 
 
-def test_schedule_waves_is_grahams_bound():
+def test_schedule_waves_is_grahams_bound_without_clocks():
     assert chunking.schedule_waves(8, 1) == 8
     assert chunking.schedule_waves(8, 2) == pytest.approx(4.5)
     np.testing.assert_allclose(chunking.schedule_waves(np.array([1, 3]), 4), [1.0, 1.5])
     with pytest.raises(ValueError):
         chunking.schedule_waves(3, 0)
+
+
+def test_expected_max_of_normals():
+    rng = np.random.default_rng(0)
+    assert chunking.expected_max_normal(1) == 0.0
+    assert chunking.expected_max_normal(2) == pytest.approx(1 / math.sqrt(math.pi), rel=1e-6)
+    for m in (3, 8):
+        sampled = rng.standard_normal((200_000, m)).max(axis=1).mean()
+        assert chunking.expected_max_normal(m) == pytest.approx(sampled, abs=0.01)
+
+
+def test_near_equal_tasks_pay_no_tail_on_a_multiple_of_the_slots():
+    """Equal tasks (spread 0): ``ceil(n / C)`` waves, no idle tail when ``C`` divides ``n``
+    (Graham charges 8 tasks on 2 slots 4.5).  With a spread, the mean makespan of greedy
+    list scheduling, simulated with normal task times, is what the formula says when the
+    waves are full; a partial last wave goes to the slots that finished first, so there
+    the simulation is below the formula, within its spread term of ``ceil(n / C)``."""
+    np.testing.assert_allclose(chunking.schedule_waves(np.array([1, 2, 3, 8, 9]), 2, 0.0), [1, 1, 2, 4, 5])
+    rng = np.random.default_rng(1)
+    for n, slots, sigma in ((8, 2, 0.1), (2, 2, 0.1), (1, 2, 0.1), (12, 4, 0.05), (5, 2, 0.1), (10, 4, 0.1)):
+        makespans = []
+        for _ in range(4000):
+            finish = np.zeros(slots)
+            for t in 1.0 + sigma * rng.standard_normal(n):
+                finish[np.argmin(finish)] += t  # the free slot takes the next task
+            makespans.append(finish.max())
+        simulated, formula = np.mean(makespans), chunking.schedule_waves(n, slots, sigma)
+        if n % slots == 0 or n < slots:
+            assert formula == pytest.approx(simulated, rel=0.01)
+        else:
+            waves = math.ceil(n / slots)
+            assert waves - (formula - waves) < simulated < formula
+    with pytest.raises(ValueError):
+        chunking.schedule_waves(3, 2, -0.1)
+
+
+def test_task_clock_interpolates_in_log_volume_and_holds_its_ends():
+    clock = chunking.TaskClock(volumes=(1e3, 1e5), seconds_per_voxel=(3e-7, 1e-7),
+                               spread_volumes=(1e3, 1e5), spreads=(0.4, 0.1))
+    np.testing.assert_allclose(clock.seconds_per_voxel_at([1e2, 1e3, 1e4, 1e5, 1e7]), [3e-7, 3e-7, 2e-7, 1e-7, 1e-7])
+    np.testing.assert_allclose(clock.spread_at([1e4]), [0.25])
+    assert chunking.TaskClock(volumes=(1e3,), seconds_per_voxel=(1e-7,)).spread_at(1e4) is None
+    assert chunking.TaskClock.from_dict(clock.to_dict()) == clock
+    with pytest.raises(ValueError):
+        chunking.TaskClock(volumes=(), seconds_per_voxel=())
+    with pytest.raises(ValueError):
+        chunking.TaskClock(volumes=(1e3,), seconds_per_voxel=(-1.0,))
+
+
+def test_a_plan_pays_what_its_block_costs_per_voxel():
+    """Two slots, 256^3 with a halo of 5: by one cost per voxel the two largest chunks are
+    the fastest plan (least halo, fewest tasks, no tail for equal tasks).  When the clocks
+    say blocks past 4e6 voxels cost 40% more per voxel, the plan takes smaller chunks, and
+    its predicted seconds are the time model's at its own block."""
+    shape, halo = (256, 256, 256), (5, 5, 5)
+    predict = lambda blocks, confidence=0.99: (100.0 * np.prod(blocks, axis=1),) * 2  # noqa: E731
+
+    def plan(clock):
+        return plan_chunks(shape, halo, (), predict, 64 * GiB, baseline_bytes=BASELINE, workers=2,
+                           graph_task_seconds=0.002, task_clock=clock)
+
+    flat = plan(chunking.TaskClock(volumes=(1e6, 1e8), seconds_per_voxel=(2e-7, 2e-7),
+                                   spread_volumes=(1e6,), spreads=(0.02,)))
+    steep = plan(chunking.TaskClock(volumes=(1e6, 4e6, 1e7), seconds_per_voxel=(2e-7, 2e-7, 2.8e-7),
+                                    spread_volumes=(1e6,), spreads=(0.02,)))
+    assert flat.n_tasks == 2
+    assert math.prod(steep.block) <= 4e6 < math.prod(flat.block)
+    assert steep.seconds_per_voxel == pytest.approx(2e-7) and steep.task_spread == pytest.approx(0.02)
+    expected = chunking.plan_seconds(steep.n_tasks, math.prod(steep.block), 2, seconds_per_voxel=2e-7,
+                                     tasks_per_chunk=chunking.graph_tasks_per_chunk(
+                                         [len(c) for c in steep.dask_chunks], halo),
+                                     graph_task_seconds=0.002, spread=0.02)
+    assert steep.predicted_seconds == pytest.approx(float(expected))
+    assert steep.to_dict()["task_spread"] == steep.task_spread
 
 
 def scaled(factor):

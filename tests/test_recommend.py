@@ -4,6 +4,7 @@ real in-worker probes, a worker baseline measured on a real LocalCluster."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -58,7 +59,10 @@ def test_the_bound_is_the_in_worker_one_and_the_time_terms_are_learnt(runs, gst3
     isolated_upper = gst3d_model.predict(plan.block)[1]
     assert plan.footprint.task_peak_bytes > isolated_upper  # the in-worker excess is counted
     cal = load_calibration(OPERATOR, runs)
-    assert plan.seconds_per_voxel == pytest.approx(cal.timing.seconds_per_voxel)
+    volume = math.prod(plan.block)
+    assert plan.task_clock == cal.timing.clock is not None  # the probes' clocks
+    assert plan.seconds_per_voxel == pytest.approx(float(cal.timing.clock.seconds_per_voxel_at(volume)))
+    assert plan.task_spread == pytest.approx(float(cal.timing.clock.spread_at(volume)))
     assert plan.graph_task_seconds == pytest.approx(cal.timing.graph_task_seconds)
     assert plan.warnings == ()
 
