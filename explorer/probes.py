@@ -17,7 +17,8 @@ memory, which is the block a plan at that memory runs (without a target memory: 
 cube the exact isolated profiles reached).  Tasks on equal blocks differ from one another, more
 on larger blocks (gst3d's probes: sd 0.5 MiB at 110^3, 19 MiB at 182^3, 155 MiB at 303^3;
 ``explorer.calibration.WithinFit``), so the probes must run where the plans will.  Lowered until the probes' predicted seconds
-fit :data:`PROBE_SECONDS_BUDGET`.  A probe's volume has two chunks
+fit :data:`PROBE_SECONDS_BUDGET`, but never below the three distinct blocks that identify
+the excess's line (the smallest on the operator's grid, even past the budget).  A probe's volume has two chunks
 along every axis the operator splits (``e - h`` each with a halo ``h``, ``e`` without),
 so all its tasks run on blocks of exactly ``e`` per axis, with the neighbour gathering
 and concatenation of a real plan; an axis the operator needs whole is ``e`` long.
@@ -33,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from explorer.calibration import N_COEFFICIENTS
 
 __all__ = ["ProbeResult", "probe_blocks", "run_probes"]
 
@@ -102,8 +105,18 @@ def probe_blocks(op, max_volume: float, seconds_per_voxel: float | None, n: int 
     while True:
         edges = np.unique(_on_grid(op, np.rint(np.geomspace(smallest, largest, n)).astype(int)))
         if seconds(edges) <= budget_seconds or largest <= smallest + n:
-            return [(int(e),) * 3 for e in edges]
+            break
         largest = int(largest * 0.9)
+    # The excess is identified from N_COEFFICIENTS + 1 distinct blocks: fewer probes are
+    # spent for nothing, so the smallest such blocks on the operator's grid run even past
+    # the seconds budget (unet3d: a halo of 48 and a multiple of 8 leave one or two).
+    needed = min(n, N_COEFFICIENTS + 1)
+    if len(edges) < needed:
+        step = max(int(x) for x in op.block_multiple)
+        first = int(_on_grid(op, np.array([smallest]))[0])
+        extra = [e for e in first + step * np.arange(2 * needed) if e not in edges][:needed - len(edges)]
+        edges = np.unique(np.concatenate([edges, extra]).astype(int))
+    return [(int(e),) * 3 for e in edges]
 
 
 def _on_grid(op, edges: np.ndarray) -> np.ndarray:

@@ -386,3 +386,21 @@ def test_the_top_probe_is_the_block_a_plan_at_the_target_memory_runs(gst3d_model
     # isolated profiles that reached far larger blocks do not push the probes past the plans' blocks
     assert probe_blocks(op, (4 * edge) ** 3, seconds_per_voxel=None, plan_edge=edge)[-1] == (edge,) * 3
     assert plan_scale_edge(op, gst3d_model, 120 * 2**20, baseline) is None  # nothing fits: no plan-scale probe
+
+
+def test_probes_keep_enough_distinct_blocks_to_identify_the_excess():
+    """unet3d: a halo of 48 and blocks on a grid of 8 leave the seconds budget room for one
+    probe; the excess's line needs three distinct blocks, so the smallest three on the
+    grid run anyway.  An operator the budget does not bind keeps its log-spaced six."""
+    import operators
+    from explorer.calibration import N_COEFFICIENTS
+    from explorer.probes import _on_grid, probe_blocks
+
+    unet = operators.get("unet3d")
+    blocks = probe_blocks(unet, 300.0**3, seconds_per_voxel=2e-6, plan_edge=230)
+    edges = [b[0] for b in blocks]
+    assert len(set(edges)) == N_COEFFICIENTS + 1 and edges == sorted(edges)
+    assert list(_on_grid(unet, np.array(edges))) == edges  # blocks the network really runs on
+    assert edges[0] >= 3 * max(unet.halo) + 1
+    gst3d = probe_blocks(operators.get("gst3d"), 300.0**3, seconds_per_voxel=2e-7, plan_edge=200)
+    assert len(gst3d) == 6 and gst3d[-1] == (200,) * 3
