@@ -193,6 +193,9 @@ def _cmd_explore(argv: list[str]) -> int:
     parser.add_argument("--probes", type=_non_negative_int, default=None,
                         help="in-worker probes after the isolated profiles (default 6; 0 skips them): what a task "
                              "costs inside a real Dask worker, so that the bound holds from the first run")
+    parser.add_argument("--prior", choices=("composed", "none"), default="composed",
+                        help="a pipeline whose members all have models learns from their composed model as its "
+                             "prior mean (composed, the default), or from scratch (none)")
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
     args = parser.parse_args(argv)
 
@@ -227,7 +230,7 @@ def _cmd_explore(argv: list[str]) -> int:
     result = explore(args.operator, budget=args.budget, tolerance=args.tolerance, confidence=args.confidence,
                      memory_limit=args.memory_limit, memory_cap=args.memory_cap, runs_dir=args.runs_dir,
                      storage=args.storage, jobs=args.jobs, repeat=args.repeat, seed=args.seed, progress=progress,
-                     on_start=started, probes=args.probes, probe_progress=probe_progress)
+                     on_start=started, probes=args.probes, probe_progress=probe_progress, prior=args.prior)
     if args.json:
         print(json.dumps(result.to_dict()))
         return 0
@@ -243,6 +246,8 @@ def _cmd_explore(argv: list[str]) -> int:
     print(f"\n{result.operator}: {result.profiles} profiles in the store ({result.new_profiles} new), "
           f"{result.seconds:.1f} s ({result.operator_seconds:.1f} s inside the operator)")
     print(f"stopped: {result.stopped_because}")
+    if result.prior:
+        print(f"prior mean: {result.prior}")
     if unc is not None:
         print(f"max relative half-width of the {result.confidence:.0%} bound over the target region: {unc:.1%}")
     _print_probes(result.probes)

@@ -147,6 +147,11 @@ class ComposedModel:
         mean, upper = self.predict_many(np.asarray(shape).reshape(1, 3), confidence)
         return float(mean[0]), float(upper[0])
 
+    @property
+    def source(self) -> str:
+        """Where this prediction comes from, in words (a prior's ``source``)."""
+        return f"composed from the models of {', '.join(sorted(self.members))}"
+
     def __repr__(self) -> str:
         return f"<ComposedModel {self.operator} from {', '.join(sorted(self.members))}>"
 

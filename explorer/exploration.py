@@ -87,6 +87,8 @@ class ExploreResult:
     steps: list[Step] = field(default_factory=list)
     #: The in-worker probes' summary (``explorer.probes.ProbeResult.to_dict``), or None.
     probes: dict | None = None
+    #: Where the surrogate's prior mean came from (``MeanPrior.source``), or None: flat.
+    prior: str | None = None
 
     def to_dict(self) -> dict:
         return {
@@ -103,6 +105,7 @@ class ExploreResult:
             "model_path": self.model_path,
             "report_path": self.report_path,
             "probes": self.probes,
+            "prior": self.prior,
         }
 
 
@@ -189,8 +192,12 @@ class ExplorationCore:
     """
 
     def __init__(self, operator: str, *, memory_limit: int, memory_cap: int, confidence: float = 0.99,
-                 tolerance: float = 0.05, seed: int = 0):
-        from explorer import acquisition
+                 tolerance: float = 0.05, seed: int = 0, prior_model=None):
+        """``prior_model``: a model that already predicts this operator's peak (a pipeline's
+        composed model, ``explorer.composed``); its prediction over the target region becomes
+        every fit's prior mean (``surrogate.MeanPrior``), so the loop learns only the departure
+        from it."""
+        from explorer import acquisition, surrogate
 
         op = operators.get(operator)
         self.operator, self.halo = op.name, op.halo
@@ -203,19 +210,26 @@ class ExplorationCore:
         self._fits: dict[tuple, object] = {}
         #: Shapes this core picked to validate a tight bound (``acquisition.validation_shapes``).
         self.validations: set[tuple[int, int, int]] = set()
+        self.prior = None
+        if prior_model is not None:
+            region = self.target_shapes(prior_model)
+            if len(region) >= len(surrogate.BASIS_NAMES):
+                source = getattr(prior_model, "source", repr(prior_model))
+                self.prior = surrogate.MeanPrior.from_model(
+                    prior_model, region, f"{source} over {len(region)} target blocks", confidence)
 
     def fit(self, records: list[Record]):
         """The surrogate fitted on ``records`` (cached), or None when they cannot determine one
-        (fewer than two exact profiles of different volumes)."""
+        (fewer than two exact profiles of different volumes; one with a prior mean)."""
         from explorer import surrogate
 
         shapes, values, noise, lower, n_repeats = training_data(records)
-        if len(np.unique(shapes[~lower].prod(axis=1))) < 2:
+        if len(np.unique(shapes[~lower].prod(axis=1))) < (2 if self.prior is None else 1):
             return None
         key = (shapes.tobytes(), values.tobytes(), lower.tobytes())
         if key not in self._fits:
             self._fits[key] = surrogate.fit(self.operator, shapes, values, noise, lower, halo=self.halo,
-                                            n_repeats=n_repeats)
+                                            n_repeats=n_repeats, prior=self.prior)
         return self._fits[key]
 
     def prequential_scores(self, records: list[Record], last: int) -> list[float]:
@@ -283,6 +297,26 @@ class ExplorationCore:
         return Ask(batch, None, model, decision, "validation" if decision.tight else "variance reduction")
 
 
+#: The priors ``explore`` offers (its ``prior`` argument, ``explore --prior``).
+PRIORS = ("composed", "none")
+
+
+def composed_prior(op, runs_dir=None):
+    """The composed model of a pipeline ``op`` when every member has a model
+    (``explorer.composed.compose``); None for a single operator or a member without one."""
+    from operators.pipeline import Pipeline
+
+    if not isinstance(op, Pipeline):
+        return None
+    from explorer.composed import compose
+    from explorer.surrogate import ModelNotFoundError
+
+    try:
+        return compose(op, runs_dir)
+    except ModelNotFoundError:
+        return None
+
+
 def _usable(records: list[Record]) -> list[Record]:
     """The isolated profiles a fit can use (exact or lower bound), in store order."""
     return [r for r in records
@@ -307,6 +341,7 @@ def explore(
     report: bool = True,
     probes: int | None = None,
     probe_progress=None,
+    prior: str = "composed",
 ) -> ExploreResult:
     """Explore ``operator``'s peak memory until the bound is tight or ``budget`` profiles exist,
     then probe it inside real Dask workers (``explorer.probes``) and save its calibration.
@@ -324,6 +359,10 @@ def explore(
     how many (default ``explorer.probes.DEFAULT_PROBES``; 0 skips them).  Probes are
     skipped when this call profiled nothing new and the saved calibration already holds
     that many probes of this environment.
+
+    ``prior``: ``"composed"`` (default) makes a pipeline whose members all have models learn
+    from its composed model (``explorer.composed``) as the prior mean: only the departure
+    from it is left to learn.  ``"none"``: the flat prior, as for one operator (from scratch).
     """
     from explorer import acquisition, surrogate
 
@@ -335,6 +374,8 @@ def explore(
     budget, jobs = validate.positive_int(budget, "budget"), validate.positive_int(jobs, "jobs")
     repeat = validate.positive_int(repeat, "repeat")
     tolerance, confidence = validate.fraction(tolerance, "tolerance"), validate.confidence(confidence)
+    if prior not in PRIORS:
+        raise ValueError(f"prior must be one of {', '.join(PRIORS)}, got {prior!r}")
 
     # torch, gpytorch and botorch take seconds to import: do it while the first profiles run
     warm_up = threading.Thread(target=surrogate.warm_up, daemon=True)
@@ -347,7 +388,8 @@ def explore(
     steps: list[Step] = []
     operator_seconds = 0.0
     core = ExplorationCore(op.name, memory_limit=limit, memory_cap=cap, confidence=confidence,
-                           tolerance=tolerance, seed=seed)
+                           tolerance=tolerance, seed=seed,
+                           prior_model=composed_prior(op, runs_dir) if prior == "composed" else None)
     cost_model = acquisition.CostModel(DEFAULT_LOOP_OVERHEAD + repeat * 0.01, repeat * 5e-8)
     model, metric, stopped_because = None, None, None
     profilers = [Profiler(gpu=False) for _ in range(jobs)]
@@ -459,6 +501,7 @@ def explore(
         report_path=str(report_file) if report_file else None,
         steps=steps,
         probes=probe_result,
+        prior=core.prior.source if core.prior is not None else None,
     )
 
 

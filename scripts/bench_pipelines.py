@@ -23,12 +23,21 @@ For each pipeline spec (default: the four of issue 14):
 
    A fan-out is predicted with its branches in Liu's order at each shape (the order a plan
    runs), so its truth is the profile of the spec written in that order.
-4. **Branch order** (fan-outs): at the ``--order-shapes`` largest placed region shapes, every
+4. **Explored with the composed prior** (``--explore-budget``, default 10; 0 skips it): in a
+   copy of the members' runs directory, ``explore(spec, budget=N, prior="composed")`` (the
+   composed model as the surrogate's prior mean, ``surrogate.MeanPrior``), then, beside it,
+   ``explore(spec, budget=--scratch-budget, prior="none")`` from scratch with a tolerance of
+   1e-6 (it spends the whole budget).  The model the loop fits on its first ``n`` profiles
+   (``ExplorationCore.fit``, the loop's own fit) is scored on the same held-out truths for
+   every ``n``: the explored model's figures, and the first ``n`` at which each arm meets
+   the explored targets (MAPE <= 2 %, coverage >= 99 %, median upper/true <= 1.10).
+5. **Branch order** (fan-outs): at the ``--order-shapes`` largest placed region shapes, every
    order of the branches is profiled; the order the composed model picks against the best
    and worst measured.
 
 Targets (issue 14): MAPE <= 5 %, coverage of the 99 % bound >= 99 %, median upper/true
-<= 1.15, per pipeline and pooled; the chosen branch order's peak <= the best measured + 3 %.
+<= 1.15, per pipeline and pooled; the chosen branch order's peak <= the best measured + 3 %;
+after ``explore SPEC --budget 10``: MAPE <= 2 %, coverage >= 99 %, median upper/true <= 1.10.
 
     python scripts/bench_pipelines.py [--pipelines SPEC;SPEC] [--memory-limit 1GiB] [--budget 30]
         [--cache runs/bench/pipelines] [--heldout 12] [--truth-repeat 2] [--seed 0] [--order-shapes 2]
@@ -60,6 +69,7 @@ ISSUE_PIPELINES = ("gaussian,gst3d;envelope,gaussian;gaussian(sigma=1),semblance
                    "gaussian,envelope+instantaneous_phase+instantaneous_frequency+gst3d")
 CONFIDENCE = 0.99
 TARGETS = {"mape": 0.05, "coverage": 0.99, "median_ratio": 1.15}
+EXPLORED_TARGETS = {"mape": 0.02, "coverage": 0.99, "median_ratio": 1.10}
 STARTED = time.perf_counter()
 
 
@@ -140,7 +150,7 @@ def run_pipeline(spec: str, args, runs: Path, cache: ProfileCache, profiler: Pro
         truths.append(truth)
         rows.append((truth, mean, upper))
     m = metrics(lambda shapes: model.predict_many(np.asarray(shapes), CONFIDENCE), truths)
-    return {"spec": spec, "metrics": m, "rows": rows, "skipped": skipped, "v_max": v_max,
+    return {"spec": spec, "metrics": m, "rows": rows, "truths": truths, "skipped": skipped, "v_max": v_max,
             "members": sorted({o.name for o in op.members}), "stages": len(op.members)}
 
 
@@ -173,9 +183,45 @@ def branch_orders(spec: str, args, runs: Path, cache: ProfileCache, profiler: Pr
     return out
 
 
-def verdict(m) -> str:
-    ok = (m["mape"] <= TARGETS["mape"] and m["covered"] / m["n"] >= TARGETS["coverage"]
-          and m["median_ratio"] <= TARGETS["median_ratio"])
+def explored(spec: str, truths, args, runs: Path, limit: int, cap: int) -> dict:
+    """The pipeline explored with the composed prior and from scratch, each in its own copy of
+    the members' runs directory; every prefix of each arm's profiles fitted as the loop fits
+    it and scored on ``truths`` (module docstring, step 4)."""
+    import shutil
+
+    from explorer.exploration import ExplorationCore, composed_prior
+
+    op = operators.get(spec)
+    out = {}
+    for arm, prior, budget, tolerance in (("composed prior", "composed", args.explore_budget, 0.05),
+                                          ("from scratch", "none", args.scratch_budget, 1e-6)):
+        where = args.cache / "explored" / f"{spec}-{prior}"
+        if where.exists():
+            shutil.rmtree(where)
+        shutil.copytree(runs, where, ignore=shutil.ignore_patterns(".*"))
+        log(f"{spec}: explore --budget {budget} --prior {prior}")
+        result = explore(spec, budget=budget, tolerance=tolerance, memory_limit=limit, runs_dir=where,
+                         seed=args.seed, report=False, probes=0, prior=prior)
+        log(f"{spec} ({arm}): {result.profiles} profiles, {result.operator_seconds:.0f} s in the operator, "
+            f"{result.stopped_because[:120]}")
+        core = ExplorationCore(op.name, memory_limit=limit, memory_cap=cap, confidence=CONFIDENCE, seed=args.seed,
+                               prior_model=composed_prior(op, runs) if prior == "composed" else None)
+        records = [r for r in Store(where).records(op.name) if r.source == SOURCE_PROFILE]
+        curve = []
+        for n in range(1, len(records) + 1):
+            model = core.fit(records[:n])
+            m = metrics(lambda shapes, model=model: model.predict_many(np.asarray(shapes), CONFIDENCE), truths) \
+                if model is not None else None
+            curve.append((n, m))
+        first = next((n for n, m in curve if m is not None and verdict(m, EXPLORED_TARGETS) == "PASS"), None)
+        out[arm] = {"result": result, "curve": curve, "first_meeting": first,
+                    "final": curve[-1][1] if curve else None}
+    return out
+
+
+def verdict(m, targets=TARGETS) -> str:
+    ok = (m["mape"] <= targets["mape"] and m["covered"] / m["n"] >= targets["coverage"]
+          and m["median_ratio"] <= targets["median_ratio"])
     return "PASS" if ok else "FAIL"
 
 
@@ -188,6 +234,10 @@ def main() -> None:
     parser.add_argument("--heldout", type=int, default=12)
     parser.add_argument("--truth-repeat", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--explore-budget", type=int, default=10,
+                        help="explore each pipeline with the composed prior to this budget (0: skip)")
+    parser.add_argument("--scratch-budget", type=int, default=30,
+                        help="profiles of the from-scratch exploration beside it")
     parser.add_argument("--order-shapes", type=int, default=2,
                         help="region shapes (the largest placed) at which a fan-out's every branch order is profiled")
     args = parser.parse_args()
@@ -204,10 +254,13 @@ def main() -> None:
             results.append(run_pipeline(spec, args, runs, cache, profiler, limit, cap))
         orders = {spec: branch_orders(spec, args, runs, cache, profiler, limit)
                   for spec in specs if operators.get(spec).branches and args.order_shapes > 0}
+    explorations = ({r["spec"]: explored(r["spec"], r["truths"], args, runs, limit, cap) for r in results}
+                    if args.explore_budget > 0 else {})
 
     print(f"`python scripts/bench_pipelines.py --memory-limit {args.memory_limit} --budget {args.budget} "
           f"--heldout {args.heldout} --truth-repeat {args.truth_repeat} --seed {args.seed} "
-          f"--order-shapes {args.order_shapes}`\n")
+          f"--order-shapes {args.order_shapes} --explore-budget {args.explore_budget} "
+          f"--scratch-budget {args.scratch_budget}`\n")
     print("## The composed model, no profile of the pipeline\n")
     print(f"Members explored into `{runs}` (budget {args.budget}, target memory {format_bytes(limit)}, "
           "no probes):\n")
@@ -260,8 +313,36 @@ def main() -> None:
                       f"{format_bytes(m[o['chosen']])} | {'+'.join(o['best'])} | {format_bytes(m[o['best']])} | "
                       f"{'+'.join(o['worst'])} | {format_bytes(m[o['worst']])} | {'+'.join(o['written'])} | "
                       f"{format_bytes(m[o['written']])} | {ratio:.3f} | {'PASS' if ratio <= 1.03 else 'FAIL'} |")
+    if explorations:
+        print_explored(explorations, args)
     print(f"\nBenchmark wall time {time.perf_counter() - STARTED:.0f} s.")
     print(machine_line())
+
+
+def print_explored(explorations: dict, args) -> None:
+    t = EXPLORED_TARGETS
+    print(f"\n## Explored: `explore SPEC --budget {args.explore_budget}` with the composed prior, and from scratch\n")
+    print("Each pipeline explored in a copy of the members' runs directory, scored on the held-out truths "
+          f"above. Targets (issue 14): MAPE <= {t['mape']:.0%}, coverage >= {t['coverage']:.0%}, median "
+          f"upper/true <= {t['median_ratio']:.2f}. 'First meeting' is the first profile count whose model "
+          "(the loop's own fit on its first n profiles) meets all three.\n")
+    print("| pipeline | arm | profiles | loop ended | operator seconds | MAPE | covered | median upper/true | "
+          "max upper/true | verdict | first meeting |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for spec, arms in explorations.items():
+        for arm, a in arms.items():
+            r, m = a["result"], a["final"]
+            ended = r.stopped_because.split(":")[0]
+            cells = (f"{m['mape']:.2%} | {m['covered']}/{m['n']} | {m['median_ratio']:.3f} | {m['max_ratio']:.3f} | "
+                     f"{verdict(m, t)}") if m else "- | - | - | - | -"
+            first = a["first_meeting"] if a["first_meeting"] is not None else f"not within {r.profiles}"
+            print(f"| `{spec}` | {arm} | {r.profiles} | {ended} | {r.operator_seconds:.0f} | {cells} | {first} |")
+    print("\nPer profile count (MAPE / covered / median upper/true of the loop's fit on the first n profiles):\n")
+    for spec, arms in explorations.items():
+        for arm, a in arms.items():
+            cells = [f"{n}: {m['mape']:.1%} {m['covered']}/{m['n']} {m['median_ratio']:.2f}" if m else f"{n}: -"
+                     for n, m in a["curve"]]
+            print(f"- `{spec}`, {arm}: " + "; ".join(cells))
 
 
 if __name__ == "__main__":

@@ -333,3 +333,38 @@ def test_a_fan_out_plan_from_composed_models_runs_the_branches_in_liu_order(tmp_
     assert liu[0] < written[0]
     chain = recommend_chunks("gaussian,gst3d", (300, 300, 300), "1GiB", runs_dir=tmp_path, baseline_bytes=100 * 2**20)
     assert chain.branch_order == ()
+
+
+def test_three_profiles_of_a_pipeline_with_its_composed_prior_bound_it_tighter_than_from_scratch(tmp_path,
+                                                                                                 gst3d_model):
+    """``explore SPEC``'s prior (issue 14 item 4), on real profiles: the composed model of
+    gaussian,gst3d as the prior mean (``MeanPrior`` over the loop's target region), three
+    real profiles of the pipeline: every held-out profile under both bounds, and the prior's
+    bound at most half as far above the truth as the flat prior's."""
+    from explorer import paths
+    from explorer.exploration import ExplorationCore, composed_prior
+    from explorer.profiling import profile
+    from explorer.store import Record
+
+    fitted_model("gaussian").save(paths.model_path("gaussian", tmp_path))
+    gst3d_model.save(paths.model_path("gst3d", tmp_path))
+    spec = "gaussian,gst3d"
+    op = operators.get(spec)
+
+    def record(shape):
+        m = profile(spec, shape, repeat=2)
+        assert m.status == "ok", m.error
+        return Record(shape, m.peak_bytes, "ok", "profile", repeats=[r["peak_bytes"] for r in m.repeats])
+
+    train = [record(s) for s in [(40, 50, 60), (64, 64, 64), (110, 90, 80)]]
+    held_out = [record(s) for s in [(56, 80, 64), (120, 100, 100)]]
+    kwargs = dict(memory_limit=2**30, memory_cap=4 * 2**30)
+    with_prior = ExplorationCore(spec, prior_model=composed_prior(op, tmp_path), **kwargs).fit(train)
+    flat = ExplorationCore(spec, **kwargs).fit(train)
+    assert with_prior.info["prior"].startswith("composed from the models of gaussian, gst3d")
+    shapes = [r.shape for r in held_out]
+    peaks = np.array([max(r.repeats) for r in held_out])
+    _, upper_prior = with_prior.predict_many(shapes, 0.99)
+    _, upper_flat = flat.predict_many(shapes, 0.99)
+    assert np.all(upper_prior >= peaks) and np.all(upper_flat >= peaks), (upper_prior, upper_flat, peaks)
+    assert np.all(upper_prior - peaks <= 0.5 * (upper_flat - peaks)), (upper_prior / peaks, upper_flat / peaks)

@@ -7,6 +7,8 @@ where the loop stops on its own can be measured on hundreds of held-out shapes.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -40,9 +42,9 @@ def size_dependent_truth(shapes, multiple=1):
     return 8 * MiB + (150 + 30 * np.log10(v)) * v
 
 
-def run_loop(operator, truth, seed, budget=60):
+def run_loop(operator, truth, seed, budget=60, prior_model=None):
     """The loop on ``truth`` until it stops: (the last ask, records, core)."""
-    core = ExplorationCore(operator, memory_limit=LIMIT, memory_cap=8 * LIMIT, seed=seed)
+    core = ExplorationCore(operator, memory_limit=LIMIT, memory_cap=8 * LIMIT, seed=seed, prior_model=prior_model)
     rng = np.random.default_rng(seed)
     records: list[Record] = []
     while True:
@@ -122,3 +124,47 @@ def test_prequential_scores_come_from_validation_profiles_predicted_before_they_
     expected = model.scores([last.shape], [np.mean(last.repeats)], len(last.repeats))[0]
     assert core.prequential_scores(records, 3)[-1] == pytest.approx(expected)
     assert last.shape not in {tuple(s) for s in model.train_shapes}
+
+
+@functools.lru_cache(maxsize=None)
+def _flat_prior_stop(seed):
+    """Profiles at which the loop stops on ``size_dependent_truth`` from scratch."""
+    return len(run_loop("gst3d", size_dependent_truth, seed)[1])
+
+
+class _ScaledTruthModel:
+    """Stands for a pipeline's composed model: the truth times ``bias``, with a bound
+    ``relative_sd`` wide at the one-sided 99% normal quantile."""
+
+    source = "a scaled truth"
+
+    def __init__(self, bias, relative_sd):
+        self.bias, self.relative_sd = bias, relative_sd
+
+    def predict_many(self, shapes, confidence=0.99):
+        mean = size_dependent_truth(shapes) * self.bias
+        return mean, mean * (1 + 2.326 * self.relative_sd)
+
+
+@pytest.mark.parametrize("bias", [1.02, 1.10], ids=["prior 2% off", "prior 10% off"])
+def test_a_prior_mean_stops_the_loop_sooner_and_a_wrong_one_does_not_break_the_bound(bias):
+    """The loop given a prior model (as a pipeline's composed model): where the prior is
+    close it stops in fewer profiles than from scratch; wherever it stops, the bound covers
+    the truth's new runs as without a prior, also when the prior is 10% off (wider than its
+    own stated 2%: the profiles must overrule it)."""
+    covered, stops, flat_stops = [], [], []
+    for seed in range(3):
+        ask, records, core = run_loop("gst3d", size_dependent_truth, seed, prior_model=_ScaledTruthModel(bias, 0.02))
+        assert core.prior is not None and ask.model.info["prior"].startswith("a scaled truth")
+        assert ask.stopped_because.startswith("converged"), ask.stopped_because
+        stops.append(len(records))
+        flat_stops.append(_flat_prior_stop(seed))
+        targets = core.target_shapes(ask.model)
+        new_run = size_dependent_truth(targets) * (1 + CV * np.random.default_rng(99 + seed).standard_normal(
+            len(targets)))
+        covered.append(ask.model.predict_many(targets, 0.99)[1] >= new_run)
+    coverage = float(np.mean(np.concatenate(covered)))
+    print(f"\nprior x{bias}: stopped at {stops} profiles (flat prior {flat_stops}), coverage {coverage:.3f}")
+    assert coverage >= 0.98
+    if bias < 1.05:
+        assert sum(stops) < sum(flat_stops)

@@ -290,3 +290,57 @@ def test_fit_rejects_bad_input():
         fit("x", shapes, np.ones(4), np.zeros(4), np.ones(4, dtype=bool))  # no exact profile
     with pytest.raises(ValueError):
         fit("x", shapes, -np.ones(4), np.zeros(4), np.zeros(4, dtype=bool))
+
+
+def test_a_mean_prior_projects_the_other_models_mean_and_never_claims_more_than_it():
+    """``_mean_prior_rows``: a mean the basis can express comes back as ``b_0`` exactly, and the
+    prior's variance of ``h^T beta`` is at least the other model's variance at every design
+    block, equal at the least-leveraged one."""
+    from explorer.surrogate import _mean_prior_rows, _raw_basis
+
+    rng = np.random.default_rng(3)
+    shapes = rng.integers(20, 300, size=(60, 3)).astype(float)
+    basis = _raw_basis(shapes, np.full(3, 100.0), np.ones(3))
+    b_true = np.array([0.1, 2.0, 0.3, 0.0, 0.2, 0.05, 0.0, 0.01])
+    mean = basis @ b_true
+    sd = 0.02 * mean
+    rows, b0 = _mean_prior_rows(basis, mean, sd)
+    np.testing.assert_allclose(b0, b_true, rtol=1e-9, atol=1e-12)
+    prior_var = np.einsum("ij,jk,ik->i", basis, np.linalg.inv(rows.T @ rows), basis)
+    assert np.all(prior_var >= sd**2 * (1 - 1e-9))
+    assert np.isclose((prior_var / sd**2).min(), 1.0)
+    # a mean the basis cannot express: its misfit joins the variance
+    bent = mean * (1 + 0.05 * np.sin(shapes[:, 0] / 20))
+    rows, b0 = _mean_prior_rows(basis, bent, sd)
+    misfit = bent - basis @ b0
+    prior_var = np.einsum("ij,jk,ik->i", basis, np.linalg.inv(rows.T @ rows), basis)
+    assert np.all(prior_var >= (sd**2 + misfit**2) * (1 - 1e-9))
+
+
+def test_a_fit_with_a_mean_prior_keeps_it_through_save_load_and_new_observations(tmp_path):
+    """With a prior, one profile fits; the posterior mean is ``A^{-1}(H K^-1 y + B^-1 b_0)``, so
+    conditioning on a further observation by ``with_observations`` equals refitting with the
+    same hyperparameters, and the saved model predicts the same."""
+    from explorer.surrogate import MeanPrior, MemoryModel
+
+    def truth(s):
+        s = np.asarray(s, float).reshape(-1, 3)
+        return 5e6 + 120.0 * s.prod(1) + 40.0 * s[:, 0] * s[:, 1]
+
+    rng = np.random.default_rng(0)
+    region = rng.integers(30, 250, size=(80, 3))
+    prior = MeanPrior(region, truth(region) * 1.01, truth(region) * 0.02, "a test prior")
+    model = fit("gst3d", [(64, 64, 64)], truth((64, 64, 64)), [0.0], [False], prior=prior)
+    assert model.info["prior"] == "a test prior" and model.hyperparameters["scale_dof"] == 2.0
+    mean, upper = model.predict_many(region, 0.99)
+    assert np.all(np.abs(mean / truth(region) - 1) < 0.03) and np.all(upper >= truth(region))
+    path = model.save(tmp_path / "m.npz")
+    np.testing.assert_allclose(MemoryModel.load(path).predict_many(region, 0.99), (mean, upper), rtol=1e-12)
+    more = model.with_observations([(128, 100, 90)], truth((128, 100, 90)), [1e10])
+    a = more._a
+    h = more._basis(a["train_dims"])
+    k_inv = a["chol_inv"].T @ a["chol_inv"]
+    big_a = h.T @ k_inv @ h + a["basis_prior_precision"]
+    beta = np.linalg.solve(big_a, h.T @ k_inv @ (a["train_bytes"] / more._bytes_scale)
+                           + a["basis_prior_precision"] @ a["basis_prior_mean"])
+    np.testing.assert_allclose(a["beta"], beta, rtol=1e-8)
