@@ -147,6 +147,12 @@ class ComposedModel:
         mean, upper = self.predict_many(np.asarray(shape).reshape(1, 3), confidence)
         return float(mean[0]), float(upper[0])
 
+    def in_order(self, branch_order) -> "_InOrder":
+        """This model predicting the fan-out run in ``branch_order`` (names) at every block, not
+        Liu's order: what a pipeline's own profiles run (``Pipeline.branch_order``, the order
+        written), so what their prior must predict (``explorer.exploration.composed_prior``)."""
+        return _InOrder(self, tuple(branch_order))
+
     @property
     def source(self) -> str:
         """Where this prediction comes from, in words (a prior's ``source``)."""
@@ -154,6 +160,27 @@ class ComposedModel:
 
     def __repr__(self) -> str:
         return f"<ComposedModel {self.operator} from {', '.join(sorted(self.members))}>"
+
+
+class _InOrder:
+    """A :class:`ComposedModel` whose fan-out runs in one fixed order (:meth:`ComposedModel.in_order`)."""
+
+    def __init__(self, model: ComposedModel, branch_order: tuple[str, ...]):
+        self.model, self.branch_order_fixed = model, branch_order
+        self.operator, self.halo, self.info = model.operator, model.halo, model.info
+
+    def predict_many(self, shapes, confidence: float = 0.99):
+        order = self.branch_order_fixed if self.model.pipeline.branches else None
+        return self.model.predict_many(shapes, confidence, branch_order=order)
+
+    @property
+    def source(self) -> str:
+        if not self.model.pipeline.branches:
+            return self.model.source
+        return f"{self.model.source}, branches run as {', '.join(self.branch_order_fixed)}"
+
+    def __repr__(self) -> str:
+        return f"<ComposedModel {self.operator} in the order {', '.join(self.branch_order_fixed)}>"
 
 
 def compose(pipeline, runs_dir=None) -> ComposedModel:

@@ -303,7 +303,9 @@ PRIORS = ("composed", "none")
 
 def composed_prior(op, runs_dir=None):
     """The composed model of a pipeline ``op`` when every member has a model
-    (``explorer.composed.compose``); None for a single operator or a member without one."""
+    (``explorer.composed.compose``), predicting a fan-out in the order ``op``'s profiles run
+    its branches (``op.branch_order``, not Liu's: the prior describes what is profiled);
+    None for a single operator or a member without one."""
     from operators.pipeline import Pipeline
 
     if not isinstance(op, Pipeline):
@@ -312,7 +314,7 @@ def composed_prior(op, runs_dir=None):
     from explorer.surrogate import ModelNotFoundError
 
     try:
-        return compose(op, runs_dir)
+        return compose(op, runs_dir).in_order(op.branch_order)
     except ModelNotFoundError:
         return None
 
