@@ -243,8 +243,8 @@ _FACE_EDGE_PRIOR_RELATIVE_SD = 1.0
 class MeanPrior:
     r"""What another model already says of this operator's peak, as a prior on ``beta``.
 
-    ``mean_bytes`` and ``sd_bytes`` at block ``shapes`` (e.g. a pipeline's composed model,
-    ``explorer.composed.ComposedModel.mean_prior``, over the target region).  ``fit`` turns
+    ``mean_bytes`` and ``sd_bytes`` at block ``shapes`` (e.g. :meth:`from_model` on a pipeline's
+    composed model, ``explorer.composed.ComposedModel``, over the loop's target region).  ``fit`` turns
     it into the Gaussian prior ``beta ~ N(b_0, B)`` of the mean basis (module docstring,
     *An informative prior mean*); ``source`` is recorded in the model's ``info["prior"]``.
     """
