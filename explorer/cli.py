@@ -167,6 +167,8 @@ def _add_store_options(parser):
 
 
 def _cmd_explore(argv: list[str]) -> int:
+    from explorer.exploration import PRIORS, explore
+
     parser = _Parser(
         prog="explore",
         description="Learn an operator's peak memory versus shape by Bayesian active learning: "
@@ -193,13 +195,11 @@ def _cmd_explore(argv: list[str]) -> int:
     parser.add_argument("--probes", type=_non_negative_int, default=None,
                         help="in-worker probes after the isolated profiles (default 6; 0 skips them): what a task "
                              "costs inside a real Dask worker, so that the bound holds from the first run")
-    parser.add_argument("--prior", choices=("composed", "none"), default="composed",
+    parser.add_argument("--prior", choices=PRIORS, default=PRIORS[0],
                         help="a pipeline whose members all have models learns from their composed model as its "
                              "prior mean (composed, the default), or from scratch (none)")
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
     args = parser.parse_args(argv)
-
-    from explorer.exploration import explore
 
     def progress(step, budget):
         peak = format_bytes(step.peak_bytes) if step.peak_bytes is not None else "-"

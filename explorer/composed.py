@@ -167,7 +167,6 @@ class _InOrder:
 
     def __init__(self, model: ComposedModel, branch_order: tuple[str, ...]):
         self.model, self.branch_order_fixed = model, branch_order
-        self.operator, self.halo, self.info = model.operator, model.halo, model.info
 
     def predict_many(self, shapes, confidence: float = 0.99):
         order = self.branch_order_fixed if self.model.pipeline.branches else None
@@ -180,7 +179,7 @@ class _InOrder:
         return f"{self.model.source}, branches run as {', '.join(self.branch_order_fixed)}"
 
     def __repr__(self) -> str:
-        return f"<ComposedModel {self.operator} in the order {', '.join(self.branch_order_fixed)}>"
+        return f"<ComposedModel {self.model.operator} in the order {', '.join(self.branch_order_fixed)}>"
 
 
 def compose(pipeline, runs_dir=None) -> ComposedModel:

@@ -214,7 +214,7 @@ class ExplorationCore:
         if prior_model is not None:
             region = self.target_shapes(prior_model)
             if len(region) >= len(surrogate.BASIS_NAMES):
-                source = getattr(prior_model, "source", repr(prior_model))
+                source = getattr(prior_model, "source", None) or repr(prior_model)
                 self.prior = surrogate.MeanPrior.from_model(
                     prior_model, region, f"{source} over {len(region)} target blocks", confidence)
 
