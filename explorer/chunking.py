@@ -88,6 +88,10 @@ counts, time model), :func:`evaluate_candidates` (predictions and footprints) an
 the caller: learnt from the workers' clocks once a probe or a run has taught them
 (``explorer.calibration.TimingFit``: a :class:`TaskClock`), the defaults below before.
 
+A pipeline run *staged* (one ``map_overlap`` per stage: ``operators.pipeline``) is planned by
+:func:`plan_staged_chunks` on the same candidates and ranking, with each stage's own block,
+task model and time, and every stage's held intermediates in the footprint.
+
 Re-planning (:func:`replan`) is planning policy too: a running computation whose task
 exceeded its bound restarts with a new plan only early (at most
 :data:`REPLAN_MAX_DONE_FRACTION` of its tasks done) and only when its own footprint no
@@ -96,6 +100,7 @@ longer fits under the updated predictor.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import asdict, dataclass, field
@@ -112,8 +117,10 @@ __all__ = [
     "Candidates",
     "chunk_candidates",
     "evaluate_candidates",
+    "PlanStage",
     "plan_chunks",
     "plan_fits",
+    "plan_staged_chunks",
     "plan_seconds",
     "rank_candidates",
     "replan",
@@ -549,6 +556,15 @@ class ChunkPlan:
     #: A fan-out pipeline's branches in the order its tasks run them (the order the
     #: predicted peak assumes: ``explorer.composed``); empty for anything else.
     branch_order: tuple[str, ...] = ()
+    #: How a pipeline runs on Dask (``operators.pipeline.STRATEGIES``): ``"fused"`` (one
+    #: ``map_overlap`` with the whole halo; a single operator's only form) or ``"staged"``
+    #: (:func:`plan_staged_chunks`).
+    strategy: str = "fused"
+    #: A staged plan's stages at its chunks, one dict each (:func:`plan_staged_chunks`).
+    stages: tuple[dict, ...] = ()
+    #: What the planner weighed when it chose between strategies: per strategy, its plan's
+    #: chunks, upper footprint and predicted seconds, or why it had none (``error``).
+    considered: dict = field(default_factory=dict)
 
     @property
     def budget_bytes(self) -> int:
@@ -591,8 +607,16 @@ class ChunkPlan:
             "block_multiple": None if self.block_multiple is None else list(self.block_multiple),
             "graph_task_seconds": self.graph_task_seconds,
             "branch_order": list(self.branch_order),
+            "strategy": self.strategy,
+            "stages": [dict(stage) for stage in self.stages],
+            "considered": {k: dict(v) for k, v in self.considered.items()},
             "warnings": list(self.warnings),
         }
+
+    def summary(self) -> dict:
+        """What :attr:`considered` keeps of a plan: its chunks, bound and predicted time."""
+        return {"chunks": list(self.chunks), "n_tasks": self.n_tasks, "upper_bytes": self.upper_bytes,
+                "predicted_seconds": self.predicted_seconds}
 
 
 def _axis_chunks(length: int, chunk: int) -> tuple[int, ...]:
@@ -821,30 +845,9 @@ def plan_chunks(
     :class:`ChunkPlanError` when none does, saying so when the baseline alone leaves no
     room.  ``warnings`` (one line each) and ``baseline_source`` are carried on the plan.
     """
-    shape = tuple(int(n) for n in shape)
-    ndim = len(shape)
-    halo = tuple(int(h) for h in halo)
-    whole = tuple(sorted({int(a) % ndim for a in whole_axes}))
-    if len(halo) != ndim:
-        raise ValueError(f"halo {halo} has {len(halo)} axes; shape {format_shape(shape)} has {ndim}")
-    if any(n <= 0 for n in shape) or any(h < 0 for h in halo):
-        raise ValueError(f"shape {format_shape(shape)} and halo {halo} must be positive and non-negative")
-    limit_bytes = int(limit_bytes)
-    if limit_bytes <= 0:
-        raise ValueError(f"memory limit must be positive, got {limit_bytes}")
-    if not 0.0 < pause_fraction <= 1.0:
-        raise ValueError(f"pause_fraction must be in (0, 1], got {pause_fraction}")
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
-    threads = int(threads_per_worker)
-    if threads < 1:
-        raise ValueError(f"threads_per_worker must be >= 1, got {threads_per_worker}")
-    if int(min_chunk) < 1:
-        raise ValueError(f"min_chunk must be >= 1, got {min_chunk}")
-    if int(workers) < 1:
-        raise ValueError(f"workers must be >= 1, got {workers}")
-    if int(baseline_bytes) < 0:
-        raise ValueError(f"baseline_bytes must be non-negative, got {baseline_bytes}")
+    shape, halo, whole, limit_bytes, threads = _checked_plan_arguments(
+        shape, halo, whole_axes, limit_bytes, pause_fraction=pause_fraction, confidence=confidence,
+        threads_per_worker=threads_per_worker, min_chunk=min_chunk, workers=workers, baseline_bytes=baseline_bytes)
     slots = int(workers) * threads
     budget = math.floor(pause_fraction * limit_bytes)
     footprint = functools.partial(worker_footprint, threads_per_worker=threads, itemsize=itemsize,
@@ -900,6 +903,36 @@ def plan_chunks(
     )
 
 
+def _checked_plan_arguments(shape, halo, whole_axes, limit_bytes, *, pause_fraction, confidence, threads_per_worker,
+                            min_chunk, workers, baseline_bytes):
+    """``(shape, halo, whole, limit_bytes, threads)`` as ints, or ``ValueError`` naming the bad one."""
+    shape = tuple(int(n) for n in shape)
+    ndim = len(shape)
+    halo = tuple(int(h) for h in halo)
+    whole = tuple(sorted({int(a) % ndim for a in whole_axes}))
+    if len(halo) != ndim:
+        raise ValueError(f"halo {halo} has {len(halo)} axes; shape {format_shape(shape)} has {ndim}")
+    if any(n <= 0 for n in shape) or any(h < 0 for h in halo):
+        raise ValueError(f"shape {format_shape(shape)} and halo {halo} must be positive and non-negative")
+    limit_bytes = int(limit_bytes)
+    if limit_bytes <= 0:
+        raise ValueError(f"memory limit must be positive, got {limit_bytes}")
+    if not 0.0 < pause_fraction <= 1.0:
+        raise ValueError(f"pause_fraction must be in (0, 1], got {pause_fraction}")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    threads = int(threads_per_worker)
+    if threads < 1:
+        raise ValueError(f"threads_per_worker must be >= 1, got {threads_per_worker}")
+    if int(min_chunk) < 1:
+        raise ValueError(f"min_chunk must be >= 1, got {min_chunk}")
+    if int(workers) < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    if int(baseline_bytes) < 0:
+        raise ValueError(f"baseline_bytes must be non-negative, got {baseline_bytes}")
+    return shape, halo, whole, limit_bytes, threads
+
+
 def _no_fit_message(c: Candidates, shape, operator, threads, confidence, pause_fraction, limit_bytes, budget,
                     baseline_bytes) -> str:
     where = f" for {operator}" if operator else ""
@@ -917,25 +950,34 @@ def _no_fit_message(c: Candidates, shape, operator, threads, confidence, pause_f
 
 
 def _predict_rows(predict, c: Candidates, rows, confidence, footprint, takes_tasks: bool) -> None:
-    """Fill ``mean_peak``, ``upper_peak`` (>= mean) and ``upper_total`` of ``c`` at ``rows``.
+    """Fill ``mean_peak``, ``upper_peak`` (>= mean) and ``upper_total`` of ``c`` at ``rows``
+    (:func:`_predict_blocks`); a non-finite prediction leaves the total at int64 max (never fits)."""
+    mean, upper = _predict_blocks(predict, c.blocks[rows], c.n_tasks[rows], confidence, takes_tasks)
+    finite = np.isfinite(upper)
+    total = footprint(c.blocks[rows], np.where(finite, upper, 0.0), chunk_shapes=c.chunks[rows],
+                      neighbour_chunks=c.neighbours[rows]).total
+    c.mean_peak[rows], c.upper_peak[rows] = mean, upper
+    c.upper_total[rows] = np.where(finite, total, np.iinfo(np.int64).max)
 
-    Rows go in slices of ``PREDICT_BATCH_ROWS``; a non-finite prediction leaves the
-    total at int64 max (never fits).  A predictor taking ``tasks`` (``takes_tasks``) gets
-    each row's count.
-    """
-    for start in range(0, len(rows), PREDICT_BATCH_ROWS):
-        part = rows[start : start + PREDICT_BATCH_ROWS]
+
+def _predict_blocks(predict, blocks, n_tasks, confidence, takes_tasks: bool) -> tuple[np.ndarray, np.ndarray]:
+    """``(mean, upper)`` task peaks at ``blocks`` (``upper >= mean``, NaN as inf), predicted in
+    slices of ``PREDICT_BATCH_ROWS``; a predictor taking ``tasks`` (``takes_tasks``) gets each
+    row's count from ``n_tasks``."""
+    means, uppers = [], []
+    for start in range(0, len(blocks), PREDICT_BATCH_ROWS):
+        part = slice(start, start + PREDICT_BATCH_ROWS)
+        m = len(blocks[part])
         if takes_tasks:
-            mean, upper = predict(c.blocks[part], confidence=confidence, tasks=c.n_tasks[part])
+            mean, upper = predict(blocks[part], confidence=confidence, tasks=n_tasks[part])
         else:
-            mean, upper = predict(c.blocks[part], confidence=confidence)
-        mean = _checked_prediction(mean, len(part), "mean")
-        upper = np.maximum(_checked_prediction(upper, len(part), "upper"), mean)
-        finite = np.isfinite(upper)
-        total = footprint(c.blocks[part], np.where(finite, upper, 0.0), chunk_shapes=c.chunks[part],
-                          neighbour_chunks=c.neighbours[part]).total
-        c.mean_peak[part], c.upper_peak[part] = mean, upper
-        c.upper_total[part] = np.where(finite, total, np.iinfo(np.int64).max)
+            mean, upper = predict(blocks[part], confidence=confidence)
+        mean = _checked_prediction(mean, m, "mean")
+        means.append(mean)
+        uppers.append(np.maximum(_checked_prediction(upper, m, "upper"), mean))
+    if not means:
+        return np.zeros(0), np.zeros(0)
+    return np.concatenate(means), np.concatenate(uppers)
 
 
 def _checked_prediction(values, m: int, what: str) -> np.ndarray:
@@ -943,6 +985,156 @@ def _checked_prediction(values, m: int, what: str) -> np.ndarray:
     if values.shape != (m,):
         raise ValueError(f"predict returned {what} of shape {values.shape}; expected ({m},)")
     return np.where(np.isnan(values), np.inf, values)
+
+
+# --------------------------------------------------------------------------- staged plans
+
+
+@dataclass(frozen=True)
+class PlanStage:
+    """One ``map_overlap`` of a staged pipeline: a stage, or one branch of a fan-out stage.
+
+    ``predict``: the member's task :data:`Predictor`.  ``group``: the stage's index; a
+    fan-out's branches share one input, whose chunks are kept for their neighbours once.
+    ``itemsize``: bytes per sample of the stage's input.  ``seconds_per_voxel``: the
+    member's profiled operator seconds per block voxel (``b``, without the run's I/O).
+    """
+
+    name: str
+    halo: tuple[int, ...]
+    predict: Predictor
+    group: int
+    itemsize: int = INPUT_ITEMSIZE
+    output_itemsize: int = 4
+    seconds_per_voxel: float = DEFAULT_SECONDS_PER_VOXEL - RUN_IO_SECONDS_PER_VOXEL
+
+
+def plan_staged_chunks(
+    shape,
+    whole_axes,
+    stages: list[PlanStage],
+    limit_bytes: int,
+    *,
+    baseline_bytes: int,
+    threads_per_worker: int = 1,
+    confidence: float = 0.99,
+    pause_fraction: float = FALLBACK_PAUSE_FRACTION,
+    min_chunk: int = DEFAULT_MIN_CHUNK,
+    operator: str | None = None,
+    workers: int = 1,
+    graph_task_seconds: float = DEFAULT_GRAPH_TASK_SECONDS,
+    io_seconds_per_voxel: float = RUN_IO_SECONDS_PER_VOXEL,
+    warnings: tuple[str, ...] = (),
+    baseline_source: str = "given",
+    block_multiple=None,
+) -> ChunkPlan:
+    """The fastest chunks for a pipeline run *staged* (one ``map_overlap`` per stage, every
+    intermediate chunked like the input) whose upper worker footprint fits.
+
+    Stage ``s`` (halo ``h_s``) sees blocks ``b_s`` (:func:`axis_blocks` with ``h_s``); while
+    it runs, a worker holds what :func:`worker_footprint` counts for it, and at any time the
+    chunks every stage's input keeps for its neighbours' halos (the held intermediates)::
+
+        total = baseline
+              + max_s [ T (in_s(b_s) + P_s(b_s)) + waiting_s(b_s) + held_output_s(b_s) ]
+              + sum_g neighbour_chunks_held(k, max_{s in g} h_s, W) * prod(c) * itemsize_g
+
+    (``g`` over stages: a fan-out's branches share one input).  Each ``P_s`` is the
+    member's task bound at ``1 - (1 - c) / S`` (Bonferroni over the ``S`` stage terms), so
+    the largest holds with ``>= c``.  The time model charges every stage's own graph tasks
+    and its block at its member's profiled speed ``b_s``, the run's reading and storing once
+    (``io``, on the first stage's block, as a fused plan charges it on its block), and the
+    intermediates' halo slices that come from another worker (a share ``(W - 1) / W`` of
+    them) at the same per-voxel cost::
+
+        seconds = schedule_waves(n, C) * chunk_seconds
+        chunk_seconds = sum_s ( o * graph_tasks_per_chunk(k, h_s) + b_s V_s )
+                      + io * V_1 + io * (W - 1) / W * sum_{s on an intermediate} (V_s - prod(c))
+
+    (Graham's tail: staged tasks are not clocked one by one).  Candidates and ranking
+    are :func:`plan_chunks`'s (every candidate predicted: no probe pass).  The plan's
+    ``footprint`` is the binding stage's terms with every stage's held chunks,
+    ``stages`` one dict per stage, ``halo`` the largest stage halo per axis.
+    """
+    if not stages:
+        raise ValueError("a staged plan needs at least one stage")
+    halos = np.asarray([s.halo for s in stages], dtype=np.int64)
+    halo_max = tuple(int(h) for h in halos.max(axis=0))
+    shape, halo_max, whole, limit_bytes, threads = _checked_plan_arguments(
+        shape, halo_max, whole_axes, limit_bytes, pause_fraction=pause_fraction, confidence=confidence,
+        threads_per_worker=threads_per_worker, min_chunk=min_chunk, workers=workers, baseline_bytes=baseline_bytes)
+    ndim, workers, baseline_bytes = len(shape), int(workers), int(baseline_bytes)
+    slots = workers * threads
+    budget = math.floor(pause_fraction * limit_bytes)
+    nothing = functools.partial(worker_footprint, threads_per_worker=threads, baseline_bytes=0)
+    c = chunk_candidates(shape, halo_max, whole, footprint=nothing, budget=np.iinfo(np.int64).max,
+                         min_chunk=int(min_chunk), workers=workers, slots=slots,
+                         seconds_per_voxel=DEFAULT_SECONDS_PER_VOXEL, graph_task_seconds=graph_task_seconds,
+                         block_multiple=block_multiple)
+    counts = -(-np.asarray(shape) // c.chunks)
+    per_stage = 1.0 - (1.0 - float(confidence)) / len(stages)
+    worst = np.iinfo(np.int64).max // 4
+    blocks, means, uppers, running_upper, running_mean = [], [], [], [], []
+    chunk_seconds = np.zeros(len(c.chunks))
+    for stage in stages:
+        b = np.stack([axis_blocks(shape[a], c.chunks[:, a], int(stage.halo[a])) for a in range(ndim)], axis=1)
+        mean, upper = _predict_blocks(stage.predict, b, c.n_tasks, per_stage, _takes_tasks(stage.predict))
+        terms = functools.partial(worker_footprint, b, threads_per_worker=threads, baseline_bytes=0,
+                                  itemsize=stage.itemsize, output_itemsize=stage.output_itemsize)
+        finite = np.isfinite(upper)
+        running_upper.append(np.where(finite, terms(np.where(finite, upper, 0.0)).total, worst))
+        running_mean.append(terms(np.where(np.isfinite(mean), mean, 0.0)).total)
+        blocks.append(b)
+        means.append(mean)
+        uppers.append(upper)
+        volumes = _samples(b).astype(np.float64)
+        chunk_seconds += (graph_task_seconds * graph_tasks_per_chunk(counts, stage.halo)
+                          + stage.seconds_per_voxel * volumes)
+        if stage is stages[0]:
+            chunk_seconds += io_seconds_per_voxel * volumes
+        elif stage.group > 0:
+            chunk_seconds += io_seconds_per_voxel * (workers - 1) / workers * (volumes - _samples(c.chunks))
+    held_chunks = np.zeros(len(c.chunks), dtype=np.int64)
+    held_bytes = np.zeros(len(c.chunks), dtype=np.int64)
+    chunk_samples = _samples(c.chunks)
+    for group in sorted({s.group for s in stages}):
+        members = [s for s in stages if s.group == group]
+        kept = neighbour_chunks_held(counts, np.max([m.halo for m in members], axis=0), workers)
+        held_chunks += kept
+        held_bytes += kept * chunk_samples * int(members[0].itemsize)
+    running_upper, running_mean = np.stack(running_upper, axis=1), np.stack(running_mean, axis=1)
+    binding = np.argmax(running_upper, axis=1)
+    c.upper_total = np.minimum(baseline_bytes + running_upper.max(axis=1) + held_bytes, np.iinfo(np.int64).max)
+    c.seconds = schedule_waves(c.n_tasks, slots) * chunk_seconds
+    rows = np.arange(len(c.chunks))
+    c.mean_peak = np.stack(means, axis=1)[rows, binding]
+    c.upper_peak = np.stack(uppers, axis=1)[rows, binding]
+    if not (c.upper_total <= budget).any():
+        raise ChunkPlanError(_no_fit_message(c, shape, operator, threads, confidence, pause_fraction, limit_bytes,
+                                             budget, baseline_bytes).replace(" fits", " fits staged", 1))
+    index = rank_candidates(c, shape, whole, budget=budget, slots=slots)
+    j = int(binding[index])
+    chunk = tuple(int(x) for x in c.chunks[index])
+    stage_j = stages[j]
+    bound = worker_footprint(tuple(blocks[j][index]), float(uppers[j][index]), threads_per_worker=threads,
+                             baseline_bytes=baseline_bytes, itemsize=stage_j.itemsize,
+                             output_itemsize=stage_j.output_itemsize)
+    bound = dataclasses.replace(bound, neighbour_chunk_bytes=int(held_bytes[index]))
+    table = tuple({"operator": s.name, "halo": list(s.halo), "block": [int(x) for x in blocks[i][index]],
+                   "mean_peak_bytes": float(means[i][index]), "upper_peak_bytes": float(uppers[i][index]),
+                   "running_upper_bytes": int(running_upper[index, i]), "binding": i == j}
+                  for i, s in enumerate(stages))
+    return ChunkPlan(
+        operator=operator, shape=shape, chunks=chunk, block=tuple(int(x) for x in blocks[j][index]), halo=halo_max,
+        whole_axes=whole, predicted_bytes=int(baseline_bytes + running_mean[index].max() + held_bytes[index]),
+        upper_bytes=int(c.upper_total[index]), limit_bytes=limit_bytes, pause_fraction=float(pause_fraction),
+        confidence=float(confidence), n_tasks=int(c.n_tasks[index]), threads_per_worker=threads, footprint=bound,
+        n_candidates=len(c.chunks) * len(stages), slots=slots, predicted_seconds=float(c.seconds[index]),
+        seconds_per_voxel=None, neighbour_chunks=int(held_chunks[index]), workers=workers,
+        itemsize=int(stages[0].itemsize), output_itemsize=int(stages[-1].output_itemsize), min_chunk=int(min_chunk),
+        graph_task_seconds=float(graph_task_seconds), warnings=tuple(warnings), baseline_source=str(baseline_source),
+        block_multiple=None if block_multiple is None else tuple(int(m) for m in block_multiple),
+        strategy="staged", stages=table)
 
 
 # --------------------------------------------------------------------------- re-planning
@@ -969,12 +1161,13 @@ def replan(plan: ChunkPlan, predict: Predictor, *, done_fraction: float) -> Chun
     """The plan to restart a running computation with after a task exceeded its bound, or
     None to carry on.
 
-    None when more than :data:`REPLAN_MAX_DONE_FRACTION` of the tasks are done, when
+    None for a staged plan (its tasks are its members', not one predictor's), when more
+    than :data:`REPLAN_MAX_DONE_FRACTION` of the tasks are done, when
     ``plan`` still fits its budget under the updated ``predict`` (:func:`plan_fits`), or
     when planning again (:func:`plan_chunks` with the plan's own parameters) gives the
     same chunks.  :class:`ChunkPlanError` when nothing fits any more.
     """
-    if done_fraction > REPLAN_MAX_DONE_FRACTION or plan_fits(plan, predict):
+    if plan.strategy != "fused" or done_fraction > REPLAN_MAX_DONE_FRACTION or plan_fits(plan, predict):
         return None
     new = plan_chunks(plan.shape, plan.halo, plan.whole_axes, predict, plan.limit_bytes,
                       baseline_bytes=plan.footprint.baseline_bytes, threads_per_worker=plan.threads_per_worker,

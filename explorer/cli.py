@@ -309,6 +309,7 @@ def _cmd_chunks(argv: list[str]) -> int:
     parser.add_argument("--baseline", type=_size, default=None,
                         help="an idle worker's resident memory on your cluster, like 800MiB (default: measured "
                              "once on this machine; `explore run --scheduler` measures the cluster's own)")
+    _add_strategy_option(parser)
     _add_store_options(parser)
     parser.add_argument("--json", action="store_true", help="print the ChunkPlan as one JSON object")
     args = parser.parse_args(argv)
@@ -317,7 +318,7 @@ def _cmd_chunks(argv: list[str]) -> int:
 
     plan = recommend_chunks(args.operator, args.shape, args.memory_limit, threads_per_worker=args.threads,
                             confidence=args.confidence, runs_dir=args.runs_dir, workers=args.workers,
-                            baseline_bytes=args.baseline)
+                            baseline_bytes=args.baseline, strategy=args.strategy)
     for line in plan.warnings:
         print(f"warning: {line}", file=sys.stderr)
     if args.json:
@@ -331,14 +332,40 @@ def _cmd_chunks(argv: list[str]) -> int:
           f"(pause at {plan.pause_fraction:.0%})")
     if plan.branch_order:
         print(f"branch order    {' then '.join(plan.branch_order)}")
+    if plan.considered:
+        print(f"strategy        {plan.strategy}  ({_considered(plan)})")
+    for stage in plan.stages:
+        print(f"  stage         {stage['operator']}: block {format_shape(stage['block'])}, task bound "
+              f"{format_bytes(stage['upper_peak_bytes'])}" + ("  (the largest)" if stage["binding"] else ""))
     print(f"threads/worker  {plan.threads_per_worker}")
     print(f"worker baseline {format_bytes(plan.footprint.baseline_bytes)} ({_BASELINE_SOURCES[plan.baseline_source]})")
     if plan.predicted_seconds is not None:
         spread = ("Graham's bound, no task clocks yet" if plan.task_spread is None
                   else f"equal tasks' spread {plan.task_spread:.0%}, from the workers' clocks")
+        speed = "" if plan.seconds_per_voxel is None else f"{plan.seconds_per_voxel * 1e9:.0f} ns/voxel, "
         print(f"time model      ~{plan.predicted_seconds:.3g} s on {plan.slots} slot(s) "
-              f"({plan.seconds_per_voxel * 1e9:.0f} ns/voxel, {spread}; used to rank shapes, not a promise)")
+              f"({speed}{spread}; used to rank shapes, not a promise)")
     return 0
+
+
+def _considered(plan) -> str:
+    """The strategies weighed, one phrase each: chunks and predicted seconds, or why none."""
+    parts = []
+    for name, c in plan.considered.items():
+        if "error" in c:
+            parts.append(f"{name}: none fits" if "fits" in c["error"] else f"{name}: {c['error']}")
+        else:
+            parts.append(f"{name}: {format_shape(c['chunks'])} ~{c['predicted_seconds']:.3g} s, "
+                         f"bound {format_bytes(c['upper_bytes'])}")
+    return "; ".join(parts)
+
+
+def _add_strategy_option(parser) -> None:
+    from explorer.recommend import STRATEGY_CHOICES
+
+    parser.add_argument("--strategy", choices=STRATEGY_CHOICES, default="auto",
+                        help="a pipeline's Dask form: fused (one task per block runs every stage), staged (one "
+                             "map_overlap per stage) or auto (default: the faster predicted of those that fit)")
 
 
 # -- explore run -----------------------------------------------------------
@@ -374,6 +401,7 @@ def _cmd_run(argv: list[str]) -> int:
     parser.add_argument("--confidence", type=_confidence, default=0.99, help="in (0.5, 1) (0.99)")
     parser.add_argument("--refine", action=argparse.BooleanOptionalAction, default=True,
                         help="observe every task's memory and refine the model (default: on)")
+    _add_strategy_option(parser)
     _add_store_options(parser)
     parser.add_argument("--storage", type=_storage_url, default=None,
                         help="an Optuna storage URL instead of the SQLite file: sqlite:///PATH, postgresql://..., "
@@ -396,7 +424,8 @@ def _cmd_run(argv: list[str]) -> int:
     result = run(args.operator, args.input, args.output, memory_limit=args.memory_limit, workers=args.workers,
                  threads_per_worker=args.threads, scheduler=args.scheduler, chunks=args.chunks,
                  runs_dir=args.runs_dir, storage=args.storage, confidence=args.confidence, refine=args.refine,
-                 progress=progress, connect_timeout=args.connect_timeout, overwrite=args.overwrite)
+                 progress=progress, connect_timeout=args.connect_timeout, overwrite=args.overwrite,
+                 strategy=args.strategy)
     if result.status == "error":  # bad input, no model, no plan fits: one line, like any CLI error
         if args.json:
             print(json.dumps(result.to_dict()))
@@ -409,6 +438,10 @@ def _cmd_run(argv: list[str]) -> int:
         print(f"status           {result.status}" + (f" ({result.error})" if result.error else ""))
         if result.chunks:
             print(f"chunks           {format_shape(result.chunks)} ({result.chunks_source}, {result.n_tasks} tasks)")
+        if result.strategy and (result.plan or {}).get("considered"):
+            print(f"strategy         {result.strategy} (of {', '.join(result.plan['considered'])}, by the time model)")
+        elif result.strategy == "staged":
+            print("strategy         staged (asked)")
         if result.seconds is not None:
             print(f"seconds          {result.seconds:.1f}")
         for branch, path in result.outputs.items():

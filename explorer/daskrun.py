@@ -69,6 +69,14 @@ in-worker task model (``explorer.calibration.TaskModel``; ``None`` without a mod
 one ``source="run"`` record (wall time, slots, largest worker high-water mark), and at the
 end recalibrates (``runs/<operator>/calibration.json``).
 
+Strategy (a pipeline's; ``operators.pipeline``): ``strategy="auto"`` (default) runs the
+plan's (``recommend_chunks`` weighs ``fused`` against ``staged``), and ``fused`` with
+explicit or ``auto`` chunks (no model to weigh them by); ``"fused"`` or ``"staged"`` asks for
+one.  ``strategy`` in the result says which ran (``"fused"`` for a single operator).  A
+staged run's tasks are its members', so they are neither checked against a bound nor
+observed one by one (no ``production`` records, no recalibration, no re-planning): its
+``run`` record (workers' peaks and seconds) is what refinement keeps of it.
+
 Re-planning (``replan=True``, ``chunks="model"`` only, at most once): when a task exceeds
 its bound, a re-planning thread recalibrates from the observations so far and asks
 ``explorer.chunking.replan`` (planning policy: only early, only when the running plan no
@@ -154,6 +162,8 @@ class RunResult:
     outputs: dict = field(default_factory=dict)
     #: The order a fan-out's tasks ran its branches in (the plan's, else the spec's).
     branch_order: list[str] = field(default_factory=list)
+    #: How the pipeline ran: ``"fused"`` or ``"staged"`` (module docstring, Strategy).
+    strategy: str | None = None
 
     def to_dict(self) -> dict:
         out = dict(self.__dict__)
@@ -204,6 +214,7 @@ class RunContext:
     context: dict = field(default_factory=dict)
     calibrate: bool = True
     overwrite: bool = False
+    strategy: str = "auto"
     # learnt as the run goes
     kind: str = ""
     shape: tuple = ()
@@ -430,7 +441,7 @@ def _recommend(ctx: RunContext):
 
     return recommend_chunks(ctx.operator.name, ctx.shape, ctx.limit, threads_per_worker=ctx.threads,
                             confidence=ctx.confidence, runs_dir=ctx.runs_dir, workers=ctx.result.n_workers or 1,
-                            baseline_bytes=ctx.baseline)
+                            baseline_bytes=ctx.baseline, strategy=ctx.strategy)
 
 
 def _suggestion(ctx: RunContext) -> str:
@@ -473,6 +484,7 @@ def run(
     context: dict | None = None,
     calibrate: bool = True,
     overwrite: bool = False,
+    strategy: str = "auto",
 ) -> RunResult:
     """Run ``operator`` on the SEG-Y at ``input_path`` into ``output_path`` on Dask.
 
@@ -486,7 +498,8 @@ def run(
     ``calibrate`` recalibrates at the end; ``replan`` allows one restart with a
     recalibrated plan; ``allowed_failures`` is the ``distributed.scheduler.allowed-failures``
     of a cluster started here; ``stall_seconds`` bounds how long every worker may stay
-    paused or absent.  See the module docstring for every measured field; bad input and
+    paused or absent.  ``strategy``: ``"auto"``, ``"fused"`` or ``"staged"`` (a pipeline's;
+    module docstring).  See the module docstring for every measured field; bad input and
     failures come back as ``status`` ``"error"``/``"failed"`` with a one-line ``error``,
     not as exceptions.
     """
@@ -499,7 +512,7 @@ def run(
                      confidence=float(confidence), refine=bool(refine), replan=bool(replan), progress=progress,
                      allowed_failures=int(allowed_failures), stall_seconds=float(stall_seconds),
                      connect_timeout=float(connect_timeout), source=source, context=dict(context or {}),
-                     calibrate=bool(calibrate), overwrite=bool(overwrite))
+                     calibrate=bool(calibrate), overwrite=bool(overwrite), strategy=strategy)
     try:
         _prepare(ctx, memory_limit)
         _connect(ctx)
@@ -559,7 +572,10 @@ def _prepare(ctx: RunContext, memory_limit) -> None:
         except ValueError as exc:
             raise _RunError(ERROR, f"--chunks: {exc}") from None
     from explorer import validate
+    from explorer.recommend import STRATEGY_CHOICES
 
+    if ctx.strategy not in STRATEGY_CHOICES:
+        raise _RunError(ERROR, f"--strategy {ctx.strategy!r}: one of {', '.join(STRATEGY_CHOICES)}")
     try:
         ctx.requested_limit = validate.size(memory_limit, "--memory-limit") if memory_limit is not None else None
         ctx.confidence = validate.confidence(ctx.confidence, "--confidence")
@@ -660,6 +676,11 @@ def _choose_chunks(ctx: RunContext) -> None:
         chunk = tuple(int(c) for c in request)
         result.chunks_source = "explicit"
     op = _in_plan_order(ctx, ctx.plan)
+    staged_possible = len(getattr(op, "members", ())) > 1
+    if ctx.plan is not None:
+        result.strategy = ctx.plan.strategy
+    else:  # explicit or auto chunks: nothing to weigh the strategies by
+        result.strategy = "staged" if ctx.strategy == "staged" and staged_possible else "fused"
     ctx.chunk = _whole(op, ctx.shape, chunk)
     if ctx.chunk != chunk and result.chunks_source == "explicit":
         reasons = []
@@ -671,6 +692,13 @@ def _choose_chunks(ctx: RunContext) -> None:
             reasons.append(f"axes {larger} are longer than the volume {format_shape(ctx.shape)}")
         result.warnings.append(f"chunks {format_shape(chunk)} become {format_shape(ctx.chunk)}: "
                                + "; ".join(reasons))
+    if result.strategy == "staged":
+        ctx.model = None  # its tasks are the members': no one bound to check them against
+        if ctx.refine:
+            result.warnings.append("a staged run's tasks are its members': they are not observed one by one "
+                                   "(no task records, no recalibration); its run record keeps the workers' peaks")
+        result.chunks = list(ctx.chunk)
+        return
     try:
         ctx.model = task_model(op.name, ctx.runs_dir, environment=ctx.baseline.environment)
     except ModelNotFoundError:  # nothing to compare the tasks with
@@ -767,7 +795,10 @@ def _store(ctx: RunContext, partial: Path, interrupt: _Interrupt):
     import operators
 
     x = operators.read_segy(ctx.input, chunks=ctx.chunk)
-    y = ctx.operator.dask(x, wrap=ctx.observer.wrap if ctx.observer is not None else None)
+    if ctx.result.strategy == "staged":
+        y = ctx.operator.dask(x, strategy="staged")
+    else:
+        y = ctx.operator.dask(x, wrap=ctx.observer.wrap if ctx.observer is not None else None)
     arrays = y if isinstance(y, dict) else {None: y}  # a fan-out: one array per branch
     for name, a in arrays.items():
         if not _regular(a.chunks):  # zarr chunks must not be shared by two tasks
@@ -927,7 +958,8 @@ def _advise(ctx: RunContext) -> None:
 def _close_observer(ctx: RunContext) -> None:
     """Store every observation and the run record, then recalibrate from them."""
     result, observer = ctx.result, ctx.observer
-    expected = result.n_tasks if result.status == OK and result.error is None else None
+    observed = result.strategy != "staged"  # a staged run's tasks are not wrapped
+    expected = result.n_tasks if observed and result.status == OK and result.error is None else None
     observer.close(expected=expected, timeout=2.0)
     result.observations_recorded = observer.recorded
     result.tasks_over_bound = observer.tasks_over_bound if ctx.model is not None else None
@@ -975,7 +1007,8 @@ def _record_run(ctx: RunContext) -> None:
                  "volume_shape": list(ctx.shape), "memory_limit_bytes": ctx.limit,
                  "baseline_bytes": ctx.baseline.bytes, "worker_hwm_bytes": result.worker_hwm_bytes,
                  "plan_upper_bytes": ctx.plan.upper_bytes if ctx.plan is not None else None,
-                 "chunks_source": result.chunks_source, "source": ctx.source, "cluster": ctx.cluster_kind})
+                 "chunks_source": result.chunks_source, "source": ctx.source, "cluster": ctx.cluster_kind,
+                 "strategy": result.strategy})
 
 
 def _open_store(operator, runs_dir, storage):

@@ -36,6 +36,7 @@ from explorer import paths
 from explorer.chunking import (
     DEFAULT_GRAPH_TASK_SECONDS,
     INPUT_ITEMSIZE,
+    RUN_IO_SECONDS_PER_VOXEL,
     ChunkPlan,
     plan_chunks,
     run_seconds_per_voxel,
@@ -228,6 +229,7 @@ def recommend_chunks(
     runs_dir=None,
     workers: int = 1,
     baseline_bytes: "int | WorkerBaseline | None" = None,
+    strategy: str = "auto",
 ) -> ChunkPlan:
     """The safe chunks for ``operator`` on a float32 volume of ``shape``.
 
@@ -243,10 +245,18 @@ def recommend_chunks(
     model plus its in-worker calibration (``explorer.calibration.TaskModel``); the pause
     fraction from Dask's config; the time model's terms from the calibration's learnt
     timings, else from the operator's profiled speed.  The plan's ``warnings`` say what
-    the bound does not know (a stale model, no calibration).  Raises ``KeyError`` for an
-    unknown operator, ``ModelNotFoundError`` naming the ``explore`` command when no model
-    is saved, ``ChunkPlanError`` when the limit is too small, ``ValueError`` for a
-    malformed shape, size or calibration file.
+    the bound does not know (a stale model, no calibration).
+
+    ``strategy`` (a pipeline's; :data:`STRATEGY_CHOICES`): ``"fused"`` plans one task per
+    block for all stages (the pipeline's own model, or the one composed from its members');
+    ``"staged"`` one ``map_overlap`` per stage from the members' task models
+    (``explorer.chunking.plan_staged_chunks``); ``"auto"`` plans both and takes the one of
+    least predicted seconds among those that fit (the plan's ``considered`` keeps both).  A
+    single operator has one form: its plan is ``"fused"`` whatever is asked.
+
+    Raises ``KeyError`` for an unknown operator, ``ModelNotFoundError`` naming the
+    ``explore`` command when no model is saved, ``ChunkPlanError`` when the limit is too
+    small, ``ValueError`` for a malformed shape, size, strategy or calibration file.
     """
     from explorer import validate
 
@@ -256,41 +266,102 @@ def recommend_chunks(
     confidence = validate.confidence(confidence)
     threads_per_worker = validate.positive_int(threads_per_worker, "threads_per_worker")
     workers = validate.positive_int(workers, "workers")
+    if strategy not in STRATEGY_CHOICES:
+        raise ValueError(f"unknown strategy {strategy!r}: one of {', '.join(STRATEGY_CHOICES)}")
     import operators
-    from explorer.calibration import task_model
+    from explorer.chunking import ChunkPlanError
+    from explorer.surrogate import ModelNotFoundError
 
     op = operators.get(operator)
-    measured = baseline_bytes if isinstance(baseline_bytes, WorkerBaseline) else None
-    model = task_model(operator, runs_dir=runs_dir, environment=measured.environment if measured else None)
-    if measured is not None:
-        baseline = measured
-    elif baseline_bytes is not None:
-        baseline = WorkerBaseline(bytes=int(baseline_bytes), source="given")
-    else:
-        baseline = local_worker_baseline(operator, runs_dir)  # after the model: no cluster for a missing model
+    request = _PlanRequest(operator, op, shape, limit_bytes, threads_per_worker, confidence, runs_dir, workers,
+                           baseline_bytes)
+    staged_possible = len(getattr(op, "members", ())) > 1
+    wanted = [s for s in ("fused", "staged") if strategy in ("auto", s) and (s == "fused" or staged_possible)]
+    if not wanted:  # "staged" asked of a single operator: its one form
+        wanted = ["fused"]
+    plans, errors = {}, {}
+    for name in wanted:
+        try:
+            plans[name] = _fused_plan(request) if name == "fused" else _staged_plan(request)
+        except (ChunkPlanError, ModelNotFoundError) as exc:
+            if len(wanted) == 1:
+                raise
+            errors[name] = exc
+    if not plans:
+        raise errors["fused"]
+    chosen = min(plans, key=lambda name: (plans[name].predicted_seconds, name != "fused"))
+    considered = {name: plan.summary() for name, plan in plans.items()}
+    considered.update({name: {"error": str(exc)} for name, exc in errors.items()})
+    return dataclasses.replace(plans[chosen], considered=considered if staged_possible else {})
+
+
+#: ``recommend_chunks``'s strategies: ``operators.pipeline.STRATEGIES`` and ``"auto"``.
+STRATEGY_CHOICES = ("auto", "fused", "staged")
+
+
+@dataclass
+class _PlanRequest:
+    """What ``recommend_chunks`` was asked, checked, and the worker baseline once known."""
+
+    operator: str
+    op: object
+    shape: tuple
+    limit_bytes: int
+    threads: int
+    confidence: float
+    runs_dir: object
+    workers: int
+    baseline_given: object
+    baseline: "WorkerBaseline | None" = None
+
+    @property
+    def environment(self):
+        given = self.baseline_given
+        return given.environment if isinstance(given, WorkerBaseline) else None
+
+    def worker_baseline(self) -> "WorkerBaseline":
+        """The given baseline, else this machine's (measured once; after a model was found, so
+        that a missing model never starts a cluster)."""
+        if self.baseline is None:
+            given = self.baseline_given
+            if isinstance(given, WorkerBaseline):
+                self.baseline = given
+            elif given is not None:
+                self.baseline = WorkerBaseline(bytes=int(given), source="given")
+            else:
+                self.baseline = local_worker_baseline(self.operator, self.runs_dir)
+        return self.baseline
+
+    def common(self) -> dict:
+        """The planner's arguments every strategy shares."""
+        baseline, op = self.worker_baseline(), self.op
+        return dict(baseline_bytes=baseline.bytes, baseline_source=baseline.source,
+                    threads_per_worker=self.threads, confidence=self.confidence,
+                    pause_fraction=worker_pause_fraction(), operator=self.operator, workers=self.workers,
+                    block_multiple=None if set(op.block_multiple) == {1} else op.block_multiple)
+
+
+def _fused_plan(request: _PlanRequest) -> ChunkPlan:
+    """One task per block: the operator's (or the pipeline's fused) task model."""
+    from explorer.calibration import task_model
+
+    op = request.op
+    model = task_model(request.operator, runs_dir=request.runs_dir, environment=request.environment)
     learnt = model.seconds_per_voxel
     seconds_per_voxel = learnt if learnt is not None else run_seconds_per_voxel(model.info.get("seconds_per_voxel"))
-    graph_task_seconds = model.graph_task_seconds
     plan = plan_chunks(
-        shape,
+        request.shape,
         op.halo,
         op.whole_axes,
         model.predict_many,
-        limit_bytes,
-        baseline_bytes=baseline.bytes,
-        baseline_source=baseline.source,
-        threads_per_worker=threads_per_worker,
-        confidence=confidence,
-        pause_fraction=worker_pause_fraction(),
+        request.limit_bytes,
         itemsize=INPUT_ITEMSIZE,
         output_itemsize=np.dtype(op.output_dtype).itemsize,
-        operator=operator,
-        workers=workers,
         seconds_per_voxel=seconds_per_voxel,
-        graph_task_seconds=DEFAULT_GRAPH_TASK_SECONDS if graph_task_seconds is None else graph_task_seconds,
+        graph_task_seconds=_graph_task_seconds(model),
         task_clock=model.task_clock,
         warnings=tuple(model.warnings),
-        block_multiple=None if set(op.block_multiple) == {1} else op.block_multiple,
+        **request.common(),
     )
     branches = getattr(op, "branches", ())
     if not branches:
@@ -298,5 +369,40 @@ def recommend_chunks(
     # A composed model predicts Liu's order at each block: the plan's block fixes the run's;
     # a pipeline's own model learnt the order its spec is written in.
     liu = getattr(model.isolated, "branch_order", None)
-    order = liu(plan.block, confidence) if callable(liu) else tuple(branches)
+    order = liu(plan.block, request.confidence) if callable(liu) else tuple(branches)
     return dataclasses.replace(plan, branch_order=tuple(order))
+
+
+def _staged_plan(request: _PlanRequest) -> ChunkPlan:
+    """One ``map_overlap`` per stage: each member's own task model (its in-worker calibration
+    included) and profiled speed; the graph-task overhead the fused plan uses."""
+    from explorer.calibration import TaskModel, load_calibration, task_model
+    from explorer.chunking import PlanStage, plan_staged_chunks
+    from explorer.composed import compose
+
+    op = request.op
+    isolated = compose(op, request.runs_dir).members  # ModelNotFoundError naming every member without one
+    speeds = [isolated[m.name].info.get("seconds_per_voxel") for m in op.members]
+    # Without every member's profiled speed, the default work per voxel (the fused plan's
+    # then) is shared by the stages: the two strategies then differ only by their structure.
+    shared = None if all(s is not None for s in speeds) else (
+        (run_seconds_per_voxel(None) - RUN_IO_SECONDS_PER_VOXEL) / len(op.members))
+    stages, warnings, itemsize = [], [], INPUT_ITEMSIZE
+    for index, stage in enumerate(op.stages):
+        for member in stage:
+            model = TaskModel(isolated[member.name],
+                              load_calibration(member.name, request.runs_dir, request.environment))
+            stages.append(PlanStage(
+                name=member.name, halo=tuple(member.halo), predict=model.predict_many, group=index,
+                itemsize=itemsize, output_itemsize=np.dtype(member.output_dtype).itemsize,
+                seconds_per_voxel=shared if shared is not None else float(model.info["seconds_per_voxel"])))
+            warnings.extend(w for w in model.warnings if w not in warnings)
+        itemsize = np.dtype(stage[0].output_dtype).itemsize
+    overhead = _graph_task_seconds(task_model(request.operator, request.runs_dir, request.environment))
+    return plan_staged_chunks(request.shape, op.whole_axes, stages, request.limit_bytes,
+                              graph_task_seconds=overhead, warnings=tuple(warnings), **request.common())
+
+
+def _graph_task_seconds(model) -> float:
+    learnt = model.graph_task_seconds
+    return DEFAULT_GRAPH_TASK_SECONDS if learnt is None else learnt

@@ -20,12 +20,19 @@ The composed operator (:class:`Pipeline`)::
     run(block)  = the stages in order, each intermediate released as soon as the next
                   stage has consumed it
 
-Its Dask form is the base class's: one ``map_overlap`` with the pipeline's halo, every task
-running all stages (the *fused* strategy).  Stage ``s``'s values are exact at least
-``sum_{t <= s} halo_t`` from a block's inner edges, so after the trim by the whole halo the
-result equals the NumPy composition on the whole volume, seams included; at the volume's
-edges the blocks are not padded and each stage's own edge handling applies as on the
-whole volume.
+Its Dask form takes one of two strategies (:data:`STRATEGIES`):
+
+* ``fused`` (the base class's form): one ``map_overlap`` with the pipeline's halo, every
+  task running all stages, halo regions recomputed, no intermediate leaving the task.
+  Stage ``s``'s values are exact at least ``sum_{t <= s} halo_t`` from a block's inner
+  edges, so after the trim by the whole halo the result equals the NumPy composition on
+  the whole volume, seams included; at the volume's edges the blocks are not padded and
+  each stage's own edge handling applies as on the whole volume.
+* ``staged``: each stage's own Dask form (its ``map_overlap`` with its own halo) on the
+  previous stage's output, a fan-out's branches each on the prefix's output: every
+  intermediate is a Dask array held by the workers until its neighbours have sliced their
+  halos.  Each stage's form equals its NumPy form on the whole volume, so their
+  composition equals the pipeline's.
 """
 
 from __future__ import annotations
@@ -39,7 +46,12 @@ import numpy as np
 
 from operators.base import Operator, Shape, SpecError, registered
 
-__all__ = ["Call", "Pipeline", "SpecError", "build", "call_name", "canonical", "parse", "parse_shape_value"]
+__all__ = ["STRATEGIES", "Call", "Pipeline", "SpecError", "build", "call_name", "canonical", "parse",
+           "parse_shape_value"]
+
+#: The ways a pipeline runs on Dask (module docstring): one task per block for all stages,
+#: or one ``map_overlap`` per stage.
+STRATEGIES = ("fused", "staged")
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 #: An operator's name as a spec may write it: anything without the grammar's characters
@@ -241,11 +253,27 @@ class Pipeline(Operator):
             shape = stage[0].output_shape(shape)
         return tuple(int(n) for n in shape)
 
-    def dask(self, array, *, wrap=None):
-        """A chain: the base class's fused ``map_overlap``.  A fan-out: a dict of one Dask
-        array per branch (``branches`` order), from one fused task per block that runs
-        every stage and stacks the branches' outputs (one graph, the shared stages run
-        once per block), then trimmed by the halo and split."""
+    def dask(self, array, *, wrap=None, strategy: str = "fused"):
+        """The pipeline's Dask form in ``strategy`` (module docstring).  A chain: one array.
+        A fan-out: a dict of one Dask array per branch (``branches`` order).
+
+        ``fused`` runs every stage in one task per block: a chain is the base class's
+        ``map_overlap``; a fan-out stacks the branches' outputs of each block (one graph, the
+        shared stages run once per block), then trims by the halo and splits.  ``staged``
+        chains the members' own Dask forms.  ``wrap`` (a measuring hook around each task's
+        ``run``) applies to fused tasks, which are the pipeline's; a staged graph's tasks
+        are its members', so it takes none."""
+        if strategy not in STRATEGIES:
+            raise ValueError(f"unknown strategy {strategy!r}: one of {', '.join(STRATEGIES)}")
+        if strategy == "staged":
+            if wrap is not None:
+                raise ValueError("a staged pipeline's tasks are its members': no hook wraps them")
+            x = array
+            for stage in self.stages[:-1]:
+                x = stage[0].dask(x)
+            if not self.branches:
+                return self.stages[-1][0].dask(x)
+            return {op.name: op.dask(x) for op in self.stages[-1]}
         if not self.branches:
             return super().dask(array, wrap=wrap)
         from dask.array.overlap import overlap, trim_internal

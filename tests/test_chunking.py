@@ -713,3 +713,95 @@ def test_a_predictor_taking_tasks_bounds_the_largest_task_of_each_candidate_plan
     mean = 100.0 * math.prod(plan.block)
     assert plan.footprint.task_peak_bytes == pytest.approx(mean + 2**20 * plan.n_tasks, rel=1e-9)
     assert chunking.plan_fits(plan, predict)
+
+
+# --------------------------------------------------------------------------- staged plans
+
+
+class StagePredictor:
+    """An analytic stage: ``a`` bytes per block sample, its bound ``UPPER_FACTOR`` times
+    that; remembers the confidences it was asked at."""
+
+    def __init__(self, bytes_per_sample):
+        self.a, self.asked = bytes_per_sample, []
+
+    def __call__(self, blocks, confidence=0.99):
+        self.asked.append(confidence)
+        samples = np.prod(np.asarray(blocks, dtype=np.float64), axis=-1)
+        return self.a * samples, UPPER_FACTOR * self.a * samples
+
+
+def staged_stages(halos=((4, 4, 4), (6, 6, 6)), bytes_per_sample=(20.0, 200.0), groups=None):
+    groups = groups or list(range(len(halos)))
+    return [chunking.PlanStage(name=f"op{i}", halo=h, predict=StagePredictor(a), group=g,
+                               seconds_per_voxel=1e-8 * (i + 1))
+            for i, (h, a, g) in enumerate(zip(halos, bytes_per_sample, groups))]
+
+
+def by_hand_staged_total(plan, stages, shape, workers, threads=1, baseline=BASELINE):
+    """The staged bound at the plan's chunks, written out: the largest running stage, plus every
+    stage group's input chunks held for neighbours."""
+    chunks = np.asarray(plan.chunks)
+    counts = -(-np.asarray(shape) // chunks)
+    running = []
+    for s in stages:
+        block = [int(chunking.axis_blocks(n, [c], h)[0]) for n, c, h in zip(shape, plan.chunks, s.halo)]
+        upper = UPPER_FACTOR * s.predict.a * math.prod(block)
+        # T (in + peak) + T waiting input + T held output, float32 in and out
+        running.append(threads * (4 * math.prod(block) + math.ceil(upper)) + 2 * threads * 4 * math.prod(block))
+    held = 0
+    for g in sorted({s.group for s in stages}):
+        halo = np.max([s.halo for s in stages if s.group == g], axis=0)
+        held += int(chunking.neighbour_chunks_held(counts, halo, workers)) * math.prod(plan.chunks) * 4
+    return baseline + max(running) + held
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_staged_plans_bound_is_its_largest_stage_plus_every_stages_held_chunks(workers):
+    shape = (300, 260, 200)
+    stages = staged_stages()
+    plan = chunking.plan_staged_chunks(shape, (), stages, 1 * GiB, baseline_bytes=BASELINE, workers=workers,
+                                       confidence=0.99)
+    assert plan.strategy == "staged" and plan.upper_bytes <= plan.budget_bytes
+    assert plan.upper_bytes == by_hand_staged_total(plan, stages, shape, workers)
+    assert plan.footprint.total == plan.upper_bytes
+    # each stage's bound at the Bonferroni confidence, so that the largest holds with 99%
+    asked = [c for s in stages for c in s.predict.asked]
+    assert asked and all(c == pytest.approx(1 - 0.01 / 2) for c in asked)
+    assert [s["binding"] for s in plan.stages] == [False, True]  # 200 B/sample dwarfs 20
+    assert json.loads(json.dumps(plan.to_dict()))["strategy"] == "staged"
+
+
+def test_a_fan_outs_branches_keep_their_shared_input_once():
+    shape = (300, 260, 200)
+    fan = staged_stages(halos=((4, 4, 4), (6, 6, 6), (3, 3, 3)), bytes_per_sample=(20.0, 200.0, 50.0),
+                        groups=[0, 1, 1])
+    plan = chunking.plan_staged_chunks(shape, (), fan, 1 * GiB, baseline_bytes=BASELINE, workers=2)
+    assert plan.upper_bytes == by_hand_staged_total(plan, fan, shape, 2)
+    assert len(plan.stages) == 3
+
+
+def test_a_staged_plans_time_charges_every_stages_tasks_and_block_and_the_transfers():
+    shape, workers = (300, 260, 200), 2
+    stages = staged_stages()
+    plan = chunking.plan_staged_chunks(shape, (), stages, 4 * GiB, baseline_bytes=BASELINE, workers=workers,
+                                       graph_task_seconds=0.002, io_seconds_per_voxel=5e-8)
+    counts = [-(-n // c) for n, c in zip(shape, plan.chunks)]
+    chunk_seconds = 0.0
+    for i, s in enumerate(stages):
+        block = [int(chunking.axis_blocks(n, [c], h)[0]) for n, c, h in zip(shape, plan.chunks, s.halo)]
+        chunk_seconds += 0.002 * float(chunking.graph_tasks_per_chunk(counts, s.halo)) + s.seconds_per_voxel * math.prod(block)
+        chunk_seconds += 5e-8 * (math.prod(block) if i == 0 else (math.prod(block) - math.prod(plan.chunks)) / 2)
+    waves = plan.n_tasks / 2 + 1 - 1 / 2  # Graham's bound on two slots
+    assert plan.predicted_seconds == pytest.approx(waves * chunk_seconds)
+
+
+def test_a_staged_plan_is_never_replanned_and_fails_in_one_line_when_nothing_fits():
+    stages = staged_stages()
+    plan = chunking.plan_staged_chunks((200, 200, 200), (), stages, 1 * GiB, baseline_bytes=BASELINE)
+    doubled = lambda blocks, confidence=0.99: tuple(2 * x for x in analytic_peak(blocks))  # noqa: E731
+    assert chunking.replan(plan, doubled, done_fraction=0.0) is None
+    with pytest.raises(ChunkPlanError) as info:
+        chunking.plan_staged_chunks((2000, 2000, 2000), (2,), stages, 200 * MiB, baseline_bytes=BASELINE,
+                                    operator="a,b")
+    assert "fits staged for a,b" in str(info.value) and "\n" not in str(info.value)

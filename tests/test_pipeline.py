@@ -105,26 +105,31 @@ def test_run_applies_the_stages_in_order_and_a_fan_out_returns_each_branch():
     assert operators.get("gaussian,gst3d").output_shape((30, 26, 40)) == (30, 26, 40)
 
 
+@pytest.mark.parametrize("strategy", ["fused", "staged"])
 @pytest.mark.parametrize("spec", ISSUE_PIPELINES)
-def test_the_fused_dask_form_equals_the_numpy_composition_seams_included(spec):
+def test_both_dask_forms_equal_the_numpy_composition_seams_included(spec, strategy):
     import dask.array as da
 
     op = operators.get(spec)
     x = volume((72, 64, 70), seed=1)
     chunks = tuple(max(h + 4, n // 3) for h, n in zip(op.halo, x.shape))  # several chunks per split axis
-    lazy = op.dask(da.from_array(x, chunks=chunks))
+    lazy = op.dask(da.from_array(x, chunks=chunks), strategy=strategy)
     assert any(lazy.numblocks[a] > 1 for a in range(3) if a not in op.whole_axes)
+    # fused: one operator layer; staged: one per stage, each with its own overlap
+    run_layers = [name for name in lazy.dask.layers if name.startswith("run-")]
+    assert len(run_layers) == (len(op.stages) if strategy == "staged" else 1)
     with dask.config.set(scheduler="synchronous"):
         got = lazy.compute()
     np.testing.assert_allclose(got, op.run(x), rtol=0, atol=2e-6)
 
 
-def test_a_fan_outs_dask_form_is_one_array_per_branch_equal_to_numpy_seams_included():
+@pytest.mark.parametrize("strategy", ["fused", "staged"])
+def test_a_fan_outs_dask_form_is_one_array_per_branch_equal_to_numpy_seams_included(strategy):
     import dask.array as da
 
     op = operators.get("gaussian,envelope+gst3d+semblance(window=5x5x11)")
     x = volume((72, 64, 70), seed=3)
-    out = op.dask(da.from_array(x, chunks=(30, 28, 70)))
+    out = op.dask(da.from_array(x, chunks=(30, 28, 70)), strategy=strategy)
     assert list(out) == ["envelope", "gst3d", "semblance(window=5x5x11)"]
     assert all(a.numblocks == (3, 3, 1) for a in out.values())
     with dask.config.set(scheduler="synchronous"):
@@ -199,6 +204,33 @@ def test_explore_run_on_a_chain_writes_the_numpy_composition(tmp_path):
         np.testing.assert_allclose(operators.read_segy(written).compute(), expected, rtol=0, atol=2e-6)
         assert written.read_bytes()[3600:3840] == source.read_bytes()[3600:3840]  # the first trace header: same survey
     assert not (tmp_path / "dip.sgy").exists()
+
+
+def test_a_staged_run_writes_the_numpy_composition_and_keeps_only_its_run_record(tmp_path):
+    """``explore run SPEC --strategy staged``: one ``map_overlap`` per stage on a real
+    LocalCluster; each branch equals the NumPy composition, the result says ``staged``, and
+    the members' tasks are not recorded as the pipeline's (only the run record, tagged)."""
+    from explorer.store import Store
+
+    spec = "gaussian,envelope+gst3d"
+    source = tmp_path / "in.sgy"
+    operators.write_segy(source, volume((40, 36, 48), seed=4))
+    out = cli("run", spec, source, "--output", tmp_path / "fan.zarr", "--chunks", "20x18x48", "--workers", "1",
+              "--memory-limit", "1GiB", "--strategy", "staged", "--json", runs=tmp_path / "runs")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["status"] == "ok" and result["strategy"] == "staged" and result["observations_recorded"] == 0
+    import zarr
+
+    group = zarr.open_group(str(tmp_path / "fan.zarr"), mode="r")
+    for branch, expected in zip(("envelope", "gst3d"), operators.get(spec).run(operators.read_segy(source).compute())):
+        np.testing.assert_allclose(np.asarray(group[branch]), expected, rtol=0, atol=2e-6)
+    store = Store(tmp_path / "runs")
+    assert store.records(spec, source="production") == []
+    (run_record,) = store.records(spec, source="run")
+    assert run_record.context["strategy"] == "staged" and run_record.context["n_tasks"] == 4
+    bad = cli("run", spec, source, "--output", tmp_path / "x.zarr", "--strategy", "sideways", runs=tmp_path / "runs")
+    assert bad.returncode == 2 and "invalid choice: 'sideways'" in bad.stderr.strip().splitlines()[-1]
 
 
 # --------------------------------------------------------------------------- the composed model
@@ -304,7 +336,7 @@ def test_the_composed_model_predicts_a_real_pipeline_profile_it_never_saw(tmp_pa
         mean, upper = model.predict(shape, 0.99)
         assert peak <= upper and abs(mean / truth.peak_bytes - 1) <= 0.05, (shape, peak, mean, upper)
     code = ("import json, sys, explorer; p = explorer.recommend_chunks('gaussian,gst3d', (300, 300, 300), '1GiB', "
-            f"runs_dir={str(tmp_path)!r}, baseline_bytes=100 * 2**20); "
+            f"runs_dir={str(tmp_path)!r}, baseline_bytes=100 * 2**20, strategy='fused'); "
             "print(json.dumps([p.upper_bytes <= p.budget_bytes, 'torch' in sys.modules, list(p.halo), p.warnings]))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -325,7 +357,8 @@ def test_a_fan_out_plan_from_composed_models_runs_the_branches_in_liu_order(tmp_
         fitted_model(name).save(paths.model_path(name, tmp_path))
     gst3d_model.save(paths.model_path("gst3d", tmp_path))
     spec = "gaussian,envelope+gst3d"
-    plan = recommend_chunks(spec, (300, 300, 300), "1GiB", runs_dir=tmp_path, baseline_bytes=100 * 2**20)
+    plan = recommend_chunks(spec, (300, 300, 300), "1GiB", runs_dir=tmp_path, baseline_bytes=100 * 2**20,
+                            strategy="fused")  # a fused task runs the branches in order; staged ones run apart
     assert plan.branch_order == ("gst3d", "envelope") and plan.to_dict()["branch_order"] == ["gst3d", "envelope"]
     model = load_model(spec, runs_dir=tmp_path)
     _, liu = model.predict_many([plan.block], 0.99)
@@ -368,3 +401,38 @@ def test_three_profiles_of_a_pipeline_with_its_composed_prior_bound_it_tighter_t
     _, upper_flat = flat.predict_many(shapes, 0.99)
     assert np.all(upper_prior >= peaks) and np.all(upper_flat >= peaks), (upper_prior, upper_flat, peaks)
     assert np.all(upper_prior - peaks <= 0.5 * (upper_flat - peaks)), (upper_prior / peaks, upper_flat / peaks)
+
+
+def test_recommend_weighs_fused_against_staged_by_predicted_time_among_plans_that_fit(tmp_path, gst3d_model):
+    """Real models of gaussian and gst3d: ``auto`` plans both strategies and takes the one of
+    least predicted seconds (``considered`` keeps both); an asked strategy is honoured; a
+    single operator has one form; a staged plan needs every member's model."""
+    from explorer import paths
+    from explorer.recommend import recommend_chunks
+    from explorer.surrogate import ModelNotFoundError
+
+    gst3d_model.save(paths.model_path("gst3d", tmp_path))
+    spec, kwargs = "gaussian,gst3d", dict(runs_dir=tmp_path, baseline_bytes=100 * 2**20, workers=2)
+    with pytest.raises(ModelNotFoundError, match="none for its member.s. gaussian"):
+        recommend_chunks(spec, (300, 300, 300), "1GiB", strategy="staged", **kwargs)
+    fitted_model("gaussian").save(paths.model_path("gaussian", tmp_path))
+    for limit in ("700MiB", "1GiB", "4GiB"):
+        plan = recommend_chunks(spec, (300, 300, 300), limit, **kwargs)
+        assert set(plan.considered) == {"fused", "staged"}
+        fits = {k: v for k, v in plan.considered.items() if "error" not in v}
+        assert plan.strategy == min(fits, key=lambda k: fits[k]["predicted_seconds"])
+        assert plan.upper_bytes <= plan.budget_bytes and plan.to_dict()["strategy"] == plan.strategy
+        for asked in ("fused", "staged"):
+            one = recommend_chunks(spec, (300, 300, 300), limit, strategy=asked, **kwargs)
+            assert one.strategy == asked and list(one.considered) == [asked]
+            assert one.considered[asked] == plan.considered[asked]
+    staged = recommend_chunks(spec, (300, 300, 300), "1GiB", strategy="staged", **kwargs)
+    assert [s["operator"] for s in staged.stages] == ["gaussian", "gst3d"]
+    from explorer.chunking import axis_blocks
+
+    gst3d_halo = operators.get("gst3d").halo  # each stage's block carries its own halo, not the pipeline's
+    assert staged.stages[1]["block"] == [int(axis_blocks(300, [c], h)[0]) for c, h in zip(staged.chunks, gst3d_halo)]
+    single = recommend_chunks("gst3d", (300, 300, 300), "1GiB", strategy="staged", **kwargs)
+    assert single.strategy == "fused" and single.considered == {}
+    with pytest.raises(ValueError, match="unknown strategy 'both'"):
+        recommend_chunks(spec, (300, 300, 300), "1GiB", strategy="both", **kwargs)

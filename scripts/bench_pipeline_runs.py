@@ -1,0 +1,319 @@
+"""Benchmark of pipelines on Dask: does the planner's choice of strategy and chunks run a
+pipeline safely, and about as fast as the best choice a grid search finds?
+
+For each pipeline spec (default: the four of issue 14), on a synthetic SEG-Y volume
+(``--shape``), a real ``LocalCluster`` of 2 workers x 1 thread per run (``--workers``,
+``--threads``), each worker limited to ``--memory-limit``:
+
+1. **Members.** Every member is explored once into ``--cache`` (``explore(member,
+   budget=--budget, memory_limit=L)``, with its in-worker probes, so each has a
+   calibration); a member already there is reused.
+2. **ours**: ``explore run SPEC`` as a user runs it (``chunks="model"``, ``strategy="auto"``:
+   ``recommend_chunks`` weighs fused against staged), ``--repeats`` times.
+3. **oracle**: the best of {fused, staged} x a grid of chunk shapes (``--grid``: the first
+   two axes split in 2, 3 and 4, the samples axis whole or halved), each run once, then the
+   ``--finalists`` fastest that lost no worker and stayed under the limit run again up to
+   ``--repeats`` runs; the oracle is the finalist of least median seconds.
+4. **chained**: the way a user chains today: each operator run on its own with its own
+   recommended chunks (``explore run MEMBER``), one after the other through SEG-Y
+   intermediates (a fan-out's branches one by one on the prefix's output); its seconds are
+   the sum of the runs'.
+5. **auto**: Dask's ``chunks="auto"`` (sized by input bytes only) with one ``map_overlap``
+   per stage, as a user chaining Dask operators writes it (``strategy="staged"``).
+
+Every run's output is compared with the NumPy composition on the whole volume
+(``Pipeline.run``): ``max |error|`` over every branch.  Seconds are ``RunResult.seconds``
+(from submitting the graph to the output being complete; the cluster's start-up is not in
+it): medians of ``--repeats`` runs, with their spread (min-max), because two workers on a
+2-core machine share it with the client.  Memory: the largest worker high-water mark
+(``VmHWM``) against the limit, workers lost and the nannies' memory kills.
+
+Targets (issue 14): ours loses no worker and stays under the limit; its median seconds
+<= 1.10 x the oracle's; every output equals the NumPy composition.
+
+    python scripts/bench_pipeline_runs.py [--pipelines SPEC;SPEC] [--memory-limit 1GiB]
+        [--shape 256x256x256] [--repeats 5] [--finalists 3] [--cache runs/bench/pipeline-runs]
+
+Prints Markdown tables, verdicts and the machine line; progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import operators  # noqa: E402
+from explorer.daskrun import run  # noqa: E402
+from explorer.exploration import explore  # noqa: E402
+from explorer.surrogate import load_model  # noqa: E402
+from explorer.units import format_bytes, format_shape, parse_shape, parse_size  # noqa: E402
+from machine import machine_line  # noqa: E402
+
+ISSUE_PIPELINES = ("gaussian,gst3d;envelope,gaussian;gaussian(sigma=1),semblance,gaussian;"
+                   "gaussian,envelope+instantaneous_phase+instantaneous_frequency+gst3d")
+TOLERANCE = 2e-6
+TIME_TARGET = 1.10
+STARTED = time.perf_counter()
+
+
+def log(message: str) -> None:
+    print(f"[{time.perf_counter() - STARTED:7.1f} s] {message}", file=sys.stderr, flush=True)
+
+
+def explore_members(specs, runs: Path, budget: int, limit: int) -> None:
+    seen = set()
+    for spec in specs:
+        for op in operators.get(spec).members:
+            if op.name in seen:
+                continue
+            seen.add(op.name)
+            try:
+                load_model(op.name, runs_dir=runs)
+                log(f"member {op.name}: model in the cache")
+                continue
+            except LookupError:
+                pass
+            log(f"member {op.name}: explore budget={budget} (with in-worker probes)")
+            r = explore(op.name, budget=budget, memory_limit=limit, runs_dir=runs, report=False)
+            log(f"member {op.name}: {r.profiles} profiles, {r.seconds:.0f} s, {r.stopped_because}")
+
+
+class Arm:
+    """The runs of one way of running a pipeline."""
+
+    def __init__(self, name: str, detail: str = ""):
+        self.name, self.detail, self.runs = name, detail, []
+
+    def add(self, seconds, hwm, lost, kills, error, ok):
+        self.runs.append({"seconds": seconds, "hwm": hwm, "lost": lost, "kills": kills, "error": error, "ok": ok})
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.runs) and all(r["ok"] for r in self.runs)
+
+    @property
+    def seconds(self) -> list[float]:
+        return [r["seconds"] for r in self.runs if r["ok"]]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.seconds) if self.ok else float("inf")
+
+    def row(self, limit: int, oracle: float) -> str:
+        hwm = max((r["hwm"] for r in self.runs if r["hwm"]), default=0)
+        lost = sum(r["lost"] for r in self.runs)
+        kills = sum(r["kills"] for r in self.runs)
+        errors = max((r["error"] for r in self.runs if r["error"] is not None), default=None)
+        if self.ok:
+            s = self.seconds
+            time_text = f"{statistics.median(s):.2f} ({min(s):.2f}-{max(s):.2f})"
+            ratio = f"{statistics.median(s) / oracle:.2f}x" if np.isfinite(oracle) else "-"
+        else:
+            failed = sum(not r["ok"] for r in self.runs)
+            time_text, ratio = f"failed {failed} of {len(self.runs)}", "-"
+        err = "-" if errors is None else f"{errors:.1e}"
+        return (f"| {self.name} | {self.detail} | {len(self.runs)} | {time_text} | {ratio} | "
+                f"{format_bytes(hwm)} ({hwm / limit:.0%}) | {lost} | {kills} | {err} |")
+
+
+def outputs_error(result, spec: str, reference) -> float | None:
+    """``max |output - NumPy composition|`` over the branches (None when no output)."""
+    import zarr
+
+    if result.status != "ok":
+        return None
+    op = operators.get(spec)
+    if op_branches(op):
+        group = zarr.open_group(result.output, mode="r")
+        return max(float(np.abs(np.asarray(group[b]) - r).max()) for b, r in zip(op.branches, reference))
+    return float(np.abs(np.asarray(zarr.open_array(result.output, mode="r")) - reference).max())
+
+
+def op_branches(op) -> tuple:
+    return getattr(op, "branches", ())
+
+
+def measured(arm: Arm, result, error) -> None:
+    hwm = max([h for h in result.worker_hwm_bytes if h] + list(result.worker_peak_bytes), default=0)
+    ok = result.status == "ok" and result.workers_restarted == 0 and (error is not None and error <= TOLERANCE)
+    arm.add(result.seconds or 0.0, hwm, result.workers_restarted, result.memory_kills, error, ok)
+
+
+def one_run(spec, source, work: Path, limit, args, **kwargs):
+    out = work / f"out-{time.monotonic_ns()}.zarr"
+    result = run(spec, source, out, memory_limit=limit, workers=args.workers, threads_per_worker=args.threads,
+                 runs_dir=args.cache, refine=False, replan=False, **kwargs)
+    return result
+
+
+def run_arm(arm: Arm, spec, source, work, limit, args, reference, times: int, **kwargs):
+    for _ in range(times):
+        result = one_run(spec, source, work, limit, args, **kwargs)
+        error = outputs_error(result, spec, reference)
+        measured(arm, result, error)
+        log(f"  {arm.name} {arm.detail}: {result.status}, {result.seconds or 0:.2f} s, "
+            f"{result.workers_restarted} lost, error {error}")
+        shutil.rmtree(result.output, ignore_errors=True)
+        if result.status != "ok" or result.workers_restarted:
+            break  # a configuration that loses workers is not run again
+        last = result
+    return last if arm.runs and arm.runs[-1]["ok"] else None
+
+
+def chained(spec, source, work: Path, limit, args, reference) -> Arm:
+    """Each member run on its own with its own recommended chunks, through SEG-Y intermediates."""
+    op = operators.get(spec)
+    arm = Arm("chained", "each operator with its own plan")
+    for _ in range(args.repeats):
+        seconds, hwm, lost, kills, ok, current = 0.0, 0, 0, 0, True, source
+        chunk_text = []
+        for index, stage in enumerate(op.stages):
+            last = index == len(op.stages) - 1
+            outputs = {}
+            for member in stage:
+                out = work / (f"{member.name}-{index}.zarr" if last else f"stage-{index}.sgy")
+                r = run(member.name, current, out, memory_limit=limit, workers=args.workers,
+                        threads_per_worker=args.threads, runs_dir=args.cache, refine=False, replan=False,
+                        overwrite=True)
+                seconds += r.seconds or 0.0
+                hwm = max([hwm] + [h for h in r.worker_hwm_bytes if h] + list(r.worker_peak_bytes))
+                lost, kills = lost + r.workers_restarted, kills + r.memory_kills
+                ok = ok and r.status == "ok"
+                chunk_text.append(format_shape(r.chunks) if r.chunks else "-")
+                outputs[member.name] = out
+                if not ok:
+                    break
+            if not ok:
+                break
+            current = outputs[stage[0].name]
+        error = None
+        if ok:
+            import zarr
+
+            got = [np.asarray(zarr.open_array(str(outputs[m.name]), mode="r")) for m in op.stages[-1]]
+            expected = reference if op_branches(op) else [reference]
+            error = max(float(np.abs(g - e).max()) for g, e in zip(got, expected))
+        arm.detail = "each operator with its own plan: " + ", ".join(chunk_text)
+        arm.add(seconds, hwm, lost, kills, error, ok and lost == 0 and error is not None and error <= TOLERANCE)
+        log(f"  chained: ok={ok}, {seconds:.2f} s, {lost} lost, error {error}")
+        for path in work.iterdir():
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink()
+        if not ok:
+            break
+    return arm
+
+
+def grid(shape) -> list[tuple[int, int, int]]:
+    n0, n1, n2 = shape
+    return [(-(-n0 // k), -(-n1 // k), m) for k in (2, 3, 4) for m in (n2, -(-n2 // 2))]
+
+
+def bench_pipeline(spec: str, args, limit: int) -> dict:
+    op = operators.get(spec)
+    shape = parse_shape(args.shape)
+    work = Path(tempfile.mkdtemp(prefix="bench-pipeline-runs-"))
+    source = work / "in.sgy"
+    x = operators.synthetic_volume(shape, seed=args.seed)
+    operators.write_segy(source, x)
+    reference = op.run(x)
+    del x
+    out_dir = work / "out"
+    out_dir.mkdir()
+    log(f"{spec}: volume {format_shape(shape)}, limit {format_bytes(limit)}")
+    ours = Arm("ours", "")
+    last = run_arm(ours, spec, source, out_dir, limit, args, reference, args.repeats)
+    if last is not None and last.plan:
+        plan = last.plan
+        considered = "; ".join(f"{k} {format_shape(v['chunks'])} ~{v['predicted_seconds']:.1f} s"
+                               if "error" not in v else f"{k}: none fits" for k, v in plan["considered"].items())
+        ours.detail = (f"{plan['strategy']} {format_shape(plan['chunks'])} (bound "
+                       f"{format_bytes(plan['upper_bytes'])}; weighed {considered})")
+    screened = []
+    for chunks in grid(shape):
+        for strategy in ("fused", "staged"):
+            arm = Arm("grid", f"{strategy} {format_shape(chunks)}")
+            run_arm(arm, spec, source, out_dir, limit, args, reference, 1, chunks=chunks, strategy=strategy)
+            screened.append(arm)
+    finalists = sorted((a for a in screened if a.ok), key=lambda a: a.median)[: args.finalists]
+    for arm in finalists:
+        strategy, chunk_text = arm.detail.split()
+        run_arm(arm, spec, source, out_dir, limit, args, reference, args.repeats - 1,
+                chunks=parse_shape(chunk_text), strategy=strategy)
+    finalists = [a for a in finalists if a.ok]
+    oracle = min(finalists, key=lambda a: a.median) if finalists else None
+    if oracle is not None:
+        oracle.name = "oracle"
+    auto = Arm("auto", "Dask's chunks, one map_overlap per stage")
+    run_arm(auto, spec, source, out_dir, limit, args, reference, args.auto_repeats, chunks="auto",
+            strategy="staged")
+    chain = chained(spec, source, out_dir, limit, args, reference)
+    shutil.rmtree(work, ignore_errors=True)
+    return {"spec": spec, "limit": limit, "ours": ours, "oracle": oracle, "grid": screened, "auto": auto,
+            "chained": chain}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pipelines", default=ISSUE_PIPELINES, help="specs separated by ';'")
+    parser.add_argument("--memory-limit", default="1GiB", help="per worker")
+    parser.add_argument("--shape", default="256x256x256", help="the synthetic SEG-Y volume")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--budget", type=int, default=30, help="explore budget of each member")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--finalists", type=int, default=3)
+    parser.add_argument("--auto-repeats", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cache", default="runs/bench/pipeline-runs", type=Path)
+    args = parser.parse_args()
+    limit = parse_size(args.memory_limit)
+    specs = [s for s in args.pipelines.split(";") if s]
+    explore_members(specs, args.cache, args.budget, limit)
+    results = [bench_pipeline(spec, args, limit) for spec in specs]
+
+    print(f"## Pipelines on Dask: {args.workers} workers x {args.threads} thread, "
+          f"{format_bytes(limit)} per worker, volume {args.shape}\n")
+    verdicts = []
+    for r in results:
+        oracle = r["oracle"].median if r["oracle"] is not None else float("inf")
+        print(f"### `{r['spec']}`\n")
+        print("| arm | chunks | runs | seconds, median (min-max) | / oracle | largest worker HWM (of limit) "
+              "| workers lost | memory kills | max abs error |")
+        print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+        for arm in [r["ours"], r["oracle"], r["chained"], r["auto"]]:
+            if arm is not None:
+                print(arm.row(r["limit"], oracle))
+        print()
+        print("<details><summary>grid (one run each; finalists rerun)</summary>\n")
+        print("| strategy chunks | runs | seconds | largest HWM | lost |")
+        print("|---|---:|---:|---:|---:|")
+        for arm in r["grid"]:
+            hwm = max((x["hwm"] for x in arm.runs), default=0)
+            secs = f"{arm.median:.2f}" if arm.ok else "failed"
+            print(f"| {arm.detail} | {len(arm.runs)} | {secs} | {format_bytes(hwm)} | "
+                  f"{sum(x['lost'] for x in arm.runs)} |")
+        print("\n</details>\n")
+        ours = r["ours"]
+        hwm = max((x["hwm"] for x in ours.runs), default=0)
+        safe = ours.ok and hwm <= r["limit"]
+        fast = ours.ok and ours.median <= TIME_TARGET * oracle
+        auto_killed = any(x["lost"] or x["kills"] for x in r["auto"].runs) or not r["auto"].ok
+        verdicts.append(f"- `{r['spec']}`: ours {'safe' if safe else 'NOT safe'} (no worker lost, HWM "
+                        f"{hwm / r['limit']:.0%} of the limit), {ours.median / oracle:.2f}x the oracle "
+                        f"({'meets' if fast else 'misses'} <= {TIME_TARGET:.2f}x); auto "
+                        f"{'lost workers or failed' if auto_killed else 'did not fail at this limit'}")
+    print("### Verdicts\n")
+    print("\n".join(verdicts))
+    print(f"\nMachine: {machine_line()}")
+
+
+if __name__ == "__main__":
+    main()
