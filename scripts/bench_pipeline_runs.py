@@ -10,8 +10,8 @@ For each pipeline spec (default: the four of issue 14), on a synthetic SEG-Y vol
    calibration); a member already there is reused.
 2. **ours**: ``explore run SPEC`` as a user runs it (``chunks="model"``, ``strategy="auto"``:
    ``recommend_chunks`` weighs fused against staged), ``--repeats`` times.
-3. **oracle**: the best of {fused, staged} x a grid of chunk shapes (``--grid``: the first
-   two axes split in 2, 3 and 4, the samples axis whole or halved), each run once, then the
+3. **oracle**: the best of {fused, staged} x a grid of chunk shapes (the first two axes
+   split in 1, 2, 3 and 4, the samples axis whole or halved), each run once, then the
    ``--finalists`` fastest that lost no worker and stayed under the limit run again up to
    ``--repeats`` runs; the oracle is the finalist of least median seconds.
 4. **chained**: the way a user chains today: each operator run on its own with its own
@@ -32,7 +32,7 @@ Targets (issue 14): ours loses no worker and stays under the limit; its median s
 <= 1.10 x the oracle's; every output equals the NumPy composition.
 
     python scripts/bench_pipeline_runs.py [--pipelines SPEC;SPEC] [--memory-limit 1GiB]
-        [--shape 256x256x256] [--repeats 5] [--finalists 3] [--cache runs/bench/pipeline-runs]
+        [--shape 256x256x384] [--repeats 5] [--finalists 3] [--cache runs/bench/pipeline-runs]
 
 Prints Markdown tables, verdicts and the machine line; progress goes to stderr.
 """
@@ -213,7 +213,7 @@ def chained(spec, source, work: Path, limit, args, reference) -> Arm:
 
 def grid(shape) -> list[tuple[int, int, int]]:
     n0, n1, n2 = shape
-    return [(-(-n0 // k), -(-n1 // k), m) for k in (2, 3, 4) for m in (n2, -(-n2 // 2))]
+    return [(-(-n0 // k), -(-n1 // k), m) for k in (1, 2, 3, 4) for m in (n2, -(-n2 // 2))]
 
 
 def bench_pipeline(spec: str, args, limit: int) -> dict:
@@ -264,7 +264,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pipelines", default=ISSUE_PIPELINES, help="specs separated by ';'")
     parser.add_argument("--memory-limit", default="1GiB", help="per worker")
-    parser.add_argument("--shape", default="256x256x256", help="the synthetic SEG-Y volume")
+    parser.add_argument("--shape", default="256x256x384", help="the synthetic SEG-Y volume")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--budget", type=int, default=30, help="explore budget of each member")
