@@ -127,6 +127,7 @@ __all__ = [
     "schedule_waves",
     "expected_max_normal",
     "TaskClock",
+    "composed_clock",
     "neighbour_chunks_held",
     "run_seconds_per_voxel",
     "graph_tasks_per_chunk",
@@ -492,6 +493,33 @@ class TaskClock:
     def from_dict(cls, data: dict) -> "TaskClock":
         return cls(**{k: tuple(float(x) for x in data.get(k) or ()) for k in
                       ("volumes", "seconds_per_voxel", "spread_volumes", "spreads")})
+
+
+def composed_clock(clocks, shared_seconds_per_voxel: float = 0.0) -> TaskClock:
+    """The clock of one task running the members of ``clocks`` in turn on the same block: a
+    fused pipeline's, from its members' learnt clocks.
+
+    Each member's clock times a whole task of its own (read, operator, store); a fused task
+    reads and stores once, so ``S - 1`` of the members' I/O (``shared_seconds_per_voxel``, their
+    learnt I/O per voxel) is taken off::
+
+        s(V)     = sum_s s_s(V) - (S - 1) * io          (at the union of the members' volumes)
+        sigma(V) = max_s sigma_s(V)                     (none when a member has no spread)
+    """
+    clocks = list(clocks)
+    if not clocks:
+        raise ValueError("a composed clock needs at least one member clock")
+    volumes = np.unique(np.concatenate([np.asarray(c.volumes, dtype=np.float64) for c in clocks]))
+    speed = sum(c.seconds_per_voxel_at(volumes) for c in clocks) - (len(clocks) - 1) * float(shared_seconds_per_voxel)
+    floor = max(float(c.seconds_per_voxel_at(volumes).min()) for c in clocks)
+    spread_volumes, spreads = (), ()
+    if all(c.spreads for c in clocks):
+        knots = np.unique(np.concatenate([np.asarray(c.spread_volumes, dtype=np.float64) for c in clocks]))
+        spread_volumes = tuple(float(v) for v in knots)
+        spreads = tuple(float(x) for x in np.max([c.spread_at(knots) for c in clocks], axis=0))
+    return TaskClock(volumes=tuple(float(v) for v in volumes),
+                     seconds_per_voxel=tuple(float(x) for x in np.maximum(speed, floor)),
+                     spread_volumes=spread_volumes, spreads=spreads)
 
 
 # --------------------------------------------------------------------------- the plan
@@ -996,8 +1024,10 @@ class PlanStage:
 
     ``predict``: the member's task :data:`Predictor`.  ``group``: the stage's index; a
     fan-out's branches share one input, whose chunks are kept for their neighbours once.
-    ``itemsize``: bytes per sample of the stage's input.  ``seconds_per_voxel``: the
-    member's profiled operator seconds per block voxel (``b``, without the run's I/O).
+    ``itemsize``: bytes per sample of the stage's input.  ``task_clock``: the member's
+    learnt clock (a whole task of its own in a worker, its input's gathering and its output's
+    handing over included); without one, ``seconds_per_voxel``: the member's profiled
+    operator seconds per block voxel (``b``, without the run's I/O).
     """
 
     name: str
@@ -1007,6 +1037,7 @@ class PlanStage:
     itemsize: int = INPUT_ITEMSIZE
     output_itemsize: int = 4
     seconds_per_voxel: float = DEFAULT_SECONDS_PER_VOXEL - RUN_IO_SECONDS_PER_VOXEL
+    task_clock: TaskClock | None = None
 
 
 def plan_staged_chunks(
@@ -1042,16 +1073,18 @@ def plan_staged_chunks(
     (``g`` over stages: a fan-out's branches share one input).  Each ``P_s`` is the
     member's task bound at ``1 - (1 - c) / S`` (Bonferroni over the ``S`` stage terms), so
     the largest holds with ``>= c``.  The time model charges every stage's own graph tasks
-    and its block at its member's profiled speed ``b_s``, the run's reading and storing once
-    (``io``, on the first stage's block, as a fused plan charges it on its block), and the
-    intermediates' halo slices that come from another worker (a share ``(W - 1) / W`` of
-    them) at the same per-voxel cost::
+    and its task: with the member's learnt clock, what a task of it took in a worker
+    (``s_s(V_s) V_s``, its own input and output handling included); without, its profiled
+    speed ``b_s V_s``, and the run's reading and storing once (``io``, on the first stage's
+    block, as a fused plan charges it on its block).  The intermediates' halo slices that
+    come from another worker (a share ``(W - 1) / W`` of them) cost ``io`` per voxel::
 
-        seconds = schedule_waves(n, C) * chunk_seconds
-        chunk_seconds = sum_s ( o * graph_tasks_per_chunk(k, h_s) + b_s V_s )
-                      + io * V_1 + io * (W - 1) / W * sum_{s on an intermediate} (V_s - prod(c))
+        seconds = schedule_waves(n, C, sigma) * chunk_seconds
+        chunk_seconds = sum_s ( o * graph_tasks_per_chunk(k, h_s) + task_s )
+                      + io * (W - 1) / W * sum_{s on an intermediate} (V_s - prod(c))
 
-    (Graham's tail: staged tasks are not clocked one by one).  Candidates and ranking
+    ``sigma``: the largest of the stages' learnt spreads at their blocks (Graham's bound when
+    a stage has none).  Candidates and ranking
     are :func:`plan_chunks`'s (every candidate predicted: no probe pass).  The plan's
     ``footprint`` is the binding stage's terms with every stage's held chunks,
     ``stages`` one dict per stage, ``halo`` the largest stage halo per axis.
@@ -1076,6 +1109,7 @@ def plan_staged_chunks(
     worst = np.iinfo(np.int64).max // 4
     blocks, means, uppers, running_upper, running_mean = [], [], [], [], []
     chunk_seconds = np.zeros(len(c.chunks))
+    spreads = []
     for stage in stages:
         b = np.stack([axis_blocks(shape[a], c.chunks[:, a], int(stage.halo[a])) for a in range(ndim)], axis=1)
         mean, upper = _predict_blocks(stage.predict, b, c.n_tasks, per_stage, _takes_tasks(stage.predict))
@@ -1088,11 +1122,15 @@ def plan_staged_chunks(
         means.append(mean)
         uppers.append(upper)
         volumes = _samples(b).astype(np.float64)
-        chunk_seconds += (graph_task_seconds * graph_tasks_per_chunk(counts, stage.halo)
-                          + stage.seconds_per_voxel * volumes)
-        if stage is stages[0]:
-            chunk_seconds += io_seconds_per_voxel * volumes
-        elif stage.group > 0:
+        chunk_seconds += graph_task_seconds * graph_tasks_per_chunk(counts, stage.halo)
+        clock = stage.task_clock
+        if clock is not None:
+            chunk_seconds += clock.seconds_per_voxel_at(volumes) * volumes
+        else:
+            chunk_seconds += stage.seconds_per_voxel * volumes + (io_seconds_per_voxel * volumes
+                                                                  if stage is stages[0] else 0.0)
+        spreads.append(None if clock is None else clock.spread_at(volumes))
+        if stage.group > 0:
             chunk_seconds += io_seconds_per_voxel * (workers - 1) / workers * (volumes - _samples(c.chunks))
     held_chunks = np.zeros(len(c.chunks), dtype=np.int64)
     held_bytes = np.zeros(len(c.chunks), dtype=np.int64)
@@ -1105,7 +1143,8 @@ def plan_staged_chunks(
     running_upper, running_mean = np.stack(running_upper, axis=1), np.stack(running_mean, axis=1)
     binding = np.argmax(running_upper, axis=1)
     c.upper_total = np.minimum(baseline_bytes + running_upper.max(axis=1) + held_bytes, np.iinfo(np.int64).max)
-    c.seconds = schedule_waves(c.n_tasks, slots) * chunk_seconds
+    spread = None if any(x is None for x in spreads) else np.max(spreads, axis=0)
+    c.seconds = schedule_waves(c.n_tasks, slots, spread) * chunk_seconds
     rows = np.arange(len(c.chunks))
     c.mean_peak = np.stack(means, axis=1)[rows, binding]
     c.upper_peak = np.stack(uppers, axis=1)[rows, binding]

@@ -349,6 +349,9 @@ def _fused_plan(request: _PlanRequest) -> ChunkPlan:
     model = task_model(request.operator, runs_dir=request.runs_dir, environment=request.environment)
     learnt = model.seconds_per_voxel
     seconds_per_voxel = learnt if learnt is not None else run_seconds_per_voxel(model.info.get("seconds_per_voxel"))
+    clock = model.task_clock
+    if clock is None and len(getattr(op, "members", ())) > 1:
+        clock = _members_clock(op, request)
     plan = plan_chunks(
         request.shape,
         op.halo,
@@ -359,7 +362,7 @@ def _fused_plan(request: _PlanRequest) -> ChunkPlan:
         output_itemsize=np.dtype(op.output_dtype).itemsize,
         seconds_per_voxel=seconds_per_voxel,
         graph_task_seconds=_graph_task_seconds(model),
-        task_clock=model.task_clock,
+        task_clock=clock,
         warnings=tuple(model.warnings),
         **request.common(),
     )
@@ -373,9 +376,34 @@ def _fused_plan(request: _PlanRequest) -> ChunkPlan:
     return dataclasses.replace(plan, branch_order=tuple(order))
 
 
+def _member_timings(op, request: _PlanRequest) -> dict:
+    """Each member's learnt timing (``explorer.calibration.TimingFit``), or None without one."""
+    from explorer.calibration import load_calibration
+
+    timings = {}
+    for member in op.members:
+        cal = load_calibration(member.name, request.runs_dir, request.environment)
+        timings[member.name] = None if cal is None else cal.timing
+    return timings
+
+
+def _members_clock(op, request: _PlanRequest):
+    """A fused pipeline's clock composed from its members' learnt clocks
+    (``explorer.chunking.composed_clock``), or None unless every member has one."""
+    from explorer.chunking import composed_clock
+
+    timings = _member_timings(op, request)
+    if any(t is None or t.clock is None for t in timings.values()):
+        return None
+    learnt_io = [t.io_seconds_per_voxel for t in timings.values() if t.io_seconds_per_voxel is not None]
+    io = float(np.mean(learnt_io)) if learnt_io else RUN_IO_SECONDS_PER_VOXEL
+    return composed_clock([timings[m.name].clock for m in op.members], io)
+
+
 def _staged_plan(request: _PlanRequest) -> ChunkPlan:
     """One ``map_overlap`` per stage: each member's own task model (its in-worker calibration
-    included) and profiled speed; the graph-task overhead the fused plan uses."""
+    included) and learnt clock (else profiled speed); the graph-task overhead the fused plan
+    uses."""
     from explorer.calibration import TaskModel, load_calibration, task_model
     from explorer.chunking import PlanStage, plan_staged_chunks
     from explorer.composed import compose
@@ -395,12 +423,17 @@ def _staged_plan(request: _PlanRequest) -> ChunkPlan:
             stages.append(PlanStage(
                 name=member.name, halo=tuple(member.halo), predict=model.predict_many, group=index,
                 itemsize=itemsize, output_itemsize=np.dtype(member.output_dtype).itemsize,
-                seconds_per_voxel=shared if shared is not None else float(model.info["seconds_per_voxel"])))
+                seconds_per_voxel=shared if shared is not None else float(model.info["seconds_per_voxel"]),
+                task_clock=model.task_clock))
             warnings.extend(w for w in model.warnings if w not in warnings)
         itemsize = np.dtype(stage[0].output_dtype).itemsize
     overhead = _graph_task_seconds(task_model(request.operator, request.runs_dir, request.environment))
+    learnt_io = [t.io_seconds_per_voxel for t in _member_timings(op, request).values()
+                 if t is not None and t.io_seconds_per_voxel is not None]
+    io = float(np.mean(learnt_io)) if learnt_io else RUN_IO_SECONDS_PER_VOXEL
     return plan_staged_chunks(request.shape, op.whole_axes, stages, request.limit_bytes,
-                              graph_task_seconds=overhead, warnings=tuple(warnings), **request.common())
+                              graph_task_seconds=overhead, io_seconds_per_voxel=io, warnings=tuple(warnings),
+                              **request.common())
 
 
 def _graph_task_seconds(model) -> float:

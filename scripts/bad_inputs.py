@@ -66,6 +66,8 @@ CASES = [
     ("--memory-limit too small", ["chunks", "gst3d", "--shape", "800x600x1000", "--memory-limit", "100MiB",
                                   "--runs-dir", "runs-model"], {"needs_model": "runs-model"}),
     ("--chunks 0x10x10", ["run", "gst3d", "in.sgy", "--output", "o.zarr", "--chunks", "0x10x10"], {}),
+    ("--strategy sideways", ["run", "gaussian,gst3d", "in.sgy", "--output", "o.zarr", "--strategy", "sideways"],
+     {}),
     ("unknown operator", ["chunks", "nosuchop", "--shape", "800x600x1000", "--memory-limit", "4GiB"], {}),
     ("no model yet", ["chunks", "semblance", "--shape", "800x600x1000", "--memory-limit", "4GiB", "--runs-dir",
                       "empty-runs"], {}),

@@ -7,6 +7,7 @@ the module's code paths.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import json
@@ -805,3 +806,33 @@ def test_a_staged_plan_is_never_replanned_and_fails_in_one_line_when_nothing_fit
         chunking.plan_staged_chunks((2000, 2000, 2000), (2,), stages, 200 * MiB, baseline_bytes=BASELINE,
                                     operator="a,b")
     assert "fits staged for a,b" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_composed_clock_sums_the_members_and_takes_off_the_io_a_fused_task_does_once():
+    a = chunking.TaskClock(volumes=(1e4, 1e6), seconds_per_voxel=(4e-7, 1e-7), spread_volumes=(1e4, 1e6),
+                           spreads=(0.5, 0.1))
+    b = chunking.TaskClock(volumes=(1e5, 1e7), seconds_per_voxel=(3e-7, 2e-7), spread_volumes=(1e5,), spreads=(0.3,))
+    fused = chunking.composed_clock([a, b], shared_seconds_per_voxel=5e-8)
+    for v in (1e4, 3e5, 1e6, 5e6, 1e7):
+        expected = a.seconds_per_voxel_at(v) + b.seconds_per_voxel_at(v) - 5e-8
+        assert fused.seconds_per_voxel_at(v) == pytest.approx(expected, rel=1e-9)
+    assert fused.spread_at(1e4) == pytest.approx(0.5) and fused.spread_at(1e6) == pytest.approx(0.3)
+    no_spread = chunking.TaskClock(volumes=(1e5,), seconds_per_voxel=(1e-7,))
+    assert chunking.composed_clock([a, no_spread]).spread_at(1e5) is None
+
+
+def test_a_staged_plan_with_the_members_clocks_pays_their_tasks_and_their_spread():
+    shape, workers = (300, 260, 200), 2
+    clocks = [chunking.TaskClock(volumes=(1e5, 1e7), seconds_per_voxel=(2e-7, 5e-8), spread_volumes=(1e5,),
+                                 spreads=(s,)) for s in (0.2, 0.4)]
+    stages = [dataclasses.replace(s, task_clock=c) for s, c in zip(staged_stages(), clocks)]
+    plan = chunking.plan_staged_chunks(shape, (), stages, 4 * GiB, baseline_bytes=BASELINE, workers=workers,
+                                       graph_task_seconds=0.002, io_seconds_per_voxel=5e-8)
+    counts = [-(-n // c) for n, c in zip(shape, plan.chunks)]
+    chunk_seconds = 0.0
+    for i, (s, clock) in enumerate(zip(stages, clocks)):
+        v = math.prod(int(chunking.axis_blocks(n, [c], h)[0]) for n, c, h in zip(shape, plan.chunks, s.halo))
+        chunk_seconds += 0.002 * float(chunking.graph_tasks_per_chunk(counts, s.halo)) + clock.seconds_per_voxel_at(v) * v
+        chunk_seconds += 0.0 if i == 0 else 5e-8 * (v - math.prod(plan.chunks)) / 2
+    waves = chunking.schedule_waves(plan.n_tasks, 2, 0.4)  # the larger of the two spreads
+    assert plan.predicted_seconds == pytest.approx(float(waves) * chunk_seconds)
