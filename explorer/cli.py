@@ -356,7 +356,8 @@ def _considered(plan) -> str:
             parts.append(f"{name}: none fits" if "fits" in c["error"] else f"{name}: {c['error']}")
         else:
             parts.append(f"{name}: {format_shape(c['chunks'])} ~{c['predicted_seconds']:.3g} s, "
-                         f"bound {format_bytes(c['upper_bytes'])}")
+                         f"bound {format_bytes(c['upper_bytes'])}"
+                         + ("" if c.get("in_worker_calibrated", True) else " without in-worker calibration"))
     return "; ".join(parts)
 
 

@@ -251,8 +251,10 @@ def recommend_chunks(
     block for all stages (the pipeline's own model, or the one composed from its members');
     ``"staged"`` one ``map_overlap`` per stage from the members' task models
     (``explorer.chunking.plan_staged_chunks``); ``"auto"`` plans both and takes the one of
-    least predicted seconds among those that fit (the plan's ``considered`` keeps both).  A
-    single operator has one form: its plan is ``"fused"`` whatever is asked.
+    least predicted seconds among those that fit, a plan whose every task model has its
+    in-worker calibration before one that lacks it (its bound omits what a task needs
+    around its run inside a worker); the plan's ``considered`` keeps both.  A single
+    operator has one form: its plan is ``"fused"`` whatever is asked.
 
     Raises ``KeyError`` for an unknown operator, ``ModelNotFoundError`` naming the
     ``explore`` command when no model is saved, ``ChunkPlanError`` when the limit is too
@@ -279,20 +281,31 @@ def recommend_chunks(
     wanted = [s for s in ("fused", "staged") if strategy in ("auto", s) and (s == "fused" or staged_possible)]
     if not wanted:  # "staged" asked of a single operator: its one form
         wanted = ["fused"]
-    plans, errors = {}, {}
+    plans, complete, errors = {}, {}, {}
     for name in wanted:
         try:
-            plans[name] = _fused_plan(request) if name == "fused" else _staged_plan(request)
+            plans[name], complete[name] = _fused_plan(request) if name == "fused" else _staged_plan(request)
         except (ChunkPlanError, ModelNotFoundError) as exc:
             if len(wanted) == 1:
                 raise
             errors[name] = exc
     if not plans:
         raise errors["fused"]
-    chosen = min(plans, key=lambda name: (plans[name].predicted_seconds, name != "fused"))
-    considered = {name: plan.summary() for name, plan in plans.items()}
+    considered = {name: {**plan.summary(), "in_worker_calibrated": complete[name]} for name, plan in plans.items()}
+    chosen = choose_strategy(considered)
     considered.update({name: {"error": str(exc)} for name, exc in errors.items()})
     return dataclasses.replace(plans[chosen], considered=considered if staged_possible else {})
+
+
+def choose_strategy(considered: dict) -> str:
+    """The strategy ``auto`` takes among plans that fit (``{name: ChunkPlan.summary() +
+    in_worker_calibrated}``): least predicted seconds among those whose task models all have
+    their in-worker calibration, else among all; fused on a tie.  A bound without the
+    in-worker term omits what a task needs around its run in a worker (the concatenated
+    block, a fan-out's stacked outputs, the store's copies), so it is not a bound that fits
+    the way a complete one does."""
+    return min(considered, key=lambda name: (not considered[name]["in_worker_calibrated"],
+                                             considered[name]["predicted_seconds"], name != "fused"))
 
 
 #: ``recommend_chunks``'s strategies: ``operators.pipeline.STRATEGIES`` and ``"auto"``.
@@ -341,8 +354,9 @@ class _PlanRequest:
                     block_multiple=None if set(op.block_multiple) == {1} else op.block_multiple)
 
 
-def _fused_plan(request: _PlanRequest) -> ChunkPlan:
-    """One task per block: the operator's (or the pipeline's fused) task model."""
+def _fused_plan(request: _PlanRequest) -> tuple[ChunkPlan, bool]:
+    """One task per block: the operator's (or the pipeline's fused) task model; and whether
+    that model has its in-worker calibration."""
     from explorer.calibration import task_model
 
     op = request.op
@@ -367,13 +381,14 @@ def _fused_plan(request: _PlanRequest) -> ChunkPlan:
         **request.common(),
     )
     branches = getattr(op, "branches", ())
+    calibrated = model.excess is not None
     if not branches:
-        return plan
+        return plan, calibrated
     # A composed model predicts Liu's order at each block: the plan's block fixes the run's;
     # a pipeline's own model learnt the order its spec is written in.
     liu = getattr(model.isolated, "branch_order", None)
     order = liu(plan.block, request.confidence) if callable(liu) else tuple(branches)
-    return dataclasses.replace(plan, branch_order=tuple(order))
+    return dataclasses.replace(plan, branch_order=tuple(order)), calibrated
 
 
 def _member_timings(op, request: _PlanRequest) -> dict:
@@ -400,10 +415,10 @@ def _members_clock(op, request: _PlanRequest):
     return composed_clock([timings[m.name].clock for m in op.members], io)
 
 
-def _staged_plan(request: _PlanRequest) -> ChunkPlan:
+def _staged_plan(request: _PlanRequest) -> tuple[ChunkPlan, bool]:
     """One ``map_overlap`` per stage: each member's own task model (its in-worker calibration
     included) and learnt clock (else profiled speed); the graph-task overhead the fused plan
-    uses."""
+    uses.  And whether every member's task model has its in-worker calibration."""
     from explorer.calibration import TaskModel, load_calibration, task_model
     from explorer.chunking import PlanStage, plan_staged_chunks
     from explorer.composed import compose
@@ -415,7 +430,7 @@ def _staged_plan(request: _PlanRequest) -> ChunkPlan:
     # then) is shared by the stages: the two strategies then differ only by their structure.
     shared = None if all(s is not None for s in speeds) else (
         (run_seconds_per_voxel(None) - RUN_IO_SECONDS_PER_VOXEL) / len(op.members))
-    stages, warnings, itemsize = [], [], INPUT_ITEMSIZE
+    stages, warnings, itemsize, calibrated = [], [], INPUT_ITEMSIZE, True
     for index, stage in enumerate(op.stages):
         for member in stage:
             model = TaskModel(isolated[member.name],
@@ -426,14 +441,16 @@ def _staged_plan(request: _PlanRequest) -> ChunkPlan:
                 seconds_per_voxel=shared if shared is not None else float(model.info["seconds_per_voxel"]),
                 task_clock=model.task_clock))
             warnings.extend(w for w in model.warnings if w not in warnings)
+            calibrated = calibrated and model.excess is not None
         itemsize = np.dtype(stage[0].output_dtype).itemsize
     overhead = _graph_task_seconds(task_model(request.operator, request.runs_dir, request.environment))
     learnt_io = [t.io_seconds_per_voxel for t in _member_timings(op, request).values()
                  if t is not None and t.io_seconds_per_voxel is not None]
     io = float(np.mean(learnt_io)) if learnt_io else RUN_IO_SECONDS_PER_VOXEL
-    return plan_staged_chunks(request.shape, op.whole_axes, stages, request.limit_bytes,
+    plan = plan_staged_chunks(request.shape, op.whole_axes, stages, request.limit_bytes,
                               graph_task_seconds=overhead, io_seconds_per_voxel=io, warnings=tuple(warnings),
                               **request.common())
+    return plan, calibrated
 
 
 def _graph_task_seconds(model) -> float:

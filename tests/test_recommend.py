@@ -133,3 +133,16 @@ def test_errors_name_the_fix(tmp_path, runs):
         recommend_chunks(OPERATOR, SHAPE, "lots", runs_dir=runs)
     with pytest.raises(ValueError, match="malformed shape"):
         recommend_chunks(OPERATOR, "300by240", "2GiB", runs_dir=runs)
+
+
+def test_auto_prefers_a_complete_bound_then_the_faster_plan_then_fused():
+    from explorer.recommend import choose_strategy
+
+    def plan(seconds, calibrated):
+        return {"predicted_seconds": seconds, "in_worker_calibrated": calibrated}
+
+    assert choose_strategy({"fused": plan(3.0, False), "staged": plan(3.5, True)}) == "staged"
+    assert choose_strategy({"fused": plan(3.0, True), "staged": plan(3.5, True)}) == "fused"
+    assert choose_strategy({"fused": plan(3.0, False), "staged": plan(2.5, False)}) == "staged"
+    assert choose_strategy({"fused": plan(3.0, True), "staged": plan(3.0, True)}) == "fused"
+    assert choose_strategy({"fused": plan(3.0, True)}) == "fused"
