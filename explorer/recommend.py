@@ -373,7 +373,8 @@ def _fused_plan(request: _PlanRequest) -> tuple[ChunkPlan, bool]:
         model.predict_many,
         request.limit_bytes,
         itemsize=INPUT_ITEMSIZE,
-        output_itemsize=np.dtype(op.output_dtype).itemsize,
+        # a fused fan-out's task returns every branch's output (stacked): that is what it holds
+        output_itemsize=np.dtype(op.output_dtype).itemsize * max(1, len(getattr(op, "branches", ()))),
         seconds_per_voxel=seconds_per_voxel,
         graph_task_seconds=_graph_task_seconds(model),
         task_clock=clock,

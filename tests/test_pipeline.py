@@ -360,6 +360,8 @@ def test_a_fan_out_plan_from_composed_models_runs_the_branches_in_liu_order(tmp_
     plan = recommend_chunks(spec, (300, 300, 300), "1GiB", runs_dir=tmp_path, baseline_bytes=100 * 2**20,
                             strategy="fused")  # a fused task runs the branches in order; staged ones run apart
     assert plan.branch_order == ("gst3d", "envelope") and plan.to_dict()["branch_order"] == ["gst3d", "envelope"]
+    # a fused fan-out's finished task holds both branches' float32 outputs until they are stored
+    assert plan.output_itemsize == 2 * 4 and plan.footprint.held_output_bytes == 8 * int(np.prod(plan.block))
     model = load_model(spec, runs_dir=tmp_path)
     _, liu = model.predict_many([plan.block], 0.99)
     _, written = model.predict_many([plan.block], 0.99, branch_order=("envelope", "gst3d"))
