@@ -158,7 +158,8 @@ def main(argv=None) -> int:
     parser.add_argument("--calls", type=int, default=10, help="warm calls per case per child")
     parser.add_argument("--children", type=int, default=3, help="fresh processes per operator and setting")
     parser.add_argument("--pipelines", default="", help="pipeline specs separated by ';': each planned from the "
-                        "model composed of its members' (explored as operators are), without a calibration")
+                        "model composed of its members' (explored as operators are, their in-worker "
+                        "calibrations with them: auto weighs fused against staged)")
     args = parser.parse_args(argv)
 
     import operators
@@ -199,13 +200,16 @@ def main(argv=None) -> int:
             target = runs / member
             target.mkdir(parents=True, exist_ok=True)
             shutil.copy2(member_runs / member / "model.npz", target / "model.npz")
+            member_calibration = calibration.calibration_path(member, member_runs)
+            if member_calibration.exists():
+                shutil.copy2(member_calibration, calibration.calibration_path(member, runs))
         spec = {"runs_dir": str(runs), "operator": pipeline.name, "cases": grid, "calls": 1}
         run_child(spec)  # measures and saves this machine's idle-worker baseline for the spec once
         spec["calls"] = args.calls
         results = [run_child(spec) for _ in range(args.children)]
         log(f"{pipeline.name}: {args.children} children")
         summary = summarise(results, grid)
-        summary.update(operator=f"`{pipeline.name}`", setting="composed", profiles=0)
+        summary.update(operator=f"`{pipeline.name}`", setting="composed, members calibrated", profiles=0)
         rows.append(summary)
 
     load = os.getloadavg()
