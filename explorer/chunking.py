@@ -783,29 +783,36 @@ def _first_key(c: Candidates, slots: int) -> tuple[np.ndarray, float]:
     return c.seconds, 1.0 + SECONDS_TIE_FRACTION
 
 
-def evaluate_candidates(c: Candidates, predict: Predictor, *, confidence: float, footprint, budget: int,
-                        slots: int) -> int:
+def evaluate_candidates(c: Candidates, predict: Predictor | None, *, confidence: float, footprint, budget: int,
+                        slots: int, fill=None) -> int:
     """Predict the candidates' task peaks and upper footprints; return how many were predicted.
 
     Two passes over disjoint rows.  Pass 1, a probe: a sub-grid of at most
     :data:`PROBE_VALUES_PER_AXIS` lengths per axis.  The first ranking key needs no
     prediction, so a probe row that fits with key ``k`` rules out every candidate above
     ``k`` (times the tie factor), and pass 2 predicts only the rest: the plan is the one
-    an exhaustive evaluation would give, for a fraction of the rows.
+    an exhaustive evaluation would give, for a fraction of the rows.  ``fill(rows)``, when
+    given, fills ``c``'s predictions at ``rows`` instead of ``predict`` with ``footprint``
+    (a staged plan's: :func:`plan_staged_chunks`).
     """
+    if fill is None:
+        takes_tasks = _takes_tasks(predict)
+
+        def fill(rows):
+            _predict_rows(predict, c, rows, confidence, footprint, takes_tasks)
+
     first_key, tie = _first_key(c, slots)
     probe = np.ones(len(c.blocks), dtype=bool)
     for axis, lengths in enumerate(c.axis_chunks):
         sub = np.unique(np.rint(np.linspace(0, len(lengths) - 1, PROBE_VALUES_PER_AXIS)).astype(np.int64))
         probe &= np.isin(c.grid[axis], sub)
     probe_rows = np.flatnonzero(probe)
-    takes_tasks = _takes_tasks(predict)
-    _predict_rows(predict, c, probe_rows, confidence, footprint, takes_tasks)
+    fill(probe_rows)
     probe_fits = probe_rows[c.upper_total[probe_rows] <= budget]
     rest = ~probe
     if probe_fits.size:
         rest &= first_key <= first_key[probe_fits].min() * tie
-    _predict_rows(predict, c, np.flatnonzero(rest), confidence, footprint, takes_tasks)
+    fill(np.flatnonzero(rest))
     return int(probe.sum() + rest.sum())
 
 
@@ -1085,7 +1092,7 @@ def plan_staged_chunks(
 
     ``sigma``: the largest of the stages' learnt spreads at their blocks (Graham's bound when
     a stage has none).  Candidates and ranking
-    are :func:`plan_chunks`'s (every candidate predicted: no probe pass).  The plan's
+    are :func:`plan_chunks`'s (with its probe pass: the time model needs no prediction).  The plan's
     ``footprint`` is the binding stage's terms with every stage's held chunks,
     ``stages`` one dict per stage, ``halo`` the largest stage halo per axis.
     """
@@ -1104,23 +1111,15 @@ def plan_staged_chunks(
                          min_chunk=int(min_chunk), workers=workers, slots=slots,
                          seconds_per_voxel=DEFAULT_SECONDS_PER_VOXEL, graph_task_seconds=graph_task_seconds,
                          block_multiple=block_multiple)
+    m = len(c.chunks)
     counts = -(-np.asarray(shape) // c.chunks)
-    per_stage = 1.0 - (1.0 - float(confidence)) / len(stages)
-    worst = np.iinfo(np.int64).max // 4
-    blocks, means, uppers, running_upper, running_mean = [], [], [], [], []
-    chunk_seconds = np.zeros(len(c.chunks))
-    spreads = []
+    chunk_samples = _samples(c.chunks)
+    # What needs no prediction first, for every row: each stage's blocks, the time model, the
+    # held intermediates.  Then predictions only where evaluate_candidates' probe pass asks.
+    blocks, chunk_seconds, spreads = [], np.zeros(m), []
     for stage in stages:
         b = np.stack([axis_blocks(shape[a], c.chunks[:, a], int(stage.halo[a])) for a in range(ndim)], axis=1)
-        mean, upper = _predict_blocks(stage.predict, b, c.n_tasks, per_stage, _takes_tasks(stage.predict))
-        terms = functools.partial(worker_footprint, b, threads_per_worker=threads, baseline_bytes=0,
-                                  itemsize=stage.itemsize, output_itemsize=stage.output_itemsize)
-        finite = np.isfinite(upper)
-        running_upper.append(np.where(finite, terms(np.where(finite, upper, 0.0)).total, worst))
-        running_mean.append(terms(np.where(np.isfinite(mean), mean, 0.0)).total)
         blocks.append(b)
-        means.append(mean)
-        uppers.append(upper)
         volumes = _samples(b).astype(np.float64)
         chunk_seconds += graph_task_seconds * graph_tasks_per_chunk(counts, stage.halo)
         clock = stage.task_clock
@@ -1131,36 +1130,55 @@ def plan_staged_chunks(
                                                                   if stage is stages[0] else 0.0)
         spreads.append(None if clock is None else clock.spread_at(volumes))
         if stage.group > 0:
-            chunk_seconds += io_seconds_per_voxel * (workers - 1) / workers * (volumes - _samples(c.chunks))
-    held_chunks = np.zeros(len(c.chunks), dtype=np.int64)
-    held_bytes = np.zeros(len(c.chunks), dtype=np.int64)
-    chunk_samples = _samples(c.chunks)
-    for group in sorted({s.group for s in stages}):
-        members = [s for s in stages if s.group == group]
-        kept = neighbour_chunks_held(counts, np.max([m.halo for m in members], axis=0), workers)
-        held_chunks += kept
-        held_bytes += kept * chunk_samples * int(members[0].itemsize)
-    running_upper, running_mean = np.stack(running_upper, axis=1), np.stack(running_mean, axis=1)
-    binding = np.argmax(running_upper, axis=1)
-    c.upper_total = np.minimum(baseline_bytes + running_upper.max(axis=1) + held_bytes, np.iinfo(np.int64).max)
+            chunk_seconds += io_seconds_per_voxel * (workers - 1) / workers * (volumes - chunk_samples)
     spread = None if any(x is None for x in spreads) else np.max(spreads, axis=0)
     c.seconds = schedule_waves(c.n_tasks, slots, spread) * chunk_seconds
-    rows = np.arange(len(c.chunks))
-    c.mean_peak = np.stack(means, axis=1)[rows, binding]
-    c.upper_peak = np.stack(uppers, axis=1)[rows, binding]
+    held_chunks = np.zeros(m, dtype=np.int64)
+    held_bytes = np.zeros(m, dtype=np.int64)
+    for group in sorted({s.group for s in stages}):
+        members = [s for s in stages if s.group == group]
+        kept = neighbour_chunks_held(counts, np.max([s.halo for s in members], axis=0), workers)
+        held_chunks += kept
+        held_bytes += kept * chunk_samples * int(members[0].itemsize)
+    per_stage = 1.0 - (1.0 - float(confidence)) / len(stages)
+    worst = np.iinfo(np.int64).max // 4
+    means, uppers = np.full((m, len(stages)), np.inf), np.full((m, len(stages)), np.inf)
+    running_upper = np.full((m, len(stages)), worst, dtype=np.int64)
+    running_mean = np.full((m, len(stages)), worst, dtype=np.int64)
+
+    def fill(rows):
+        if not len(rows):
+            return
+        for i, stage in enumerate(stages):
+            b = blocks[i][rows]
+            mean, upper = _predict_blocks(stage.predict, b, c.n_tasks[rows], per_stage, _takes_tasks(stage.predict))
+            terms = functools.partial(worker_footprint, b, threads_per_worker=threads, baseline_bytes=0,
+                                      itemsize=stage.itemsize, output_itemsize=stage.output_itemsize)
+            finite = np.isfinite(upper)
+            running_upper[rows, i] = np.where(finite, terms(np.where(finite, upper, 0.0)).total, worst)
+            running_mean[rows, i] = terms(np.where(np.isfinite(mean), mean, 0.0)).total
+            means[rows, i], uppers[rows, i] = mean, upper
+        c.upper_total[rows] = np.minimum(baseline_bytes + running_upper[rows].max(axis=1) + held_bytes[rows],
+                                         np.iinfo(np.int64).max)
+        binding = np.argmax(running_upper[rows], axis=1)
+        c.mean_peak[rows] = means[rows, binding]
+        c.upper_peak[rows] = uppers[rows, binding]
+
+    n_predicted = evaluate_candidates(c, None, confidence=confidence, footprint=None, budget=budget, slots=slots,
+                                      fill=fill)
     if not (c.upper_total <= budget).any():
         raise ChunkPlanError(_no_fit_message(c, shape, operator, threads, confidence, pause_fraction, limit_bytes,
                                              budget, baseline_bytes).replace(" fits", " fits staged", 1))
     index = rank_candidates(c, shape, whole, budget=budget, slots=slots)
-    j = int(binding[index])
+    j = int(np.argmax(running_upper[index]))
     chunk = tuple(int(x) for x in c.chunks[index])
     stage_j = stages[j]
-    bound = worker_footprint(tuple(blocks[j][index]), float(uppers[j][index]), threads_per_worker=threads,
+    bound = worker_footprint(tuple(blocks[j][index]), float(uppers[index, j]), threads_per_worker=threads,
                              baseline_bytes=baseline_bytes, itemsize=stage_j.itemsize,
                              output_itemsize=stage_j.output_itemsize)
     bound = dataclasses.replace(bound, neighbour_chunk_bytes=int(held_bytes[index]))
     table = tuple({"operator": s.name, "halo": list(s.halo), "block": [int(x) for x in blocks[i][index]],
-                   "mean_peak_bytes": float(means[i][index]), "upper_peak_bytes": float(uppers[i][index]),
+                   "mean_peak_bytes": float(means[index, i]), "upper_peak_bytes": float(uppers[index, i]),
                    "running_upper_bytes": int(running_upper[index, i]), "binding": i == j}
                   for i, s in enumerate(stages))
     return ChunkPlan(
@@ -1168,7 +1186,7 @@ def plan_staged_chunks(
         whole_axes=whole, predicted_bytes=int(baseline_bytes + running_mean[index].max() + held_bytes[index]),
         upper_bytes=int(c.upper_total[index]), limit_bytes=limit_bytes, pause_fraction=float(pause_fraction),
         confidence=float(confidence), n_tasks=int(c.n_tasks[index]), threads_per_worker=threads, footprint=bound,
-        n_candidates=len(c.chunks) * len(stages), slots=slots, predicted_seconds=float(c.seconds[index]),
+        n_candidates=n_predicted * len(stages), slots=slots, predicted_seconds=float(c.seconds[index]),
         seconds_per_voxel=None, neighbour_chunks=int(held_chunks[index]), workers=workers,
         itemsize=int(stages[0].itemsize), output_itemsize=int(stages[-1].output_itemsize), min_chunk=int(min_chunk),
         graph_task_seconds=float(graph_task_seconds), warnings=tuple(warnings), baseline_source=str(baseline_source),

@@ -836,3 +836,15 @@ def test_a_staged_plan_with_the_members_clocks_pays_their_tasks_and_their_spread
         chunk_seconds += 0.0 if i == 0 else 5e-8 * (v - math.prod(plan.chunks)) / 2
     waves = chunking.schedule_waves(plan.n_tasks, 2, 0.4)  # the larger of the two spreads
     assert plan.predicted_seconds == pytest.approx(float(waves) * chunk_seconds)
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+def test_a_staged_plans_probe_pruning_gives_the_exhaustive_answer(monkeypatch, workers):
+    shape = (800, 600, 1000)
+    pruned = chunking.plan_staged_chunks(shape, (), staged_stages(), 1.5 * GiB, baseline_bytes=BASELINE,
+                                         workers=workers)
+    monkeypatch.setattr(chunking, "PROBE_VALUES_PER_AXIS", 10**6)  # the probe is every candidate
+    exhaustive = chunking.plan_staged_chunks(shape, (), staged_stages(), 1.5 * GiB, baseline_bytes=BASELINE,
+                                             workers=workers)
+    assert pruned.chunks == exhaustive.chunks and pruned.upper_bytes == exhaustive.upper_bytes
+    assert pruned.n_candidates < exhaustive.n_candidates
