@@ -1146,27 +1146,42 @@ def plan_staged_chunks(
     running_upper = np.full((m, len(stages)), worst, dtype=np.int64)
     running_mean = np.full((m, len(stages)), worst, dtype=np.int64)
 
-    def fill(rows):
-        if not len(rows):
-            return
-        for i, stage in enumerate(stages):
-            b = blocks[i][rows]
-            mean, upper = _predict_blocks(stage.predict, b, c.n_tasks[rows], per_stage, _takes_tasks(stage.predict))
+    order = list(range(len(stages)))  # heaviest stage first, once the first (probe) pass has shown which
+    predicted, ordered = [0], [False]
+
+    def fill(rows, prune=True):
+        """Each stage's bound at ``rows`` and their totals; with ``prune``, a row already over
+        the budget after the stages so far is not predicted further (its total then a lower
+        bound above the budget: it cannot fit whatever the rest predicts)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        alive, prune = rows, prune and ordered[0]
+        for position, i in enumerate(order):
+            if not len(alive):
+                break
+            stage, b = stages[i], blocks[i][alive]
+            mean, upper = _predict_blocks(stage.predict, b, c.n_tasks[alive], per_stage, _takes_tasks(stage.predict))
+            predicted[0] += len(alive)
             terms = functools.partial(worker_footprint, b, threads_per_worker=threads, baseline_bytes=0,
                                       itemsize=stage.itemsize, output_itemsize=stage.output_itemsize)
             finite = np.isfinite(upper)
-            running_upper[rows, i] = np.where(finite, terms(np.where(finite, upper, 0.0)).total, worst)
-            running_mean[rows, i] = terms(np.where(np.isfinite(mean), mean, 0.0)).total
-            means[rows, i], uppers[rows, i] = mean, upper
-        c.upper_total[rows] = np.minimum(baseline_bytes + running_upper[rows].max(axis=1) + held_bytes[rows],
-                                         np.iinfo(np.int64).max)
-        binding = np.argmax(running_upper[rows], axis=1)
-        c.mean_peak[rows] = means[rows, binding]
-        c.upper_peak[rows] = uppers[rows, binding]
+            running_upper[alive, i] = np.where(finite, terms(np.where(finite, upper, 0.0)).total, worst)
+            running_mean[alive, i] = terms(np.where(np.isfinite(mean), mean, 0.0)).total
+            means[alive, i], uppers[alive, i] = mean, upper
+            so_far = running_upper[alive][:, order[: position + 1]].max(axis=1)
+            total = np.minimum(baseline_bytes + so_far + held_bytes[alive], np.iinfo(np.int64).max)
+            c.upper_total[alive] = total
+            if prune:
+                alive = alive[total <= budget]
+        if not ordered[0] and len(rows):
+            order.sort(key=lambda k: -float(np.mean(running_upper[rows, k])))
+            ordered[0] = True
+        done = rows[np.isfinite(uppers[rows]).all(axis=1)]
+        binding = np.argmax(running_upper[done], axis=1)
+        c.mean_peak[done], c.upper_peak[done] = means[done, binding], uppers[done, binding]
 
-    n_predicted = evaluate_candidates(c, None, confidence=confidence, footprint=None, budget=budget, slots=slots,
-                                      fill=fill)
+    evaluate_candidates(c, None, confidence=confidence, footprint=None, budget=budget, slots=slots, fill=fill)
     if not (c.upper_total <= budget).any():
+        fill(np.flatnonzero(~np.isfinite(uppers).all(axis=1)), prune=False)  # the message's smallest footprint
         raise ChunkPlanError(_no_fit_message(c, shape, operator, threads, confidence, pause_fraction, limit_bytes,
                                              budget, baseline_bytes).replace(" fits", " fits staged", 1))
     index = rank_candidates(c, shape, whole, budget=budget, slots=slots)
@@ -1186,7 +1201,7 @@ def plan_staged_chunks(
         whole_axes=whole, predicted_bytes=int(baseline_bytes + running_mean[index].max() + held_bytes[index]),
         upper_bytes=int(c.upper_total[index]), limit_bytes=limit_bytes, pause_fraction=float(pause_fraction),
         confidence=float(confidence), n_tasks=int(c.n_tasks[index]), threads_per_worker=threads, footprint=bound,
-        n_candidates=n_predicted * len(stages), slots=slots, predicted_seconds=float(c.seconds[index]),
+        n_candidates=predicted[0], slots=slots, predicted_seconds=float(c.seconds[index]),
         seconds_per_voxel=None, neighbour_chunks=int(held_chunks[index]), workers=workers,
         itemsize=int(stages[0].itemsize), output_itemsize=int(stages[-1].output_itemsize), min_chunk=int(min_chunk),
         graph_task_seconds=float(graph_task_seconds), warnings=tuple(warnings), baseline_source=str(baseline_source),
