@@ -1140,6 +1140,11 @@ def plan_staged_chunks(
         kept = neighbour_chunks_held(counts, np.max([s.halo for s in members], axis=0), workers)
         held_chunks += kept
         held_bytes += kept * chunk_samples * int(members[0].itemsize)
+    # With every task peak at 0 the footprint is already a lower bound: rows over the budget
+    # at that are never predicted (as chunk_candidates drops an operator plan's).
+    floor = baseline_bytes + held_bytes + np.max(
+        [worker_footprint(b, 0, threads_per_worker=threads, baseline_bytes=0, itemsize=s.itemsize,
+                          output_itemsize=s.output_itemsize).total for s, b in zip(stages, blocks)], axis=0)
     per_stage = 1.0 - (1.0 - float(confidence)) / len(stages)
     worst = np.iinfo(np.int64).max // 4
     means, uppers = np.full((m, len(stages)), np.inf), np.full((m, len(stages)), np.inf)
@@ -1154,7 +1159,9 @@ def plan_staged_chunks(
         the budget after the stages so far is not predicted further (its total then a lower
         bound above the budget: it cannot fit whatever the rest predicts)."""
         rows = np.asarray(rows, dtype=np.int64)
-        alive, prune = rows, prune and ordered[0]
+        prune = prune and ordered[0]
+        c.upper_total[rows] = floor[rows]
+        alive = rows[floor[rows] <= budget] if prune else rows
         for position, i in enumerate(order):
             if not len(alive):
                 break
@@ -1181,7 +1188,12 @@ def plan_staged_chunks(
 
     evaluate_candidates(c, None, confidence=confidence, footprint=None, budget=budget, slots=slots, fill=fill)
     if not (c.upper_total <= budget).any():
-        fill(np.flatnonzero(~np.isfinite(uppers).all(axis=1)), prune=False)  # the message's smallest footprint
+        while True:  # the message's smallest footprint: complete the smallest lower bounds until one stays smallest
+            incomplete = ~np.isfinite(uppers).all(axis=1)
+            if not incomplete[int(np.argmin(c.upper_total))]:
+                break
+            below = np.flatnonzero(incomplete & (c.upper_total < c.upper_total[~incomplete].min(initial=worst)))
+            fill(below[np.argsort(c.upper_total[below], kind="stable")[:PREDICT_BATCH_ROWS // 4]], prune=False)
         raise ChunkPlanError(_no_fit_message(c, shape, operator, threads, confidence, pause_fraction, limit_bytes,
                                              budget, baseline_bytes).replace(" fits", " fits staged", 1))
     index = rank_candidates(c, shape, whole, budget=budget, slots=slots)
