@@ -848,3 +848,18 @@ def test_a_staged_plans_probe_pruning_gives_the_exhaustive_answer(monkeypatch, w
                                              workers=workers)
     assert pruned.chunks == exhaustive.chunks and pruned.upper_bytes == exhaustive.upper_bytes
     assert pruned.n_candidates < exhaustive.n_candidates
+
+
+def test_a_staged_no_fit_names_the_smallest_complete_footprint_as_an_unpruned_search_would():
+    """Pruning stops predicting a candidate once it is over the budget; when nothing fits, the
+    message still names the smallest footprint of an exhaustive evaluation."""
+    stages = staged_stages(halos=((4, 4, 4), (6, 6, 6), (3, 3, 3)), bytes_per_sample=(20.0, 200.0, 50.0),
+                           groups=[0, 1, 1])
+    with pytest.raises(ChunkPlanError) as info:
+        chunking.plan_staged_chunks((1200, 1000, 900), (), stages, 300 * MiB, baseline_bytes=BASELINE, workers=2)
+    c = chunking.chunk_candidates((1200, 1000, 900), (6, 6, 6), (), footprint=functools.partial(
+        worker_footprint, threads_per_worker=1, baseline_bytes=0), budget=2**62, min_chunk=chunking.DEFAULT_MIN_CHUNK,
+        workers=2, slots=2, seconds_per_voxel=1e-7, graph_task_seconds=0.002)
+    smallest = min(by_hand_staged_total(type("P", (), {"chunks": tuple(int(x) for x in row)}), stages,
+                                        (1200, 1000, 900), 2) for row in c.chunks)
+    assert chunking.format_bytes(smallest) in str(info.value)
