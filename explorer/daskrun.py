@@ -676,7 +676,9 @@ def _choose_chunks(ctx: RunContext) -> None:
         chunk = tuple(int(c) for c in request)
         result.chunks_source = "explicit"
     op = _in_plan_order(ctx, ctx.plan)
-    staged_possible = len(getattr(op, "members", ())) > 1
+    from operators.pipeline import Pipeline
+
+    staged_possible = isinstance(op, Pipeline)
     if ctx.plan is not None:
         result.strategy = ctx.plan.strategy
     else:  # explicit or auto chunks: nothing to weigh the strategies by

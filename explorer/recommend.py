@@ -277,7 +277,7 @@ def recommend_chunks(
     op = operators.get(operator)
     request = _PlanRequest(operator, op, shape, limit_bytes, threads_per_worker, confidence, runs_dir, workers,
                            baseline_bytes)
-    staged_possible = len(getattr(op, "members", ())) > 1
+    staged_possible = request.is_pipeline
     wanted = [s for s in ("fused", "staged") if strategy in ("auto", s) and (s == "fused" or staged_possible)]
     if not wanted:  # "staged" asked of a single operator: its one form
         wanted = ["fused"]
@@ -326,6 +326,22 @@ class _PlanRequest:
     workers: int
     baseline_given: object
     baseline: "WorkerBaseline | None" = None
+    _model: object = None
+
+    def model(self):
+        """The operator's (or pipeline's) task model, loaded once for every strategy."""
+        if self._model is None:
+            from explorer.calibration import task_model
+
+            self._model = task_model(self.operator, runs_dir=self.runs_dir, environment=self.environment)
+        return self._model
+
+    @property
+    def is_pipeline(self) -> bool:
+        """A chain or fan-out (``operators.pipeline.Pipeline``): fused and staged differ for it."""
+        from operators.pipeline import Pipeline
+
+        return isinstance(self.op, Pipeline)
 
     @property
     def environment(self):
@@ -357,14 +373,12 @@ class _PlanRequest:
 def _fused_plan(request: _PlanRequest) -> tuple[ChunkPlan, bool]:
     """One task per block: the operator's (or the pipeline's fused) task model; and whether
     that model has its in-worker calibration."""
-    from explorer.calibration import task_model
-
     op = request.op
-    model = task_model(request.operator, runs_dir=request.runs_dir, environment=request.environment)
+    model = request.model()
     learnt = model.seconds_per_voxel
     seconds_per_voxel = learnt if learnt is not None else run_seconds_per_voxel(model.info.get("seconds_per_voxel"))
     clock = model.task_clock
-    if clock is None and len(getattr(op, "members", ())) > 1:
+    if clock is None and request.is_pipeline:
         clock = _members_clock(op, request)
     plan = plan_chunks(
         request.shape,
@@ -403,6 +417,12 @@ def _member_timings(op, request: _PlanRequest) -> dict:
     return timings
 
 
+def _members_io(timings: dict) -> float:
+    """The members' learnt I/O seconds per voxel (their mean), else the run's default."""
+    learnt = [t.io_seconds_per_voxel for t in timings.values() if t is not None and t.io_seconds_per_voxel is not None]
+    return float(np.mean(learnt)) if learnt else RUN_IO_SECONDS_PER_VOXEL
+
+
 def _members_clock(op, request: _PlanRequest):
     """A fused pipeline's clock composed from its members' learnt clocks
     (``explorer.chunking.composed_clock``), or None unless every member has one."""
@@ -411,16 +431,14 @@ def _members_clock(op, request: _PlanRequest):
     timings = _member_timings(op, request)
     if any(t is None or t.clock is None for t in timings.values()):
         return None
-    learnt_io = [t.io_seconds_per_voxel for t in timings.values() if t.io_seconds_per_voxel is not None]
-    io = float(np.mean(learnt_io)) if learnt_io else RUN_IO_SECONDS_PER_VOXEL
-    return composed_clock([timings[m.name].clock for m in op.members], io)
+    return composed_clock([timings[m.name].clock for m in op.members], _members_io(timings))
 
 
 def _staged_plan(request: _PlanRequest) -> tuple[ChunkPlan, bool]:
     """One ``map_overlap`` per stage: each member's own task model (its in-worker calibration
     included) and learnt clock (else profiled speed); the graph-task overhead the fused plan
     uses.  And whether every member's task model has its in-worker calibration."""
-    from explorer.calibration import TaskModel, load_calibration, task_model
+    from explorer.calibration import TaskModel, load_calibration
     from explorer.chunking import PlanStage, plan_staged_chunks
     from explorer.composed import compose
 
@@ -431,11 +449,12 @@ def _staged_plan(request: _PlanRequest) -> tuple[ChunkPlan, bool]:
     # then) is shared by the stages: the two strategies then differ only by their structure.
     shared = None if all(s is not None for s in speeds) else (
         (run_seconds_per_voxel(None) - RUN_IO_SECONDS_PER_VOXEL) / len(op.members))
-    stages, warnings, itemsize, calibrated = [], [], INPUT_ITEMSIZE, True
+    stages, warnings, itemsize, calibrated, timings = [], [], INPUT_ITEMSIZE, True, {}
     for index, stage in enumerate(op.stages):
         for member in stage:
             model = TaskModel(isolated[member.name],
                               load_calibration(member.name, request.runs_dir, request.environment))
+            timings[member.name] = None if model.calibration is None else model.calibration.timing
             stages.append(PlanStage(
                 name=member.name, halo=tuple(member.halo), predict=model.predict_many, group=index,
                 itemsize=itemsize, output_itemsize=np.dtype(member.output_dtype).itemsize,
@@ -444,12 +463,9 @@ def _staged_plan(request: _PlanRequest) -> tuple[ChunkPlan, bool]:
             warnings.extend(w for w in model.warnings if w not in warnings)
             calibrated = calibrated and model.excess is not None
         itemsize = np.dtype(stage[0].output_dtype).itemsize
-    overhead = _graph_task_seconds(task_model(request.operator, request.runs_dir, request.environment))
-    learnt_io = [t.io_seconds_per_voxel for t in _member_timings(op, request).values()
-                 if t is not None and t.io_seconds_per_voxel is not None]
-    io = float(np.mean(learnt_io)) if learnt_io else RUN_IO_SECONDS_PER_VOXEL
     plan = plan_staged_chunks(request.shape, op.whole_axes, stages, request.limit_bytes,
-                              graph_task_seconds=overhead, io_seconds_per_voxel=io, warnings=tuple(warnings),
+                              graph_task_seconds=_graph_task_seconds(request.model()),
+                              io_seconds_per_voxel=_members_io(timings), warnings=tuple(warnings),
                               **request.common())
     return plan, calibrated
 

@@ -131,14 +131,10 @@ def outputs_error(result, spec: str, reference) -> float | None:
     if result.status != "ok":
         return None
     op = operators.get(spec)
-    if op_branches(op):
+    if getattr(op, "branches", ()):
         group = zarr.open_group(result.output, mode="r")
         return max(float(np.abs(np.asarray(group[b]) - r).max()) for b, r in zip(op.branches, reference))
     return float(np.abs(np.asarray(zarr.open_array(result.output, mode="r")) - reference).max())
-
-
-def op_branches(op) -> tuple:
-    return getattr(op, "branches", ())
 
 
 def measured(arm: Arm, result, error) -> None:
@@ -149,12 +145,13 @@ def measured(arm: Arm, result, error) -> None:
 
 def one_run(spec, source, work: Path, limit, args, **kwargs):
     out = work / f"out-{time.monotonic_ns()}.zarr"
-    result = run(spec, source, out, memory_limit=limit, workers=args.workers, threads_per_worker=args.threads,
-                 runs_dir=args.cache, refine=False, replan=False, **kwargs)
-    return result
+    return run(spec, source, out, memory_limit=limit, workers=args.workers, threads_per_worker=args.threads,
+               runs_dir=args.cache, refine=False, replan=False, **kwargs)
 
 
 def run_arm(arm: Arm, spec, source, work, limit, args, reference, times: int, **kwargs):
+    """Run ``arm``'s configuration up to ``times`` times (stopping at a failure); its last ok result or None."""
+    last = None
     for _ in range(times):
         result = one_run(spec, source, work, limit, args, **kwargs)
         error = outputs_error(result, spec, reference)
@@ -165,7 +162,7 @@ def run_arm(arm: Arm, spec, source, work, limit, args, reference, times: int, **
         if result.status != "ok" or result.workers_restarted:
             break  # a configuration that loses workers is not run again
         last = result
-    return last if arm.runs and arm.runs[-1]["ok"] else None
+    return last if arm.runs and arm.runs[-1]["ok"] else None  # None also when no run was asked
 
 
 def chained(spec, source, work: Path, limit, args, reference) -> Arm:
@@ -199,7 +196,7 @@ def chained(spec, source, work: Path, limit, args, reference) -> Arm:
             import zarr
 
             got = [np.asarray(zarr.open_array(str(outputs[m.name]), mode="r")) for m in op.stages[-1]]
-            expected = reference if op_branches(op) else [reference]
+            expected = reference if getattr(op, "branches", ()) else [reference]
             error = max(float(np.abs(g - e).max()) for g, e in zip(got, expected))
         arm.detail = "each operator with its own plan: " + ", ".join(chunk_text)
         arm.add(seconds, hwm, lost, kills, error, ok and lost == 0 and error is not None and error <= TOLERANCE)
