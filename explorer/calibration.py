@@ -747,9 +747,11 @@ class TaskModel:
             lines.append(f"{self.operator}'s in-worker calibration was learnt in another environment "
                          f"({'; '.join(self.calibration.stale)}): run `{paths.explore_command(self.operator)}` again")
         if self.excess is None:
+            fix = (f"run `{paths.calibrate_command(self.operator)}` (in-worker probes of the composed model)"
+                   if getattr(self.isolated, "composed", False)
+                   else f"run `{paths.explore_command(self.operator)}` (it ends with in-worker probes)")
             lines.append(f"no in-worker calibration for {self.operator}: the bound is the isolated profile's and "
-                         f"does not count a task's copies inside a Dask worker; run `{paths.explore_command(self.operator)}` "
-                         f"(it ends with in-worker probes)")
+                         f"does not count a task's copies inside a Dask worker; {fix}")
         return lines
 
     @property

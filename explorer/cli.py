@@ -214,14 +214,6 @@ def _cmd_explore(argv: list[str]) -> int:
         eta = f", ~{predicted_seconds:.0f} s"
         print(f"{'':>9} {format_shape(shape):>15}  profiling ({purpose}{eta}) ...", file=sys.stderr, flush=True)
 
-    def probe_progress(index, total, block, r):
-        if r.status != "ok":
-            line = f"{r.status}: {r.error}"
-        else:
-            line = (f"{r.n_tasks} tasks in a Dask worker, {r.seconds:.1f} s, worker baseline "
-                    f"{format_bytes(r.worker_baseline_bytes)}")
-        print(f"[probe {index}/{total}] {format_shape(block):>15}  {line}", file=sys.stderr, flush=True)
-
     from explorer.store import Store
 
     Store(args.runs_dir, args.storage)  # a storage that cannot be opened is one line, before any other
@@ -230,7 +222,7 @@ def _cmd_explore(argv: list[str]) -> int:
     result = explore(args.operator, budget=args.budget, tolerance=args.tolerance, confidence=args.confidence,
                      memory_limit=args.memory_limit, memory_cap=args.memory_cap, runs_dir=args.runs_dir,
                      storage=args.storage, jobs=args.jobs, repeat=args.repeat, seed=args.seed, progress=progress,
-                     on_start=started, probes=args.probes, probe_progress=probe_progress, prior=args.prior)
+                     on_start=started, probes=args.probes, probe_progress=_probe_progress, prior=args.prior)
     if args.json:
         print(json.dumps(result.to_dict()))
         return 0
@@ -255,6 +247,59 @@ def _cmd_explore(argv: list[str]) -> int:
         print(f"model:  {result.model_path}")
     if result.report_path:
         print(f"report: {result.report_path}")
+    return 0
+
+
+def _probe_progress(index, total, block, r) -> None:
+    if r.status != "ok":
+        line = f"{r.status}: {r.error}"
+    else:
+        line = (f"{r.n_tasks} tasks in a Dask worker, {r.seconds:.1f} s, worker baseline "
+                f"{format_bytes(r.worker_baseline_bytes)}")
+    print(f"[probe {index}/{total}] {format_shape(block):>15}  {line}", file=sys.stderr, flush=True)
+
+
+# -- explore calibrate -----------------------------------------------------
+def _cmd_calibrate(argv: list[str]) -> int:
+    from explorer.probes import DEFAULT_PROBES, calibrate_in_workers
+
+    parser = _Parser(prog="explore calibrate",
+                     description="Run in-worker probes of an operator's or pipeline's saved model (a pipeline's "
+                                 "may be composed from its members', with no profile of its own) on a local "
+                                 "Dask cluster and save what a task costs inside a worker, so its plans' bound "
+                                 "holds from the first run.")
+    parser.add_argument("operator", type=_operator_name)
+    parser.add_argument("--memory-limit", type=_size, default=None,
+                        help="target worker memory: the probes go up to the block a plan at it runs "
+                             "(default: min(4GiB, RAM/cores))")
+    parser.add_argument("--probes", type=_positive_int, default=DEFAULT_PROBES,
+                        help=f"probe runs (default {DEFAULT_PROBES}; at least 3 distinct blocks identify the excess)")
+    parser.add_argument("--confidence", type=_confidence, default=0.99, help="in (0.5, 1) (0.99)")
+    parser.add_argument("--seed", type=int, default=0)
+    _add_store_options(parser)
+    parser.add_argument("--storage", type=_storage_url, default=None,
+                        help="an Optuna storage URL instead of the SQLite file: sqlite:///PATH, postgresql://..., "
+                             "or journal:PATH")
+    parser.add_argument("--json", action="store_true", help="print one JSON object last")
+    args = parser.parse_args(argv)
+    from explorer.store import Store
+
+    from explorer.surrogate import load_model
+
+    Store(args.runs_dir, args.storage)  # a storage that cannot be opened is one line, before any cluster
+    load_model(args.operator, runs_dir=args.runs_dir)  # no model (or member's): one line naming the command
+    print(f"calibrating {args.operator} in Dask workers: {args.probes} probes", file=sys.stderr, flush=True)
+    result = calibrate_in_workers(args.operator, memory_limit=args.memory_limit, n=args.probes,
+                                  runs_dir=args.runs_dir, storage=args.storage, confidence=args.confidence,
+                                  progress=_probe_progress, seed=args.seed).to_dict()
+    if args.json:
+        print(json.dumps(result))
+    else:
+        _print_probes(result)
+    if (result.get("calibration") or {}).get("excess") is None:
+        print("explore calibrate: the probes did not identify a task's in-worker excess (warnings above); "
+              "its plans keep the isolated bound", file=sys.stderr)
+        return EXIT_FAILURE
     return 0
 
 
@@ -501,6 +546,7 @@ COMMANDS = {
     "chunks": _cmd_chunks,
     "run": _cmd_run,
     "report": _cmd_report,
+    "calibrate": _cmd_calibrate,
     "explore": _cmd_explore,
 }
 
@@ -510,6 +556,7 @@ USAGE = """usage: explore OPERATOR [options]                 learn an operator's
        explore chunks OPERATOR --shape S --memory-limit L   safe chunks for a volume
        explore run OPERATOR INPUT.sgy --output PATH        production run on Dask
        explore report OPERATOR                    profiles and production against the model
+       explore calibrate OPERATOR                 in-worker probes of its model (a pipeline's composed one too)
 """
 
 

@@ -215,6 +215,8 @@ class RunContext:
     calibrate: bool = True
     overwrite: bool = False
     strategy: str = "auto"
+    #: A fan-out's branch order asked for a run without a model plan (None: the spec's).
+    branch_order: tuple | None = None
     # learnt as the run goes
     kind: str = ""
     shape: tuple = ()
@@ -485,6 +487,7 @@ def run(
     calibrate: bool = True,
     overwrite: bool = False,
     strategy: str = "auto",
+    branch_order=None,
 ) -> RunResult:
     """Run ``operator`` on the SEG-Y at ``input_path`` into ``output_path`` on Dask.
 
@@ -499,7 +502,8 @@ def run(
     recalibrated plan; ``allowed_failures`` is the ``distributed.scheduler.allowed-failures``
     of a cluster started here; ``stall_seconds`` bounds how long every worker may stay
     paused or absent.  ``strategy``: ``"auto"``, ``"fused"`` or ``"staged"`` (a pipeline's;
-    module docstring).  See the module docstring for every measured field; bad input and
+    module docstring).  ``branch_order``: a fan-out's branches in the order its tasks run them
+    when the chunks are not the model's (a model plan brings its own order; default: as written).  See the module docstring for every measured field; bad input and
     failures come back as ``status`` ``"error"``/``"failed"`` with a one-line ``error``,
     not as exceptions.
     """
@@ -512,7 +516,8 @@ def run(
                      confidence=float(confidence), refine=bool(refine), replan=bool(replan), progress=progress,
                      allowed_failures=int(allowed_failures), stall_seconds=float(stall_seconds),
                      connect_timeout=float(connect_timeout), source=source, context=dict(context or {}),
-                     calibrate=bool(calibrate), overwrite=bool(overwrite), strategy=strategy)
+                     calibrate=bool(calibrate), overwrite=bool(overwrite), strategy=strategy,
+                     branch_order=None if branch_order is None else tuple(branch_order))
     try:
         _prepare(ctx, memory_limit)
         _connect(ctx)
@@ -713,9 +718,10 @@ def _choose_chunks(ctx: RunContext) -> None:
 
 def _in_plan_order(ctx: RunContext, plan):
     """``ctx.operator`` set to run a fan-out's branches in ``plan``'s order (a model plan's;
-    else the spec's), recorded in the result; returns it."""
-    if plan is not None and plan.branch_order:
-        ctx.operator = ctx.operator.in_order(plan.branch_order)
+    else the one asked, else the spec's), recorded in the result; returns it."""
+    order = plan.branch_order if plan is not None and plan.branch_order else ctx.branch_order
+    if order and getattr(ctx.operator, "branches", ()):
+        ctx.operator = ctx.operator.in_order(order)
     ctx.result.branch_order = list(getattr(ctx.operator, "branch_order", ()))
     return ctx.operator
 

@@ -36,3 +36,10 @@ def explore_command(operator: str) -> str:
     import shlex
 
     return f"explore {shlex.quote(operator)}"
+
+
+def calibrate_command(operator: str) -> str:
+    """``explore calibrate SPEC``, quoted like :func:`explore_command`: the in-worker probes alone."""
+    import shlex
+
+    return f"explore calibrate {shlex.quote(operator)}"

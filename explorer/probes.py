@@ -37,7 +37,7 @@ import numpy as np
 
 from explorer.calibration import N_COEFFICIENTS
 
-__all__ = ["ProbeResult", "probe_blocks", "run_probes"]
+__all__ = ["ProbeResult", "calibrate_in_workers", "probe_blocks", "profiled_volume", "run_probes"]
 
 #: Probes ``explore`` runs by default (``n`` groups: the excess fit keeps ``n - 2`` dof).
 DEFAULT_PROBES = 6
@@ -136,6 +136,7 @@ def plan_scale_edge(op, model, memory_limit: int, baseline_bytes: int, confidenc
     with the isolated model's upper bound, ``baseline_bytes``, and the chunks the probe's
     2-per-axis grid keeps for halos.  None when not even the smallest probe fits."""
     from explorer.chunking import neighbour_chunks_held, worker_footprint, worker_pause_fraction
+    from explorer.recommend import fused_output_itemsize
 
     budget = worker_pause_fraction() * float(memory_limit)
     counts = tuple(1 if axis in op.whole_axes else 2 for axis in range(3))
@@ -146,7 +147,7 @@ def plan_scale_edge(op, model, memory_limit: int, baseline_bytes: int, confidenc
         chunk = _probe_volume(op, block)[1]
         _, upper = model.predict(block, confidence)
         total = worker_footprint(block, upper, baseline_bytes=baseline_bytes, chunk_shapes=chunk,
-                                 neighbour_chunks=held).total
+                                 output_itemsize=fused_output_itemsize(op), neighbour_chunks=held).total
         return total <= budget
 
     lo = max(MIN_PROBE_EDGE, 3 * max(op.halo) + 1)
@@ -157,6 +158,24 @@ def plan_scale_edge(op, model, memory_limit: int, baseline_bytes: int, confidenc
         mid = (lo + hi + 1) // 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
     return lo
+
+
+def profiled_volume(model) -> float:
+    """The largest block volume ``model``'s exact isolated profiles reached; a composed
+    model's (``explorer.composed``), the smallest of its members' (each was profiled that far)."""
+    members = getattr(model, "members", None)
+    if isinstance(members, dict) and members:
+        return min(profiled_volume(m) for m in members.values())
+    exact = model.train_shapes[~model.train_is_lower_bound]
+    return float(np.prod(exact.astype(np.float64), axis=1).max())
+
+
+def _branch_order(model, block, confidence: float):
+    """The order a production plan on ``block`` runs a fan-out's branches in: a composed
+    model's (Liu's, ``ComposedModel.branch_order``), so that the probes' tasks are the ones
+    its bound describes; None (as written) for a model learnt from the pipeline's own profiles."""
+    order = getattr(model, "branch_order", None)
+    return tuple(order(block, confidence)) or None if callable(order) else None
 
 
 def _probe_volume(op, block) -> tuple[tuple, tuple]:
@@ -194,8 +213,7 @@ def run_probes(operator: str, model, *, n: int = DEFAULT_PROBES, runs_dir=None, 
 
     started = time.perf_counter()
     op = operators.get(operator)
-    exact = model.train_shapes[~model.train_is_lower_bound]
-    max_volume = float(np.prod(exact.astype(np.float64), axis=1).max())
+    max_volume = profiled_volume(model)
     result = ProbeResult()
     tmp = Path(tempfile.mkdtemp(prefix=f"explorer-probes-{operator}-"))
     environment = None
@@ -218,7 +236,8 @@ def run_probes(operator: str, model, *, n: int = DEFAULT_PROBES, runs_dir=None, 
                 operators.write_segy(source, operators.synthetic_volume(volume, seed=seed + index))
                 r = run(operator, source, tmp / f"probe-{index}.zarr", scheduler=cluster.scheduler_address,
                         chunks=chunks, runs_dir=runs_dir, storage=storage, confidence=confidence, replan=False,
-                        calibrate=False, source="probe", context={"probe": index})
+                        calibrate=False, source="probe", context={"probe": index},
+                        branch_order=_branch_order(model, block, confidence))
                 source.unlink()
                 result.runs.append(r)
                 if r.status != "ok":
@@ -232,3 +251,28 @@ def run_probes(operator: str, model, *, n: int = DEFAULT_PROBES, runs_dir=None, 
                                        runs_dir=runs_dir, environment=environment)
     result.seconds = time.perf_counter() - started
     return result
+
+
+def calibrate_in_workers(operator: str, *, memory_limit=None, n: int = DEFAULT_PROBES, runs_dir=None,
+                         storage=None, confidence: float = 0.99, progress=None, seed: int = 0) -> ProbeResult:
+    """The in-worker probes of ``operator``'s saved model, alone: ``explore calibrate SPEC``.
+
+    For a pipeline with no profile of its own this is the model composed from its members'
+    (``explorer.composed``): its fused tasks are probed in workers exactly as ``explore``'s
+    probes do for an explored model, so its plans get their in-worker term (and ``auto`` can
+    weigh them, ``explorer.recommend.choose_strategy``) without any isolated profile of the
+    pipeline.  ``memory_limit``: the target worker memory that sets the plan-scale probe
+    (default ``explorer.exploration.default_memory_limit()``).  Raises ``ModelNotFoundError``
+    naming the ``explore`` command(s) when there is no model to probe.
+    """
+    from explorer import validate
+    from explorer.exploration import default_memory_limit
+    from explorer.surrogate import load_model
+
+    operator = validate.operator(operator)
+    limit = default_memory_limit() if memory_limit is None else validate.size(memory_limit, "memory_limit")
+    n = validate.positive_int(n, "probes")
+    confidence = validate.confidence(confidence)
+    model = load_model(operator, runs_dir=runs_dir)
+    return run_probes(operator, model, n=n, runs_dir=runs_dir, storage=storage, confidence=confidence,
+                      progress=progress, seed=seed, memory_limit=limit)

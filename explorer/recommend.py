@@ -293,8 +293,21 @@ def recommend_chunks(
         raise errors["fused"]
     considered = {name: {**plan.summary(), "in_worker_calibrated": complete[name]} for name, plan in plans.items()}
     chosen = choose_strategy(considered)
+    warnings = plans[chosen].warnings + tuple(_passed_over(operator, considered, chosen))
     considered.update({name: {"error": str(exc)} for name, exc in errors.items()})
-    return dataclasses.replace(plans[chosen], considered=considered if staged_possible else {})
+    return dataclasses.replace(plans[chosen], considered=considered if staged_possible else {}, warnings=warnings)
+
+
+def _passed_over(operator: str, considered: dict, chosen: str) -> list[str]:
+    """A line for each plan ``auto`` passed over although predicted faster, for want of its
+    in-worker calibration, naming the command that measures it."""
+    from explorer import paths
+
+    seconds = considered[chosen]["predicted_seconds"]
+    return [f"{name} (~{plan['predicted_seconds']:.1f} s predicted, against ~{seconds:.1f} s) was passed over: its "
+            f"model has no in-worker calibration; `{paths.calibrate_command(operator)}` measures it"
+            for name, plan in considered.items()
+            if name != chosen and not plan["in_worker_calibrated"] and plan["predicted_seconds"] < seconds]
 
 
 def choose_strategy(considered: dict) -> str:
@@ -387,8 +400,7 @@ def _fused_plan(request: _PlanRequest) -> tuple[ChunkPlan, bool]:
         model.predict_many,
         request.limit_bytes,
         itemsize=INPUT_ITEMSIZE,
-        # a fused fan-out's task returns every branch's output (stacked): that is what it holds
-        output_itemsize=np.dtype(op.output_dtype).itemsize * max(1, len(getattr(op, "branches", ()))),
+        output_itemsize=fused_output_itemsize(op),
         seconds_per_voxel=seconds_per_voxel,
         graph_task_seconds=_graph_task_seconds(model),
         task_clock=clock,
@@ -404,6 +416,12 @@ def _fused_plan(request: _PlanRequest) -> tuple[ChunkPlan, bool]:
     liu = getattr(model.isolated, "branch_order", None)
     order = liu(plan.block, request.confidence) if callable(liu) else tuple(branches)
     return dataclasses.replace(plan, branch_order=tuple(order)), calibrated
+
+
+def fused_output_itemsize(op) -> int:
+    """Bytes per block voxel of what one task returns: a fused fan-out's task returns every
+    branch's output (stacked), so it holds ``itemsize x branches``."""
+    return int(np.dtype(op.output_dtype).itemsize) * max(1, len(getattr(op, "branches", ())))
 
 
 def _member_timings(op, request: _PlanRequest) -> dict:

@@ -8,8 +8,12 @@ For each pipeline spec (default: the four of issue 14), on a synthetic SEG-Y vol
 1. **Members.** Every member is explored once into ``--cache`` (``explore(member,
    budget=--budget, memory_limit=L)``, with its in-worker probes, so each has a
    calibration); a member already there is reused.
-2. **ours**: ``explore run SPEC`` as a user runs it (``chunks="model"``, ``strategy="auto"``:
-   ``recommend_chunks`` weighs fused against staged), ``--repeats`` times.
+2. **ours**: first ``explore calibrate SPEC --memory-limit L`` (in-worker probes of the model
+   composed from the members', no isolated profile of the pipeline; skipped with
+   ``--no-calibrate``, or when the cache holds the pipeline's calibration already), then
+   ``explore run SPEC`` as a user runs it (``chunks="model"``, ``strategy="auto"``:
+   ``recommend_chunks`` weighs fused against staged, a plan without its in-worker term after
+   one with it), ``--repeats`` times.
 3. **oracle**: the best of {fused, staged} x a grid of chunk shapes (the first two axes
    split in 1, 2, 3 and 4, the samples axis whole or halved), each run once, then the
    ``--finalists`` fastest that lost no worker and stayed under the limit run again up to
@@ -33,6 +37,7 @@ Targets (issue 14): ours loses no worker and stays under the limit; its median s
 
     python scripts/bench_pipeline_runs.py [--pipelines SPEC;SPEC] [--memory-limit 1GiB]
         [--shape 256x256x384] [--repeats 5] [--finalists 3] [--cache runs/bench/pipeline-runs]
+        [--no-calibrate]
 
 Prints Markdown tables, verdicts and the machine line; progress goes to stderr.
 """
@@ -84,6 +89,24 @@ def explore_members(specs, runs: Path, budget: int, limit: int) -> None:
             log(f"member {op.name}: explore budget={budget} (with in-worker probes)")
             r = explore(op.name, budget=budget, memory_limit=limit, runs_dir=runs, report=False)
             log(f"member {op.name}: {r.profiles} profiles, {r.seconds:.0f} s, {r.stopped_because}")
+
+
+def calibrate_pipeline(spec: str, args, limit: int) -> str:
+    """``explore calibrate SPEC`` into the cache unless asked not to or done already; what was done, in words."""
+    from explorer.calibration import load_calibration
+    from explorer.probes import calibrate_in_workers
+
+    if not args.calibrate:
+        return "not calibrated (--no-calibrate)"
+    if load_calibration(spec, args.cache) is not None:
+        return "its calibration from the cache"
+    log(f"{spec}: explore calibrate (in-worker probes of the composed model)")
+    r = calibrate_in_workers(spec, memory_limit=limit, runs_dir=args.cache)
+    ok = sum(run.status == "ok" for run in r.runs)
+    excess = r.calibration.excess if r.calibration is not None else None
+    log(f"{spec}: {ok} of {len(r.runs)} probes ok in {r.seconds:.0f} s, excess "
+        f"{'identified' if excess is not None else 'not identified'}")
+    return f"explore calibrate: {ok} probes, {r.seconds:.0f} s"
 
 
 class Arm:
@@ -225,14 +248,16 @@ def bench_pipeline(spec: str, args, limit: int) -> dict:
     out_dir = work / "out"
     out_dir.mkdir()
     log(f"{spec}: volume {format_shape(shape)}, limit {format_bytes(limit)}")
+    calibrated = calibrate_pipeline(spec, args, limit)
     ours = Arm("ours", "")
     last = run_arm(ours, spec, source, out_dir, limit, args, reference, args.repeats)
     if last is not None and last.plan:
         plan = last.plan
         considered = "; ".join(f"{k} {format_shape(v['chunks'])} ~{v['predicted_seconds']:.1f} s"
+                               + ("" if v["in_worker_calibrated"] else " uncalibrated")
                                if "error" not in v else f"{k}: none fits" for k, v in plan["considered"].items())
         ours.detail = (f"{plan['strategy']} {format_shape(plan['chunks'])} (bound "
-                       f"{format_bytes(plan['upper_bytes'])}; weighed {considered})")
+                       f"{format_bytes(plan['upper_bytes'])}; weighed {considered}; {calibrated})")
     screened = []
     for chunks in grid(shape):
         for strategy in ("fused", "staged"):
@@ -270,6 +295,8 @@ def main() -> None:
     parser.add_argument("--auto-repeats", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cache", default="runs/bench/pipeline-runs", type=Path)
+    parser.add_argument("--calibrate", action=argparse.BooleanOptionalAction, default=True,
+                        help="run explore calibrate SPEC before ours (default: on)")
     args = parser.parse_args()
     limit = parse_size(args.memory_limit)
     specs = [s for s in args.pipelines.split(";") if s]

@@ -438,3 +438,63 @@ def test_recommend_weighs_fused_against_staged_by_predicted_time_among_plans_tha
     assert single.strategy == "fused" and single.considered == {}
     with pytest.raises(ValueError, match="unknown strategy 'both'"):
         recommend_chunks(spec, (300, 300, 300), "1GiB", strategy="both", **kwargs)
+
+
+def test_explore_calibrate_probes_a_composed_model_in_workers_so_auto_weighs_fused_by_time(tmp_path):
+    """Real models of envelope and gaussian, no profile of ``envelope,gaussian``: before, the
+    fused plan from the composed model lacks its in-worker term (a warning naming
+    ``explore calibrate``); ``explore calibrate`` runs real probes of the fused pipeline on a
+    LocalCluster and saves its calibration; after, the fused plan is calibrated (its bound
+    carries the excess) and no warning is left."""
+    from explorer import paths
+    from explorer.recommend import recommend_chunks
+
+    for name in ("envelope", "gaussian"):
+        fitted_model(name).save(paths.model_path(name, tmp_path))
+    spec, kwargs = "envelope,gaussian", dict(runs_dir=tmp_path, baseline_bytes=100 * 2**20, workers=2)
+    before = recommend_chunks(spec, (256, 256, 256), "512MiB", **kwargs)
+    assert before.considered["fused"]["in_worker_calibrated"] is False
+    fused_before = recommend_chunks(spec, (256, 256, 256), "512MiB", strategy="fused", **kwargs)
+    assert any(f"`explore calibrate {spec}`" in w for w in fused_before.warnings)
+
+    out = subprocess.run([sys.executable, "-m", "explorer.cli", "calibrate", spec, "--memory-limit", "512MiB",
+                          "--probes", "3", "--runs-dir", str(tmp_path), "--json"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert [r["status"] for r in result["runs"]] == ["ok"] * 3 and len({tuple(b) for b in result["blocks"]}) == 3
+    assert result["calibration"]["excess"] is not None and result["calibration"]["n_probe_groups"] == 3
+    assert "[probe 3/3]" in out.stderr
+
+    after = recommend_chunks(spec, (256, 256, 256), "512MiB", **kwargs)
+    assert after.considered["fused"]["in_worker_calibrated"] is True
+    fused_after = recommend_chunks(spec, (256, 256, 256), "512MiB", strategy="fused", **kwargs)
+    assert not any("no in-worker calibration" in w for w in fused_after.warnings)
+    assert fused_after.predicted_bytes != fused_before.predicted_bytes  # the excess is in the task's bound
+
+
+def test_explore_calibrate_without_a_model_is_one_line_naming_the_members_to_explore(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "explorer.cli", "calibrate", "envelope,gaussian",
+                          "--runs-dir", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "explore envelope" in out.stderr and "explore gaussian" in out.stderr
+    bad = subprocess.run([sys.executable, "-m", "explorer.cli", "calibrate", "nosuchop"], capture_output=True,
+                         text=True, timeout=120)
+    assert bad.returncode == 2 and "unknown operator 'nosuchop'" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_probes_of_a_composed_fan_out_run_its_branches_in_the_order_its_plans_would(tmp_path, gst3d_model):
+    """The probes' tasks must be those the composed bound describes: Liu's order at the probe's block."""
+    from explorer import paths
+    from explorer.probes import _branch_order, profiled_volume
+    from explorer.surrogate import load_model
+
+    for name in ("gaussian", "envelope"):
+        fitted_model(name).save(paths.model_path(name, tmp_path))
+    gst3d_model.save(paths.model_path("gst3d", tmp_path))
+    model = load_model("gaussian,envelope+gst3d", runs_dir=tmp_path)
+    assert _branch_order(model, (64, 64, 64), 0.99) == ("gst3d", "envelope") == model.branch_order((64, 64, 64))
+    assert _branch_order(gst3d_model, (64, 64, 64), 0.99) is None
+    # every member was profiled at least this far (each member's largest profiled block: 100^3)
+    assert profiled_volume(model) == min(profiled_volume(m) for m in model.members.values()) == 100**3

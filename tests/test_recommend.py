@@ -146,3 +146,17 @@ def test_auto_prefers_a_complete_bound_then_the_faster_plan_then_fused():
     assert choose_strategy({"fused": plan(3.0, False), "staged": plan(2.5, False)}) == "staged"
     assert choose_strategy({"fused": plan(3.0, True), "staged": plan(3.0, True)}) == "fused"
     assert choose_strategy({"fused": plan(3.0, True)}) == "fused"
+
+
+def test_auto_names_the_command_that_calibrates_a_faster_plan_it_passed_over():
+    from explorer.recommend import _passed_over
+
+    def plan(seconds, calibrated):
+        return {"predicted_seconds": seconds, "in_worker_calibrated": calibrated}
+
+    lines = _passed_over("gaussian(sigma=1),semblance", {"fused": plan(0.9, False), "staged": plan(1.9, True)}, "staged")
+    assert len(lines) == 1 and lines[0].startswith("fused (~0.9 s predicted, against ~1.9 s) was passed over")
+    assert "`explore calibrate 'gaussian(sigma=1),semblance'`" in lines[0]
+    # a slower uncalibrated plan, or a calibrated one, is not worth a line
+    assert _passed_over("a,b", {"fused": plan(2.0, False), "staged": plan(1.9, True)}, "staged") == []
+    assert _passed_over("a,b", {"fused": plan(0.9, True), "staged": plan(1.9, True)}, "fused") == []
