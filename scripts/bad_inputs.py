@@ -79,6 +79,9 @@ CASES = [
     ("--scheduler with nothing listening", ["run", "gst3d", "in.sgy", "--output", "o.zarr", "--scheduler",
                                             "tcp://127.0.0.1:9", "--connect-timeout", "2", *RUN], {}),
     ("--budget 0", ["gst3d", "--budget", "0"], {}),
+    ("calibrate a pipeline whose members have no model", ["calibrate", "envelope,gaussian", "--runs-dir",
+                                                          "empty-runs"], {}),
+    ("calibrate --probes 0", ["calibrate", "gst3d", "--probes", "0"], {}),
 ]
 
 
