@@ -161,9 +161,13 @@ def _cmd_profile(argv: list[str]) -> int:
 
 
 # -- explore OPERATOR ------------------------------------------------------
-def _add_store_options(parser):
+def _add_store_options(parser, *, storage: bool = False, storage_note: str = ""):
     parser.add_argument("--runs-dir", default=None,
                         help="where studies, model fits and reports live (default: $EXPLORER_RUNS or ./runs)")
+    if storage:
+        parser.add_argument("--storage", type=_storage_url, default=None,
+                            help="an Optuna storage URL instead of the SQLite file: sqlite:///PATH, "
+                                 f"postgresql://..., or journal:PATH{storage_note}")
 
 
 def _cmd_explore(argv: list[str]) -> int:
@@ -185,10 +189,7 @@ def _cmd_explore(argv: list[str]) -> int:
                         help="target worker memory the chunks will be sized for (default: min(4GiB, RAM/cores))")
     parser.add_argument("--memory-cap", type=_size, default=None,
                         help="cap on one profile's working memory (default: half this machine's memory)")
-    _add_store_options(parser)
-    parser.add_argument("--storage", type=_storage_url, default=None,
-                        help="an Optuna storage URL instead of the SQLite file: sqlite:///PATH, postgresql://..., "
-                             "or journal:PATH; several explore processes may share one")
+    _add_store_options(parser, storage=True, storage_note="; several explore processes may share one")
     parser.add_argument("--jobs", type=_positive_int, default=1, help="profiles run in parallel")
     parser.add_argument("--repeat", type=_positive_int, default=2, help="runs per profile (default 2)")
     parser.add_argument("--seed", type=int, default=0)
@@ -276,10 +277,7 @@ def _cmd_calibrate(argv: list[str]) -> int:
                         help=f"probe runs (default {DEFAULT_PROBES}; at least 3 distinct blocks identify the excess)")
     parser.add_argument("--confidence", type=_confidence, default=0.99, help="in (0.5, 1) (0.99)")
     parser.add_argument("--seed", type=int, default=0)
-    _add_store_options(parser)
-    parser.add_argument("--storage", type=_storage_url, default=None,
-                        help="an Optuna storage URL instead of the SQLite file: sqlite:///PATH, postgresql://..., "
-                             "or journal:PATH")
+    _add_store_options(parser, storage=True)
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
     args = parser.parse_args(argv)
     from explorer.store import Store
@@ -448,10 +446,7 @@ def _cmd_run(argv: list[str]) -> int:
     parser.add_argument("--refine", action=argparse.BooleanOptionalAction, default=True,
                         help="observe every task's memory and refine the model (default: on)")
     _add_strategy_option(parser)
-    _add_store_options(parser)
-    parser.add_argument("--storage", type=_storage_url, default=None,
-                        help="an Optuna storage URL instead of the SQLite file: sqlite:///PATH, postgresql://..., "
-                             "or journal:PATH")
+    _add_store_options(parser, storage=True)
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
     args = parser.parse_args(argv)
     if not os.path.exists(args.input):
@@ -511,10 +506,7 @@ def _cmd_report(argv: list[str]) -> int:
     parser = _Parser(prog="explore report",
                      description="Isolated profiles and production observations against the model.")
     parser.add_argument("operator", type=_operator_name)
-    _add_store_options(parser)
-    parser.add_argument("--storage", type=_storage_url, default=None,
-                        help="an Optuna storage URL instead of the SQLite file: sqlite:///PATH, postgresql://..., "
-                             "or journal:PATH")
+    _add_store_options(parser, storage=True)
     parser.add_argument("--confidence", type=_confidence, default=0.99, help="in (0.5, 1) (0.99)")
     parser.add_argument("--json", action="store_true", help="print the table as JSON")
     args = parser.parse_args(argv)
