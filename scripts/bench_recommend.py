@@ -32,7 +32,9 @@
    ``ChunkPlanError``; its calls are timed like the rest (that is an answer, too).
 3. **Settings**: with explore's in-worker calibration (what a user has after ``explore``),
    then without it (the file moved aside, and back at the end): the isolated model alone,
-   as a model explored with ``--probes 0`` plans.
+   as a model explored with ``--probes 0`` plans.  A pipeline (``--pipelines``) is planned
+   from the model composed of its members' with their calibrations, then again after
+   ``explore calibrate SPEC`` (its fused plans' own in-worker term and clock).
 
 Per operator and setting: the cold first call (median over children), the warm calls'
 median, 95th percentile and maximum over every call, the slowest case's median, and the
@@ -206,11 +208,18 @@ def main(argv=None) -> int:
         spec = {"runs_dir": str(runs), "operator": pipeline.name, "cases": grid, "calls": 1}
         run_child(spec)  # measures and saves this machine's idle-worker baseline for the spec once
         spec["calls"] = args.calls
-        results = [run_child(spec) for _ in range(args.children)]
-        log(f"{pipeline.name}: {args.children} children")
-        summary = summarise(results, grid)
-        summary.update(operator=f"`{pipeline.name}`", setting="composed, members calibrated", profiles=0)
-        rows.append(summary)
+        for setting in ("composed, members calibrated", "composed, members and pipeline calibrated"):
+            if setting.endswith("pipeline calibrated"):  # what `explore calibrate SPEC` adds: fused plans' own term
+                from explorer.probes import calibrate_in_workers
+
+                if calibration.load_calibration(pipeline.name, runs) is None:
+                    log(f"{pipeline.name}: explore calibrate")
+                    calibrate_in_workers(pipeline.name, memory_limit=default_memory_limit(), runs_dir=runs)
+            results = [run_child(spec) for _ in range(args.children)]
+            log(f"{pipeline.name} ({setting}): {args.children} children")
+            summary = summarise(results, grid)
+            summary.update(operator=f"`{pipeline.name}`", setting=setting, profiles=0)
+            rows.append(summary)
 
     load = os.getloadavg()
     print("## recommend_chunks latency\n")
