@@ -281,7 +281,6 @@ def _cmd_calibrate(argv: list[str]) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
     args = parser.parse_args(argv)
     from explorer.store import Store
-
     from explorer.surrogate import load_model
 
     Store(args.runs_dir, args.storage)  # a storage that cannot be opened is one line, before any cluster

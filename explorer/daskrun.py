@@ -502,10 +502,11 @@ def run(
     recalibrated plan; ``allowed_failures`` is the ``distributed.scheduler.allowed-failures``
     of a cluster started here; ``stall_seconds`` bounds how long every worker may stay
     paused or absent.  ``strategy``: ``"auto"``, ``"fused"`` or ``"staged"`` (a pipeline's;
-    module docstring).  ``branch_order``: a fan-out's branches in the order its tasks run them
-    when the chunks are not the model's (a model plan brings its own order; default: as written).  See the module docstring for every measured field; bad input and
-    failures come back as ``status`` ``"error"``/``"failed"`` with a one-line ``error``,
-    not as exceptions.
+    module docstring).  ``branch_order``: a fan-out's branches in the order its tasks run
+    them when the chunks are not the model's (a model plan brings its own order; default: as
+    written).  See the module docstring for every measured field; bad input and failures
+    come back as ``status`` ``"error"``/``"failed"`` with a one-line ``error``, not as
+    exceptions.
     """
     wall_started = time.perf_counter()
     result = RunResult(operator=str(operator), input=os.fspath(input_path), output=os.fspath(output_path),

@@ -175,7 +175,9 @@ def _branch_order(model, block, confidence: float):
     model's (Liu's, ``ComposedModel.branch_order``), so that the probes' tasks are the ones
     its bound describes; None (as written) for a model learnt from the pipeline's own profiles."""
     order = getattr(model, "branch_order", None)
-    return tuple(order(block, confidence)) or None if callable(order) else None
+    if not callable(order):
+        return None
+    return tuple(order(block, confidence)) or None
 
 
 def _probe_volume(op, block) -> tuple[tuple, tuple]:
@@ -196,8 +198,9 @@ def run_probes(operator: str, model, *, n: int = DEFAULT_PROBES, runs_dir=None, 
                confidence: float = 0.99, progress=None, seed: int = 0, memory_limit=None) -> ProbeResult:
     """Run the in-worker probes of ``operator`` (module docstring), fit and save the calibration.
 
-    ``model``: the freshly fitted isolated ``MemoryModel`` (it sizes the probes; the
-    excess is against its mean).  ``memory_limit``: the target worker memory (explore's),
+    ``model``: the freshly fitted isolated ``MemoryModel``, or a pipeline's composed model
+    (``explorer.composed.ComposedModel``; its fan-out's branches then run in the order its
+    plans would at each probe block): it sizes the probes, and the excess is against its mean.  ``memory_limit``: the target worker memory (explore's),
     which sets the plan-scale probe; None probes only up to the isolated profiles' reach.
     ``progress(index, total, block, run_result)`` after each.
     """
