@@ -30,16 +30,14 @@ def report_path(operator: str, runs: str | os.PathLike | None = None) -> Path:
     return operator_dir(operator, runs) / "report.png"
 
 
-def explore_command(operator: str) -> str:
-    """``explore SPEC``, quoted for a POSIX shell when the spec needs it
-    (``explore 'gaussian(sigma=4),gst3d'``): the fix error messages name."""
+def explore_command(operator: str, verb: str = "") -> str:
+    """``explore SPEC`` (or ``explore VERB SPEC``), quoted for a POSIX shell when the spec
+    needs it (``explore 'gaussian(sigma=4),gst3d'``): the fix error messages name."""
     import shlex
 
-    return f"explore {shlex.quote(operator)}"
+    return " ".join(["explore", *([verb] if verb else []), shlex.quote(operator)])
 
 
 def calibrate_command(operator: str) -> str:
     """``explore calibrate SPEC``, quoted like :func:`explore_command`: the in-worker probes alone."""
-    import shlex
-
-    return f"explore calibrate {shlex.quote(operator)}"
+    return explore_command(operator, "calibrate")

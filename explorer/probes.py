@@ -200,8 +200,9 @@ def run_probes(operator: str, model, *, n: int = DEFAULT_PROBES, runs_dir=None, 
 
     ``model``: the freshly fitted isolated ``MemoryModel``, or a pipeline's composed model
     (``explorer.composed.ComposedModel``; its fan-out's branches then run in the order its
-    plans would at each probe block): it sizes the probes, and the excess is against its mean.  ``memory_limit``: the target worker memory (explore's),
-    which sets the plan-scale probe; None probes only up to the isolated profiles' reach.
+    plans would at each probe block): it sizes the probes, and the excess is against its
+    mean.  ``memory_limit``: the target worker memory (explore's), which sets the plan-scale
+    probe; None probes only up to the isolated profiles' reach.
     ``progress(index, total, block, run_result)`` after each.
     """
     import time
