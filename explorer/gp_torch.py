@@ -26,6 +26,7 @@ from explorer.surrogate import (
     _SLOPE_START,
     BASIS_EXPONENTS,
     FLAT_TERMS,
+    alike_groups,
 )
 
 
@@ -43,16 +44,17 @@ class FeatureMap(torch.nn.Module):
 
     def __init__(self, features, amp_floor):
         super().__init__()
-        for name in ("axis_length", "basis_transform", "basis_prior_precision", "amplitude_coef",
+        for name in ("axis_length", "basis_map", "basis_transform", "basis_prior_precision", "amplitude_coef",
                      "log_lo", "log_span"):
             self.register_buffer(name, torch.as_tensor(features[name], dtype=torch.float64))
         self.register_buffer("basis_exponents", torch.as_tensor(BASIS_EXPONENTS, dtype=torch.float64))
+        self.groups = [torch.as_tensor(g) for g in alike_groups(features["axis_classes"])]
         self.amp_floor = float(amp_floor)
         self.n_terms = int(self.basis_transform.shape[0])
 
     def raw_basis(self, dims):
         u = dims / self.axis_length
-        return torch.prod(u.unsqueeze(-2) ** self.basis_exponents, dim=-1)
+        return torch.prod(u.unsqueeze(-2) ** self.basis_exponents, dim=-1) @ self.basis_map
 
     def basis(self, dims):
         return self.raw_basis(dims) @ self.basis_transform
@@ -63,6 +65,10 @@ class FeatureMap(torch.nn.Module):
         return envelope * (envelope / centre) ** -slope
 
     def kernel_inputs(self, dims):
+        if self.groups:  # canonical_dims: sorted within each group of alike axes
+            dims = dims.clone()
+            for group in self.groups:
+                dims[..., group] = torch.sort(dims[..., group], dim=-1).values
         return (torch.log(dims) - self.log_lo) / self.log_span
 
 

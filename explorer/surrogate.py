@@ -26,6 +26,23 @@ same functions.  We use the raw dims of the profiled block because that is
 what was measured and what a Dask task runs on (``c + 2h``); in block dims
 there is no halo shift to expect, which is what the prior below is centred on.
 
+*Alike axes* (``Operator.axis_classes``, declared only where measured:
+``tests/test_operators.py`` profiles every declared swap).  When permuting some axes of a
+block leaves the operator's peak unchanged (gst3d's isotropic stencils: all three; the
+Hilbert-transform attributes: inline and crossline), the model is made invariant under
+those permutations, so that one profile informs every permutation of its block:
+
+* the mean's terms are tied over each orbit of the permutations (:func:`basis_map`: the
+  column of an orbit is the average of its monomials, e.g. ``[1, V, (n1 n2 + n1 n3 +
+  n2 n3) / 3, (n1 + n2 + n3) / 3]`` when all three axes are alike, 4 coefficients instead of
+  8), with one reference length ``L`` shared by the axes of a class (:func:`class_lengths`);
+* the residual kernel sees the dims sorted within each class (:func:`canonical_dims`):
+  ``k(x, x') = k_0(sort(x), sort(x'))`` is a kernel (a kernel of a fixed map of the inputs)
+  and is invariant under the permutations, whose orbits it collapses to one point.
+
+A pipeline's axes are alike where every member's are and the members' halos and padding
+agree on them (``operators.pipeline.Pipeline``).
+
 *Prior on beta*: flat on the constant and volume coefficients; a vague
 Gaussian ``N(0, (tau * s_c)^2)`` on each face and edge coefficient, with
 ``s_c`` the typical peak at the design centre and ``tau = 1`` (each of these
@@ -213,7 +230,43 @@ BASIS_EXPONENTS = np.array([[0, 0, 0], [1, 1, 1], [1, 1, 0], [1, 0, 1], [0, 1, 1
 _HAS_AXIS = [BASIS_EXPONENTS[:, axis] == 1 for axis in range(BASIS_EXPONENTS.shape[1])]
 assert set(np.unique(BASIS_EXPONENTS)) <= {0, 1}
 #: Terms with a flat prior (the constant and the volume); the others get a vague Gaussian.
+#: They stay the first two columns whatever ties :func:`basis_map` makes (each is its own orbit).
 FLAT_TERMS = (0, 1)
+
+
+def basis_map(axis_classes=(0, 1, 2)) -> np.ndarray:
+    """``(8, q)``: the mean's terms tied over axes that are alike (``Operator.axis_classes``).
+
+    Axes of one class are interchangeable for the operator: permuting them leaves its peak
+    unchanged, so two monomials that such a permutation maps onto each other (an *orbit*:
+    ``n1 n2`` and ``n1 n3`` when axes 2 and 3 are alike) must carry one coefficient.  Column
+    ``k`` averages the monomials of orbit ``k`` (so it is 1 at the design centre, like every
+    raw term); orbits are numbered in the order of ``BASIS_EXPONENTS``, so the constant and
+    the volume stay columns 0 and 1.  Two monomials share an orbit exactly when their
+    multisets of ``(class, exponent)`` over the axes agree.  All axes distinct (the default):
+    the identity, the full eight-term basis.  All alike: ``[1, V, mean of the faces, mean of
+    the edges]``, four terms.
+    """
+    classes = tuple(int(c) for c in axis_classes)
+    if len(classes) != BASIS_EXPONENTS.shape[1]:
+        raise ValueError(f"axis_classes must give one class per axis, got {axis_classes}")
+    orbits: dict[tuple, list[int]] = {}
+    for j, exponents in enumerate(BASIS_EXPONENTS):
+        key = tuple(sorted(zip(classes, (int(e) for e in exponents))))
+        orbits.setdefault(key, []).append(j)
+    mapping = np.zeros((len(BASIS_EXPONENTS), len(orbits)))
+    for k, terms in enumerate(orbits.values()):
+        mapping[terms, k] = 1.0 / len(terms)
+    return mapping
+
+
+def class_lengths(log_dims: np.ndarray, axis_classes) -> np.ndarray:
+    """The basis's reference length per axis: the geometric mean of the profiled dims over
+    every axis of the axis's class, so that alike axes share one unit (a tied coefficient
+    is then one coefficient in physical units too)."""
+    classes = np.asarray(axis_classes)
+    per_axis = log_dims.mean(0)
+    return np.exp(np.array([per_axis[classes == classes[a]].mean() for a in range(len(classes))]))
 #: Prior degrees of freedom of the overall scale ``lambda`` (module docstring): one
 #: pseudo-observation's worth of belief in the ML-II fit's own scale.
 SCALE_PRIOR_DOF = 1.0
@@ -224,7 +277,9 @@ _RUN_NOISE_PRIOR = (0.005, 4.0)
 #: Default absolute noise floor of a single run: allocator and page granularity (64 KiB).
 DEFAULT_ABS_NOISE_FLOOR_BYTES = 64 * 1024
 #: Bumped when the saved layout changes.
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
+#: Older formats this code still reads: 3 lacks ``basis_map`` and ``axis_classes`` (every axis its own).
+READABLE_FORMATS = (3, FORMAT_VERSION)
 
 # Weak priors of the ML-II stage, log-normal given as (mode, sd of the log).  The fit
 # is a MAP on the parameter itself, so with no information a parameter sits at the mode.
@@ -299,18 +354,37 @@ def effective_dims(dims: np.ndarray, multiple) -> np.ndarray:
     return np.ceil(dims / multiple) * multiple
 
 
-def _raw_basis(dims: np.ndarray, axis_length: np.ndarray, multiple) -> np.ndarray:
-    """``[1, V, n1n2, n1n3, n2n3, n1, n2, n3]`` on ``u = effective_dims / axis_length``, (m, 8)."""
+def _raw_basis(dims: np.ndarray, axis_length: np.ndarray, multiple, mapping=None) -> np.ndarray:
+    """``[1, V, n1n2, n1n3, n2n3, n1, n2, n3]`` on ``u = effective_dims / axis_length``, (m, 8),
+    tied by ``mapping`` (:func:`basis_map`, (8, q); None: untied) into (m, q)."""
     u = effective_dims(dims, multiple) / axis_length
     raw = np.ones((len(u), len(BASIS_EXPONENTS)))
     for axis in range(BASIS_EXPONENTS.shape[1]):  # exponents are 0 or 1: products, no powers (hot path)
         raw[:, _HAS_AXIS[axis]] *= u[:, axis : axis + 1]
-    return raw
+    return raw if mapping is None else raw @ mapping
 
 
-def _kernel_inputs(dims: np.ndarray, log_lo: np.ndarray, log_span: np.ndarray, multiple) -> np.ndarray:
+def alike_groups(axis_classes) -> tuple[np.ndarray, ...]:
+    """The axes of each class that has more than one (``Operator.axis_classes``), as index arrays."""
+    classes = np.asarray(axis_classes, dtype=np.int64)
+    return tuple(np.flatnonzero(classes == c) for c in np.unique(classes) if np.sum(classes == c) > 1)
+
+
+def canonical_dims(dims: np.ndarray, groups) -> np.ndarray:
+    """The dims sorted ascending within each group of alike axes (:func:`alike_groups`): one
+    representative of every permutation an alike-axes operator cannot tell apart, so a kernel
+    on them is invariant under those permutations (a profile informs all of its permutations)."""
+    if not groups:
+        return dims
+    dims = np.array(dims, dtype=np.float64, copy=True)
+    for group in groups:
+        dims[:, group] = np.sort(dims[:, group], axis=1)
+    return dims
+
+
+def _kernel_inputs(dims: np.ndarray, log_lo: np.ndarray, log_span: np.ndarray, multiple, groups=()) -> np.ndarray:
     """Normalised log effective dims ``z = (log n - log n_lo) / span``: the training box is [0, 1]^3."""
-    return (np.log(effective_dims(dims, multiple)) - log_lo) / log_span
+    return (np.log(canonical_dims(effective_dims(dims, multiple), groups)) - log_lo) / log_span
 
 
 def _amplitude(raw: np.ndarray, gamma: np.ndarray, floor: float, slope: float) -> np.ndarray:
@@ -352,6 +426,8 @@ _ARRAY_FIELDS = (
     "exceeded_bytes",  # (k,) their recorded values (the truth is >= these)
     "axis_length",  # (3,) reference lengths of the basis
     "block_multiple",  # (3,) the operator pads blocks to these multiples: features use effective_dims
+    "basis_map",  # (8, p) the terms tied over alike axes (basis_map; the identity when none are)
+    "axis_classes",  # (3,) which axes are alike (Operator.axis_classes): the kernel sorts their dims
     "basis_transform",  # (p, p) re-parametrisation T: h(x) = raw_basis(x) @ T
     "basis_prior_precision",  # (p, p) B^{-1} in the re-parametrised basis
     "basis_prior_mean",  # (p,) b_0, the prior mean of beta in the re-parametrised basis (0: none)
@@ -403,6 +479,8 @@ class MemoryModel:
         self.stale: list[str] = []
         if "basis_prior_mean" not in arrays and "beta" in arrays:  # saved before priors existed: none
             arrays = {**arrays, "basis_prior_mean": np.zeros_like(np.asarray(arrays["beta"]))}
+        if "basis_map" not in arrays:  # saved before axis classes existed: every axis its own
+            arrays = {**arrays, "basis_map": basis_map(), "axis_classes": np.arange(3)}
         missing = [name for name in _ARRAY_FIELDS if name not in arrays]
         if missing:
             raise ValueError(f"model arrays missing: {missing}")
@@ -422,16 +500,20 @@ class MemoryModel:
         self._scale_var = s["scale_var"]
         self._scale_dof = s["scale_dof"]
         self._amp_slope = s["amplitude_slope"]
+        mapping = self._a["basis_map"]
+        self._map = None if mapping.shape[0] == mapping.shape[1] and np.allclose(mapping, np.eye(len(mapping))) \
+            else mapping  # untied: skip the product on the hot path
+        self._groups = alike_groups(self._a["axis_classes"])
         # Derived training quantities.
         self._train_z = self._z(self._a["train_dims"])
         self._train_amp = self._amplitude(self._a["train_dims"])
 
     # ---- feature map ------------------------------------------------------------
     def _z(self, dims):
-        return _kernel_inputs(dims, self._a["log_lo"], self._a["log_span"], self._a["block_multiple"])
+        return _kernel_inputs(dims, self._a["log_lo"], self._a["log_span"], self._a["block_multiple"], self._groups)
 
     def _raw_basis(self, dims):
-        return _raw_basis(dims, self._a["axis_length"], self._a["block_multiple"])
+        return _raw_basis(dims, self._a["axis_length"], self._a["block_multiple"], self._map)
 
     def _amplitude(self, dims):
         return _amplitude(self._raw_basis(dims), self._a["amplitude_coef"], self._amp_floor, self._amp_slope)
@@ -555,12 +637,8 @@ class MemoryModel:
         ``P y = alpha``; so ``t_i = alpha_i / sqrt(s^2 P_ii)``, mapped to normal scores
         as in :meth:`scores`.  The hyperparameters are those fitted with ``i`` included.
         """
-        a = self._a
-        chol_inv = a["chol_inv"]
-        g = chol_inv.T @ (a["whitened_basis"] @ a["chol_a_inv"].T)  # K^{-1} H^T L_A^{-T}
-        p_diag = (chol_inv * chol_inv).sum(0) - (g * g).sum(1)
-        t = a["alpha"] / np.sqrt(self._scale_var * np.maximum(p_diag, 1e-300))
-        return normal_scores(t[~a["train_is_lower_bound"]], self._scale_dof)
+        t = _loo_residuals(self._a) / math.sqrt(self._scale_var)
+        return normal_scores(t[~self._a["train_is_lower_bound"]], self._scale_dof)
 
     def predict(self, shape, confidence: float = 0.99) -> tuple[float, float]:
         """``(mean_bytes, upper_bytes)`` of the peak of one run on a block of ``shape``."""
@@ -622,7 +700,8 @@ class MemoryModel:
         """``beta_bar`` in physical units: bytes, bytes/voxel, bytes/face-sample, ..."""
         scale = self._a["axis_length"]
         per_unit = np.prod(scale[None, :] ** BASIS_EXPONENTS, axis=1)
-        beta_raw = self._a["basis_transform"] @ self._a["beta"] * self._bytes_scale
+        # each of the eight monomials' own coefficient: a tied one is shared by its orbit
+        beta_raw = self._a["basis_map"] @ (self._a["basis_transform"] @ self._a["beta"]) * self._bytes_scale
         return {name: float(b / u) for name, b, u in zip(BASIS_NAMES, beta_raw, per_unit)}
 
     @property
@@ -678,8 +757,8 @@ class MemoryModel:
     def load(cls, path) -> "MemoryModel":
         with np.load(Path(path), allow_pickle=False) as data:
             meta = json.loads(str(data["meta"][()]))
-            if meta.get("format_version") != FORMAT_VERSION:
-                raise ValueError(f"{path}: model format {meta.get('format_version')} != {FORMAT_VERSION}")
+            if meta.get("format_version") not in READABLE_FORMATS:
+                raise ValueError(f"{path}: model format {meta.get('format_version')} is not one of {READABLE_FORMATS}")
             arrays = {name: data[name] for name in _ARRAY_FIELDS if name in data}
         return cls(meta["operator"], meta["halo"], meta["n_observations"], arrays, meta["info"],
                    environment=meta.get("environment"))
@@ -758,7 +837,7 @@ def _pooled_relative_run_var(y, single_run_var, n_repeats) -> tuple[float, float
 
 
 def fit(operator: str, shapes, peak_bytes, noise_var, lower_bound, *, halo=(0, 0, 0), n_repeats=None,
-        block_multiple=None, prior: MeanPrior | None = None,
+        block_multiple=None, axis_classes=None, prior: MeanPrior | None = None,
         rel_noise_floor: float = DEFAULT_REL_NOISE_FLOOR,
         abs_noise_floor_bytes: float = DEFAULT_ABS_NOISE_FLOOR_BYTES) -> MemoryModel:
     """Fit the surrogate of ``operator`` to its profiles (see the module docstring).
@@ -775,6 +854,9 @@ def fit(operator: str, shapes, peak_bytes, noise_var, lower_bound, *, halo=(0, 0
         block_multiple: the multiples the operator pads its blocks to (the features then
             use :func:`effective_dims`); by default the registered operator's
             ``block_multiple``, 1 for a name the registry does not know.
+        axis_classes: which axes the operator treats alike (:func:`basis_map`); by default
+            the registered operator's ``axis_classes``, every axis its own for a name the
+            registry does not know.
         n_repeats: ``(n,)`` runs averaged in ``peak_bytes``.  Pass it: it turns
             ``noise_var`` back into single-run variances for the pooled noise level
             and gives each point ``r - 1`` degrees of freedom.  Without it every
@@ -804,6 +886,7 @@ def fit(operator: str, shapes, peak_bytes, noise_var, lower_bound, *, halo=(0, 0
     multiple = _block_multiple(operator) if block_multiple is None else np.asarray(block_multiple, dtype=np.float64)
     if multiple.shape != (3,) or np.any(multiple < 1):
         raise ValueError(f"block_multiple must be 3 positive ints, got {block_multiple}")
+    classes = _axis_classes(operator) if axis_classes is None else tuple(int(c) for c in axis_classes)
     exact = ~lb
     if not exact.any():
         raise ValueError(f"{operator}: every profile exceeded the cap; need at least one exact profile")
@@ -818,7 +901,8 @@ def fit(operator: str, shapes, peak_bytes, noise_var, lower_bound, *, halo=(0, 0
 
     def fit_on(mask_obs, as_lower_bound):
         return _fit_posterior(dims[mask_obs], y[mask_obs], fixed_var[mask_obs], as_lower_bound, multiple=multiple,
-                              rel_run_var=rel_run_var, abs_var=abs_var, noise_dof=noise_dof, prior=prior)
+                              rel_run_var=rel_run_var, abs_var=abs_var, noise_dof=noise_dof, prior=prior,
+                              classes=classes)
 
     exceeded = {"exceeded_dims": dims[lb], "exceeded_bytes": y[lb]}
     arrays, fit_info = fit_on(exact, np.zeros(int(exact.sum()), dtype=bool))
@@ -912,6 +996,15 @@ def _mean_prior_rows(basis: np.ndarray, mean: np.ndarray, sd: np.ndarray) -> tup
     return rows * math.sqrt(float(leverage.min())), b0
 
 
+def _axis_classes(operator: str) -> tuple[int, ...]:
+    import operators
+
+    try:
+        return tuple(int(c) for c in operators.get(operator).axis_classes)
+    except KeyError:
+        return (0, 1, 2)
+
+
 def _block_multiple(operator: str) -> np.ndarray:
     import operators
 
@@ -921,22 +1014,24 @@ def _block_multiple(operator: str) -> np.ndarray:
         return np.ones(3)
 
 
-def _fit_posterior(dims, y, fixed_var, is_lower_bound, *, rel_run_var, abs_var, noise_dof, multiple, prior=None):
+def _fit_posterior(dims, y, fixed_var, is_lower_bound, *, rel_run_var, abs_var, noise_dof, multiple, prior=None,
+                   classes=(0, 1, 2)):
     """ML-II hyperparameters (torch) and the exported NumPy posterior of one data set."""
     from scipy.optimize import nnls
 
     n = dims.shape[0]
     multiple = np.asarray(multiple, dtype=np.float64)
     log_dims = np.log(effective_dims(dims, multiple))
-    axis_length = np.exp(log_dims.mean(0))
+    axis_length = class_lengths(log_dims, classes)
+    mapping = basis_map(classes)
     bytes_scale = float(y.max())
     y_s = y / bytes_scale
-    raw = _raw_basis(dims, axis_length, multiple)
+    raw = _raw_basis(dims, axis_length, multiple, mapping)
     p = raw.shape[1]
     if prior is None:
         envelope_rows, envelope_values = raw, y_s
     else:
-        prior_raw = _raw_basis(_as_dims(prior.shapes), axis_length, multiple)
+        prior_raw = _raw_basis(_as_dims(prior.shapes), axis_length, multiple, mapping)
         prior_mean_s = np.asarray(prior.mean_bytes, dtype=np.float64) / bytes_scale
         envelope_rows, envelope_values = np.vstack([raw, prior_raw]), np.concatenate([y_s, prior_mean_s])
     # Amplitude envelope: relative NNLS, s(x) = raw_basis(x) @ gamma > 0 (on the prior's means too).
@@ -969,8 +1064,9 @@ def _fit_posterior(dims, y, fixed_var, is_lower_bound, *, rel_run_var, abs_var, 
     prior_precision = transform.T @ prior_precision_raw @ transform
     prior_mean = r_factor @ prior_mean_raw  # b_0 in the transformed basis: raw @ b_raw = (raw @ T) @ (T^-1 b_raw)
     offset_s = raw @ prior_mean_raw
-    log_lo = log_dims.min(0)
-    log_span = np.maximum(log_dims.max(0) - log_lo, math.log(2.0))
+    log_kernel_dims = np.log(canonical_dims(effective_dims(dims, multiple), alike_groups(classes)))
+    log_lo = log_kernel_dims.min(0)
+    log_span = np.maximum(log_kernel_dims.max(0) - log_lo, math.log(2.0))
     scalars = {
         "bytes_scale": bytes_scale,
         "relative_run_var": rel_run_var,
@@ -982,6 +1078,8 @@ def _fit_posterior(dims, y, fixed_var, is_lower_bound, *, rel_run_var, abs_var, 
     features = {
         "axis_length": axis_length,
         "block_multiple": multiple,
+        "basis_map": mapping,
+        "axis_classes": np.asarray(classes, dtype=np.int64),
         "basis_transform": transform,
         "basis_prior_precision": prior_precision,
         "basis_prior_mean": prior_mean,
@@ -1013,13 +1111,23 @@ def _fit_posterior(dims, y, fixed_var, is_lower_bound, *, rel_run_var, abs_var, 
     return arrays, {"restricted_log_likelihood": reml}
 
 
+def _loo_residuals(posterior) -> np.ndarray:
+    """Leave-one-out residuals at ``lambda = 1``, each over its own sd: ``alpha_i / sqrt(P_ii)``
+    (Dubrule 1983; ``P`` as in :meth:`MemoryModel.loo_scores`)."""
+    chol_inv = posterior["chol_inv"]
+    g = chol_inv.T @ (posterior["whitened_basis"] @ posterior["chol_a_inv"].T)  # K^{-1} H^T L_A^{-T}
+    p_diag = (chol_inv * chol_inv).sum(0) - (g * g).sum(1)
+    return posterior["alpha"] / np.sqrt(np.maximum(p_diag, 1e-300))
+
+
 def _posterior_arrays(dims, y_s, noise_var_s, features, amp_floor, hyper):
     """``L^{-1}``, ``alpha``, ``beta_bar = A^{-1} (H K_y^{-1} y + B^{-1} b_0)``, ``W = L^{-1} H^T``,
     ``L_A^{-1}`` (NumPy, float64)."""
-    raw = _raw_basis(dims, features["axis_length"], features["block_multiple"])
+    raw = _raw_basis(dims, features["axis_length"], features["block_multiple"], features["basis_map"])
     h = raw @ features["basis_transform"]
     amp = _amplitude(raw, features["amplitude_coef"], amp_floor, hyper["amplitude_slope"])
-    z = _kernel_inputs(dims, features["log_lo"], features["log_span"], features["block_multiple"])
+    z = _kernel_inputs(dims, features["log_lo"], features["log_span"], features["block_multiple"],
+                       alike_groups(features["axis_classes"]))
     k = hyper["outputscale"] * amp[:, None] * _matern52(z, z, hyper["lengthscale"]) * amp[None, :]
     k_y = k + np.diag(noise_var_s)
     chol = np.linalg.cholesky(k_y)
@@ -1129,8 +1237,9 @@ def _torch_posterior(model: MemoryModel, shapes):
     torch, gpytorch = t.torch, t.gpytorch
     a = model._a
     scale = model._bytes_scale
-    features = {name: a[name] for name in ("axis_length", "block_multiple", "basis_transform", "basis_prior_precision",
-                                           "amplitude_coef", "log_lo", "log_span")}
+    features = {name: a[name] for name in ("axis_length", "block_multiple", "basis_map", "axis_classes",
+                                           "basis_transform",
+                                           "basis_prior_precision", "amplitude_coef", "log_lo", "log_span")}
     feature_map = t.FeatureMap(features, model._amp_floor)
     x = torch.as_tensor(effective_dims(a["train_dims"], a["block_multiple"]), dtype=torch.float64)
     y = torch.as_tensor(a["train_bytes"] / scale, dtype=torch.float64)

@@ -28,6 +28,13 @@ class SpecError(ValueError):
     """A malformed operator spec or parameter; the message is one line naming the fault."""
 
 
+def alike(values) -> Shape:
+    """Axis classes (``Operator.axis_classes``) from a per-axis parameter: axes whose values
+    are equal share a class, numbered in order of first appearance (``(2, 2, 4)`` -> ``(0, 0, 1)``)."""
+    labels: dict = {}
+    return tuple(labels.setdefault(v, len(labels)) for v in values)
+
+
 class Operator:
     """Base class of all operators.
 
@@ -45,6 +52,14 @@ class Operator:
     #: (a U-Net's ``2^levels``); its memory then steps with ``ceil(n / m) * m``, which the
     #: surrogate takes as its input (``explorer.surrogate.effective_dims``).
     block_multiple: ClassVar[Shape] = (1, 1, 1)
+    #: Axes with one class are alike: permuting them leaves the operator's peak memory
+    #: unchanged (an isotropic stencil: ``(0, 0, 0)``; inline and crossline alike, samples
+    #: apart: ``(0, 0, 1)``).  The surrogate is then invariant under those permutations (its
+    #: mean's terms tied, ``explorer.surrogate.basis_map``; its kernel on the dims sorted
+    #: within a class, ``canonical_dims``): one profile informs every permutation of its block.
+    #: Declare only what is measured (``tests/test_operators.py`` profiles every declared
+    #: permutation); the default, every axis its own, claims nothing.
+    axis_classes: ClassVar[Shape] = (0, 1, 2)
     #: A version string for the operator's code; when None, the environment stamp of a
     #: saved model uses a digest of the module that defines the class.
     version: ClassVar[str | None] = None

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from operators.base import Operator, Shape, SpecError, registered
+from operators.base import Operator, Shape, SpecError, alike, registered
 
 __all__ = ["STRATEGIES", "Call", "Pipeline", "SpecError", "build", "call_name", "canonical", "parse",
            "parse_shape_value"]
@@ -201,6 +201,11 @@ class Pipeline(Operator):
         self.halo = tuple(sum(max(op.halo[a] for op in stage) for stage in self.stages) for a in range(3))
         self.whole_axes = tuple(sorted({a for op in members for a in op.whole_axes}))
         self.block_multiple = tuple(_lcm(op.block_multiple[a] for op in members) for a in range(3))
+        # Two axes are alike for the pipeline when they are for every member and every member's
+        # halo and padding treat them alike (a stage runs on the block less the halos consumed
+        # before it): the meet of the members' partitions, refined by halos and multiples.
+        self.axis_classes = alike(tuple((op.axis_classes[a], op.halo[a], op.block_multiple[a]) for op in members)
+                                  for a in range(3))
         self.output_dtype = np.dtype(self.stages[-1][0].output_dtype)
         self.description = "pipeline: " + " -> ".join(
             "{" + ", ".join(op.name for op in stage) + "}" if len(stage) > 1 else stage[0].name

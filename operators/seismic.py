@@ -24,7 +24,7 @@ from typing import ClassVar
 import numpy as np
 from scipy import ndimage
 
-from operators.base import Operator, Shape, register
+from operators.base import Operator, Shape, alike, register
 
 __all__ = [
     "Envelope",
@@ -100,6 +100,7 @@ class Envelope(Operator):
     description = "Envelope (reflection strength): |x + i H[x]|, Hilbert transform along samples"
     halo: ClassVar[Shape] = (0, 0, 0)
     whole_axes: ClassVar[tuple[int, ...]] = (2,)
+    axis_classes: ClassVar[Shape] = (0, 0, 1)  # measured: tests/test_operators.py
 
     def run(self, block: np.ndarray) -> np.ndarray:
         z = analytic_signal(block)
@@ -118,6 +119,7 @@ class InstantaneousPhase(Operator):
     description = "Instantaneous phase in radians, (-pi, pi]: angle(x + i H[x]), Hilbert along samples"
     halo: ClassVar[Shape] = (0, 0, 0)
     whole_axes: ClassVar[tuple[int, ...]] = (2,)
+    axis_classes: ClassVar[Shape] = (0, 0, 1)  # measured: tests/test_operators.py
 
     def run(self, block: np.ndarray) -> np.ndarray:
         z = analytic_signal(block)
@@ -152,6 +154,7 @@ class InstantaneousFrequency(Operator):
     )
     halo: ClassVar[Shape] = (0, 0, 0)
     whole_axes: ClassVar[tuple[int, ...]] = (2,)
+    axis_classes: ClassVar[Shape] = (0, 0, 1)  # measured: tests/test_operators.py
 
     def run(self, block: np.ndarray) -> np.ndarray:
         z = analytic_signal(block)
@@ -200,10 +203,12 @@ class GaussianSmoothing(Operator):
         gaussian_radius(sigma[2], truncate),
     )
     whole_axes: ClassVar[tuple[int, ...]] = ()
+    axis_classes: ClassVar[Shape] = (0, 0, 0)  # measured: tests/test_operators.py
     parameters: ClassVar[dict] = {"sigma": lambda text: _positive_triple(text, float, "sigma")}
 
     def configure(self) -> None:
         self.halo = tuple(gaussian_radius(s, self.truncate) for s in self.sigma)
+        self.axis_classes = alike(self.sigma)  # one pass per axis: axes of one sigma are alike
         sigma = ", ".join(f"{s:g}" for s in self.sigma)
         self.description = (f"3D Gaussian smoothing, scipy.ndimage.gaussian_filter with sigma=({sigma}), "
                             f"truncate={self.truncate:g}, reflect edges")
@@ -248,6 +253,7 @@ class FirstDerivative(Operator):
     description = "First derivative along samples: central differences (x[t+1] - x[t-1]) / 2, one-sided at the ends"
     halo: ClassVar[Shape] = (0, 0, 1)
     whole_axes: ClassVar[tuple[int, ...]] = ()
+    axis_classes: ClassVar[Shape] = (0, 0, 0)  # measured: tests/test_operators.py
 
     def run(self, block: np.ndarray) -> np.ndarray:
         x = _float32_volume(block)
@@ -281,10 +287,13 @@ class Semblance(Operator):
     mode: ClassVar[str] = "reflect"
     halo: ClassVar[Shape] = (1, 1, 4)
     whole_axes: ClassVar[tuple[int, ...]] = ()
+    axis_classes: ClassVar[Shape] = (0, 0, 1)  # measured: tests/test_operators.py
     parameters: ClassVar[dict] = {"window": lambda text: _odd_window(text)}
 
     def configure(self) -> None:
         self.halo = tuple(w // 2 for w in self.window)
+        # the trace axes are alike when their windows are; samples are summed apart
+        self.axis_classes = (0, 0, 1) if self.window[0] == self.window[1] else (0, 1, 2)
         w = self.window
         self.description = (f"Semblance, {w[0]}x{w[1]} traces x {w[2]} samples: sum_t (sum_traces x)^2 / "
                             f"(N_traces sum_t sum_traces x^2)")
@@ -479,6 +488,7 @@ class GradientStructureTensorDip(Operator):
     )
     halo: ClassVar[Shape] = (gaussian_radius(sigma, truncate) + box // 2,) * 3
     whole_axes: ClassVar[tuple[int, ...]] = ()
+    axis_classes: ClassVar[Shape] = (0, 0, 0)  # measured: tests/test_operators.py
 
     def run(self, block: np.ndarray) -> np.ndarray:
         tensor = structure_tensor(

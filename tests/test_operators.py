@@ -437,3 +437,37 @@ def test_gaussian_torch_form_equals_the_numpy_form_on_the_cpu():
     x = np.random.default_rng(5).standard_normal((21, 18, 40)).astype(np.float32)
     y = op.run_torch(torch.from_numpy(x)).numpy()
     np.testing.assert_allclose(y, op.run(x), rtol=1e-5, atol=2e-6)
+
+
+def _alike_swaps(classes):
+    """The transpositions of alike axes that generate every permutation the classes allow."""
+    return [(a, b) for a in range(3) for b in range(a + 1, 3)
+            if classes[a] == classes[b] and all(classes[c] != classes[a] for c in range(a + 1, b))]
+
+
+@pytest.mark.parametrize("name", [n for n in names() if get(n).axis_classes != (0, 1, 2)])
+def test_declared_alike_axes_are_measured_alike(name):
+    """``axis_classes`` is a claim the surrogate builds on (tied mean terms, a kernel on sorted
+    dims): swapping two alike axes of a block must leave its isolated peak unchanged (within
+    the allocator's granularity), measured by profiling both blocks for real."""
+    from explorer.profiling import Profiler
+
+    op = get(name)
+    shape = (48, 64, 88)
+    with Profiler() as p:
+        base_peak = p.profile(name, shape).peak_bytes
+        for a, b in _alike_swaps(op.axis_classes):
+            swapped = list(shape)
+            swapped[a], swapped[b] = shape[b], shape[a]
+            peak = p.profile(name, tuple(swapped)).peak_bytes
+            assert abs(peak - base_peak) <= max(0.01 * base_peak, 256 * 1024), (name, shape, swapped, base_peak, peak)
+
+
+def test_a_pipeline_keeps_axes_alike_only_where_every_member_and_halo_does():
+    assert get("gaussian,gst3d").axis_classes == (0, 0, 0)
+    assert get("gaussian,envelope").axis_classes == (0, 0, 1)  # envelope: traces alike, samples apart
+    # first_derivative's peak is alike on all axes, but its halo is on samples only: the next
+    # stage runs on a block two samples shorter, so samples are apart for the pipeline
+    assert get("first_derivative").axis_classes == (0, 0, 0)
+    assert get("first_derivative,gst3d").axis_classes == (0, 0, 1)
+    assert get("gaussian(sigma=1x2x2)").axis_classes == (0, 1, 1)
