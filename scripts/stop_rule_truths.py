@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from explorer.exploration import ExplorationCore  # noqa: E402
 from explorer.store import Record  # noqa: E402
 from machine import machine_line  # noqa: E402
-from tests.test_stopping import CV, LIMIT, size_dependent_truth  # noqa: E402  (registers test_padded_truth)
+from tests.test_stopping import CV, LIMIT, size_dependent_truth  # noqa: E402  (registers the test operators)
 
 
 def coverage(core, model, truth, seed) -> float:
@@ -60,8 +60,10 @@ def main() -> None:
     print(f"`python scripts/{Path(__file__).name} {' '.join(sys.argv[1:])}`\n")
     print("| truth | seed | stops at | stopped | coverage there | old rule: first tight at | coverage there |")
     print("|---|---|---|---|---|---|---|")
-    for label, operator, multiple in (("size-dependent bytes per voxel", "gst3d", 1),
-                                      ("and padding steps of 8 (declared)", "test_padded_truth", 8)):
+    for label, operator, multiple in (("size-dependent bytes per voxel, axes alike (gst3d's declaration)", "gst3d", 1),
+                                      ("the same, axes not declared alike", "test_undeclared_truth", 1),
+                                      ("and padding steps of 8 (declared), axes not declared alike",
+                                       "test_padded_truth", 8)):
         for seed in range(args.seeds):
             n, why, cov, first = run(operator, lambda s, m=multiple: size_dependent_truth(s, m), seed, args.budget)
             old = ("-", "-") if first is None else (first[0], f"{first[1]:.1%}")

@@ -375,7 +375,9 @@ def test_three_profiles_of_a_pipeline_with_its_composed_prior_bound_it_tighter_t
     """``explore SPEC``'s prior (issue 14 item 4), on real profiles: the composed model of
     gaussian,gst3d as the prior mean (``MeanPrior`` over the loop's target region), three
     real profiles of the pipeline: every held-out profile under both bounds, and the prior's
-    bound at most half as far above the truth as the flat prior's."""
+    bound nearer the truth than the flat prior's at every one.  (Before the surrogate knew
+    the members' alike axes the flat fit from 3 profiles was more than twice as far above;
+    now it is within ~8 %, so the prior's margin is smaller than that.)"""
     from explorer import paths
     from explorer.exploration import ExplorationCore, composed_prior
     from explorer.profiling import profile
@@ -402,7 +404,7 @@ def test_three_profiles_of_a_pipeline_with_its_composed_prior_bound_it_tighter_t
     _, upper_prior = with_prior.predict_many(shapes, 0.99)
     _, upper_flat = flat.predict_many(shapes, 0.99)
     assert np.all(upper_prior >= peaks) and np.all(upper_flat >= peaks), (upper_prior, upper_flat, peaks)
-    assert np.all(upper_prior - peaks <= 0.5 * (upper_flat - peaks)), (upper_prior / peaks, upper_flat / peaks)
+    assert np.all(upper_prior < upper_flat), (upper_prior / peaks, upper_flat / peaks)
 
 
 def test_recommend_weighs_fused_against_staged_by_predicted_time_among_plans_that_fit(tmp_path, gst3d_model):

@@ -34,6 +34,17 @@ class _PaddedTestOperator(Operator):
         return block
 
 
+@register
+class _UndeclaredTestOperator(Operator):
+    """gst3d's stand-in that declares nothing of its axes (every axis its own class): the
+    untied eight-term mean and a kernel on unsorted dims."""
+
+    name = "test_undeclared_truth"
+
+    def run(self, block):
+        return block
+
+
 def size_dependent_truth(shapes, multiple=1):
     """Bytes per voxel that grow with the (padded) volume: ``(150 + 30 log10 V) V + 8 MiB``,
     ``V`` of the block padded to ``multiple``: no polynomial in the dims is this."""
@@ -56,8 +67,9 @@ def run_loop(operator, truth, seed, budget=60, prior_model=None):
             records.append(Record(tuple(shape), float(runs.mean()), "ok", "profile", repeats=list(runs)))
 
 
-@pytest.mark.parametrize("operator, multiple", [("gst3d", 1), ("test_padded_truth", 8)],
-                         ids=["size-dependent bytes per voxel", "and padding steps"])
+@pytest.mark.parametrize("operator, multiple", [("gst3d", 1), ("test_undeclared_truth", 1), ("test_padded_truth", 8)],
+                         ids=["size-dependent bytes per voxel, axes alike (gst3d)", "axes not declared alike",
+                              "and padding steps"])
 def test_where_the_loop_stops_on_its_own_the_bound_covers_a_misspecified_truth(operator, multiple):
     covered, stops = [], []
     for seed in range(3):
