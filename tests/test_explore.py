@@ -203,3 +203,29 @@ def test_cli_run_bad_input_is_one_line(args, fragment, tmp_path):
     assert out.returncode != 0 and "Traceback" not in out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and fragment in lines[0], out.stderr
+
+
+def test_region_design_takes_one_shape_per_band_of_task_memory_spread_in_log_dims():
+    """``region_design``: ``n`` distinct shapes, one from each equal-count band of the sorted
+    task memory, each the farthest (log-dims) from those picked before; deterministic."""
+    from explorer.exploration import region_design
+
+    rng = np.random.default_rng(3)
+    shapes = np.rint(np.exp(rng.uniform(np.log(8), np.log(1024), size=(200, 3)))).astype(int)
+    task = shapes.prod(1) * 40.0
+    design = region_design(shapes, task, 5)
+    assert design.shape == (5, 3) and len({tuple(s) for s in design}) == 5
+    order = np.argsort(task, kind="stable")
+    bands = np.array_split(order, 5)
+    index = [int(np.flatnonzero((shapes == s).all(1))[0]) for s in design]
+    assert [any(i in b for b in [band]) for i, band in zip(index, bands)] == [True] * 5
+    # spread: the picks are farther apart in log-dims than 5 shapes taken at the bands' middles
+    def min_gap(s):
+        z = np.log(np.asarray(s, float))
+        d = np.sqrt(((z[:, None] - z[None]) ** 2).sum(2))
+        return d[np.triu_indices(len(z), 1)].min()
+    middles = shapes[[b[len(b) // 2] for b in bands]]
+    assert min_gap(design) > min_gap(middles)
+    assert (region_design(shapes, task, 5) == design).all()
+    with pytest.raises(ValueError, match="at least 5"):
+        region_design(shapes[:4], task[:4], 5)

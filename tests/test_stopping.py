@@ -180,3 +180,25 @@ def test_a_prior_mean_stops_the_loop_sooner_and_a_wrong_one_does_not_break_the_b
     assert coverage >= 0.98
     if bias < 1.05:
         assert sum(stops) < sum(flat_stops)
+
+
+def test_with_a_prior_mean_the_loop_profiles_only_where_chunk_sizing_asks():
+    """A loop with a prior mean (a pipeline's composed model) starts in the target region
+    (``exploration.region_design``) and proposes only target shapes: every profile it takes
+    is a target of the prior or of the model it had when it asked.  Without a prior the
+    start is small and cheap, below the region (which is what the prior makes unnecessary)."""
+    prior = _ScaledTruthModel(1.02, 0.02)
+    ask, records, core = run_loop("gst3d", size_dependent_truth, 0, budget=12, prior_model=prior)
+    assert len(records) >= 8
+    profiled = np.asarray([r.shape for r in records])
+    in_prior_region = acquisition.target_mask(prior, profiled, LIMIT)
+    assert in_prior_region[: len(core.design)].all()
+    for i, shape in enumerate(profiled):  # a proposal: a target of the fit on the profiles before it
+        if not in_prior_region[i]:
+            model = core.fit(records[:i])
+            assert acquisition.target_mask(model, shape[None, :], LIMIT)[0], shape
+    # the start spreads over the region: from its bottom decade to its top one
+    task = (acquisition.input_bytes(core.design) + size_dependent_truth(core.design)) / LIMIT
+    assert task.min() < 0.05 and task.max() > 0.3, task
+    flat = ExplorationCore("gst3d", memory_limit=LIMIT, memory_cap=8 * LIMIT, seed=0)
+    assert not acquisition.target_mask(prior, flat.design, LIMIT).all()  # its smallest blocks: below
