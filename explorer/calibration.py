@@ -768,15 +768,31 @@ class TaskModel:
         """The workers' learnt :class:`~explorer.chunking.TaskClock` (None: not learnt yet)."""
         return None if self.calibration is None else self.calibration.timing.clock
 
-    def predict_many(self, shapes, confidence: float = 0.99, tasks=1) -> tuple[np.ndarray, np.ndarray]:
+    def predict_many(self, shapes, confidence: float = 0.99, tasks=1, ceiling=None) -> tuple[np.ndarray, np.ndarray]:
         """``(mean, upper)`` bytes of a task's in-worker peak on blocks of ``shapes``; with
         ``tasks`` (scalar or per row), ``upper`` bounds the largest of that many tasks of
-        one run (:func:`task_bound`: what a plan's worker footprint must hold for)."""
-        mean, upper = self.isolated.predict_many(shapes, confidence)
+        one run (:func:`task_bound`: what a plan's worker footprint must hold for).
+
+        ``ceiling`` (``(m,)`` bytes; the planner's, ``explorer.chunking.Predictor``) is passed
+        to a composed isolated model, which may stop short on blocks it shows above their
+        ceiling (``mean`` NaN, ``upper`` a lower bound of the isolated upper): the task's
+        upper is at least the isolated one (:func:`task_bound`), so those blocks are returned
+        as they are; the others get the task bound."""
+        if ceiling is not None and getattr(self.isolated, "composed", False):
+            mean, upper = self.isolated.predict_many(shapes, confidence, ceiling=ceiling)
+        else:
+            mean, upper = self.isolated.predict_many(shapes, confidence)
         if self.excess is None:
             return mean, upper
         voxels = np.asarray(shapes, dtype=np.float64).reshape(-1, 3).prod(axis=1)
-        return task_bound(mean, upper, voxels, self.excess, self.calibration.within, confidence, tasks)
+        if ceiling is None:
+            return task_bound(mean, upper, voxels, self.excess, self.calibration.within, confidence, tasks)
+        mean, upper = np.array(mean, dtype=np.float64), np.array(upper, dtype=np.float64)
+        rows = ~np.isnan(mean)
+        per_row = np.broadcast_to(np.asarray(tasks), mean.shape)[rows]
+        mean[rows], upper[rows] = task_bound(mean[rows], upper[rows], voxels[rows], self.excess,
+                                             self.calibration.within, confidence, per_row)
+        return mean, upper
 
     def predict(self, shape, confidence: float = 0.99) -> tuple[float, float]:
         mean, upper = self.predict_many(np.asarray(shape).reshape(1, 3), confidence)
