@@ -323,11 +323,26 @@ def _amplitude(raw: np.ndarray, gamma: np.ndarray, floor: float, slope: float) -
 def _matern52(za: np.ndarray, zb: np.ndarray, lengthscale: np.ndarray) -> np.ndarray:
     """Matern-5/2 correlation ``(1 + sqrt5 r + 5/3 r^2) exp(-sqrt5 r)``, ARD distance ``r``."""
     a = za / lengthscale
-    b = zb / lengthscale
-    sq = (a * a).sum(1)[:, None] + (b * b).sum(1)[None, :] - 2.0 * (a @ b.T)
-    r = np.sqrt(np.maximum(sq, 0.0))
+    return _matern52_scaled(a, (a * a).sum(1), zb / lengthscale)
+
+
+def _matern52_scaled(a: np.ndarray, a_squared: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """:func:`_matern52` of inputs already divided by the lengthscales, with ``a_squared =
+    (a * a).sum(1)`` given (a model's training side, computed once): ``r^2 = |a|^2 + |b|^2 -
+    2 a.b``.  The same operations in the same order, in place on the ``(len(a), len(b))``
+    result (the planner's hot path)."""
+    sq = a_squared[:, None] + (b * b).sum(1)[None, :]
+    cross = a @ b.T
+    cross *= 2.0
+    sq -= cross
+    r = np.sqrt(np.maximum(sq, 0.0, out=sq), out=sq)
     s5r = math.sqrt(5.0) * r
-    return (1.0 + s5r + (5.0 / 3.0) * r * r) * np.exp(-s5r)
+    k = 1.0 + s5r
+    quadratic = (5.0 / 3.0) * r
+    quadratic *= r
+    k += quadratic
+    k *= np.exp(np.negative(s5r, out=s5r), out=s5r)
+    return k
 
 
 @lru_cache(maxsize=256)
@@ -425,6 +440,10 @@ class MemoryModel:
         # Derived training quantities.
         self._train_z = self._z(self._a["train_dims"])
         self._train_amp = self._amplitude(self._a["train_dims"])
+        # The training side of the predictive's kernel (``_parts``), once.
+        self._train_scaled_z = self._train_z / self._a["lengthscale"]
+        self._train_scaled_z_squared = (self._train_scaled_z * self._train_scaled_z).sum(1)
+        self._train_scale = self._outputscale * self._train_amp[:, None]
 
     # ---- feature map ------------------------------------------------------------
     def _z(self, dims):
@@ -452,8 +471,9 @@ class MemoryModel:
         z = self._z(dims)
         raw = self._raw_basis(dims)
         amp = _amplitude(raw, self._a["amplitude_coef"], self._amp_floor, self._amp_slope)
-        k_train = self._outputscale * self._train_amp[:, None] * _matern52(
-            self._train_z, z, self._a["lengthscale"]) * amp[None, :]  # (n, m)
+        k_train = _matern52_scaled(self._train_scaled_z, self._train_scaled_z_squared, z / self._a["lengthscale"])
+        k_train *= self._train_scale  # outputscale x the training amplitudes, (n, 1)
+        k_train *= amp[None, :]  # (n, m)
         h = raw @ self._a["basis_transform"]  # (m, p)
         mean = h @ self._a["beta"] + k_train.T @ self._a["alpha"]
         v = self._a["chol_inv"] @ k_train  # (n, m)
