@@ -119,7 +119,7 @@ from pathlib import Path
 import numpy as np
 
 from explorer import paths
-from explorer.chunking import TaskClock
+from explorer.chunking import TaskClock, row_product
 from explorer.stats import t_quantile
 
 __all__ = [
@@ -283,10 +283,8 @@ class WithinFit:
 
     def quantiles(self, confidences) -> np.ndarray:
         """:meth:`quantile` at each of ``confidences`` (vectorised: the planner's hot path)."""
-        from scipy.special import stdtrit
-
         c = np.asarray(confidences, dtype=np.float64)
-        q = stdtrit(float(self.dof), c)
+        q = student_t_quantiles(float(self.dof), c)
         n = len(self.scores)
         if n:
             ranks = np.ceil((n + 1) * c - 1e-12).astype(np.int64)
@@ -294,6 +292,30 @@ class WithinFit:
             scores = np.asarray(self.scores, dtype=np.float64)
             q = np.where(conformal, np.maximum(0.0, scores[np.minimum(ranks, n) - 1]), q)
         return q
+
+
+#: ``(dof, confidence) -> t quantile`` of :func:`student_t_quantiles`; cleared past
+#: :data:`STUDENT_T_MEMO_SIZE` entries.
+_STUDENT_T_MEMO: dict[tuple[float, float], float] = {}
+STUDENT_T_MEMO_SIZE = 1 << 16
+
+
+def student_t_quantiles(dof: float, confidences: np.ndarray) -> np.ndarray:
+    """``stdtrit(dof, c)`` at each of ``confidences``, memoised per value: a plan asks the
+    within-group bound at ``c^(1 / n)`` for the task count ``n`` of every candidate, the same
+    counts for every stage and strategy, and ``stdtrit`` (an iterative inversion, ~0.3 us a
+    value) would otherwise cost more than the isolated model's prediction."""
+    c = np.asarray(confidences, dtype=np.float64)
+    values = c.ravel().tolist()
+    missing = sorted({v for v in values if (dof, v) not in _STUDENT_T_MEMO})
+    if missing:
+        from scipy.special import stdtrit
+
+        if len(_STUDENT_T_MEMO) + len(missing) > STUDENT_T_MEMO_SIZE:
+            _STUDENT_T_MEMO.clear()
+        for v, q in zip(missing, stdtrit(dof, np.asarray(missing, dtype=np.float64)).tolist()):
+            _STUDENT_T_MEMO[(dof, v)] = q
+    return np.asarray([_STUDENT_T_MEMO[(dof, v)] for v in values], dtype=np.float64).reshape(c.shape)
 
 
 def _page_bytes() -> int:
@@ -784,7 +806,7 @@ class TaskModel:
             mean, upper = self.isolated.predict_many(shapes, confidence)
         if self.excess is None:
             return mean, upper
-        voxels = np.asarray(shapes, dtype=np.float64).reshape(-1, 3).prod(axis=1)
+        voxels = row_product(np.asarray(shapes, dtype=np.float64).reshape(-1, 3))
         if ceiling is None:
             return task_bound(mean, upper, voxels, self.excess, self.calibration.within, confidence, tasks)
         mean, upper = np.array(mean, dtype=np.float64), np.array(upper, dtype=np.float64)

@@ -135,6 +135,7 @@ __all__ = [
     "graph_tasks_per_chunk",
     "worker_footprint",
     "worker_pause_fraction",
+    "row_product",
 ]
 
 #: Input blocks gathered and waiting, per thread, beyond the one each running task holds.
@@ -338,7 +339,7 @@ def neighbour_chunks_held(chunk_counts, halo, workers: int = 1):
     first = np.argmax(overlapped, axis=-1)
     axes = np.arange(k.shape[-1])
     later = np.where(axes > np.expand_dims(first, -1), k, 1)
-    alive = np.minimum(_row_product(k), 2 * _row_product(later))
+    alive = np.minimum(row_product(k), 2 * row_product(later))
     held = -(-alive // int(workers))
     return np.where(overlapped.any(axis=-1), held, 0)
 
@@ -384,7 +385,7 @@ def graph_tasks_per_chunk(chunk_counts, halo) -> np.ndarray:
     k = np.asarray(chunk_counts, dtype=np.float64)
     halo = np.asarray(halo)
     per_axis = np.where((halo > 0) & (k > 1), (3.0 * k - 2.0) / np.maximum(k, 1.0), 1.0)
-    pieces = _row_product(per_axis)
+    pieces = row_product(per_axis)
     return 3.0 + np.where(pieces > 1.0, pieces + 2.0, 0.0)
 
 
@@ -720,7 +721,7 @@ def axis_blocks(length: int, chunks, halo: int) -> np.ndarray:
     return np.where(n_chunks == 1, length, block)
 
 
-def _row_product(a: np.ndarray):
+def row_product(a: np.ndarray):
     """``prod`` over the last axis of ``(ndim,)`` or ``(m, ndim)``: for many rows a product of
     columns, the same multiplications in the same order as ``np.prod(axis=-1)`` and 10x
     faster on a few columns (NumPy's reduction over a short axis is slow)."""
