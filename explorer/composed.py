@@ -138,7 +138,8 @@ class ComposedModel:
         rows, floor, seen = self._bounded_rows(shapes, per_stage, np.asarray(ceiling, dtype=np.float64))
         mean = np.full(len(shapes), np.nan)
         upper = floor
-        mean[rows], upper[rows] = self._composed(shapes[rows], per_stage, branch_order, seen)
+        if len(rows):
+            mean[rows], upper[rows] = self._composed(shapes[rows], per_stage, branch_order, seen)
         return mean, upper
 
     def _bounded_rows(self, shapes, per_stage: float, ceiling: np.ndarray):
@@ -154,6 +155,8 @@ class ComposedModel:
         floor = np.full(len(shapes), -np.inf)
         seen, weight = {}, {}
         for name in members if ranking else self._heaviest_first:
+            if not len(rows):
+                break
             at = shapes[rows]
             m, u = self.members[name].predict_many(at, per_stage)
             u = np.asarray(u, dtype=np.float64)
