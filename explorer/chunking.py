@@ -848,8 +848,9 @@ def evaluate_candidates(c: Candidates, predict: Predictor | None, *, confidence:
     first_key, tie = _first_key(c, slots)
     probe = np.ones(len(c.blocks), dtype=bool)
     for axis, lengths in enumerate(c.axis_chunks):
-        sub = np.unique(np.rint(np.linspace(0, len(lengths) - 1, PROBE_VALUES_PER_AXIS)).astype(np.int64))
-        probe &= np.isin(c.grid[axis], sub)
+        sub = np.zeros(len(lengths), dtype=bool)
+        sub[np.rint(np.linspace(0, len(lengths) - 1, PROBE_VALUES_PER_AXIS)).astype(np.int64)] = True
+        probe &= sub[c.grid[axis]]
     probe_rows = np.flatnonzero(probe)
     fill(probe_rows)
     predicted = len(probe_rows)
@@ -860,6 +861,7 @@ def evaluate_candidates(c: Candidates, predict: Predictor | None, *, confidence:
 
     least = least_fitting_key(probe_rows, math.inf)
     rest = np.flatnonzero(~probe)
+    rest = rest[first_key[rest] <= least * tie]
     rest = rest[np.argsort(first_key[rest], kind="stable")]
     for start in range(0, len(rest), PREDICT_BATCH_ROWS):
         rows = rest[start:start + PREDICT_BATCH_ROWS]
