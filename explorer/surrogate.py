@@ -209,8 +209,8 @@ BASIS_NAMES = ("constant", "volume", "face12", "face13", "face23", "edge1", "edg
 #: The basis itself, the one definition every form uses (NumPy here, torch in ``gp_torch``):
 #: term ``j`` is the monomial ``prod_i u_i ** BASIS_EXPONENTS[j, i]``.
 BASIS_EXPONENTS = np.array([[0, 0, 0], [1, 1, 1], [1, 1, 0], [1, 0, 1], [0, 1, 1], [1, 0, 0], [0, 1, 0], [0, 0, 1]])
-#: Which terms each axis enters (``BASIS_EXPONENTS`` holds only 0 and 1).
-_HAS_AXIS = [BASIS_EXPONENTS[:, axis] == 1 for axis in range(BASIS_EXPONENTS.shape[1])]
+#: The axes each term multiplies, in increasing order (``BASIS_EXPONENTS`` holds only 0 and 1).
+_TERM_AXES = [tuple(int(a) for a in np.flatnonzero(row)) for row in BASIS_EXPONENTS]
 assert set(np.unique(BASIS_EXPONENTS)) <= {0, 1}
 #: Terms with a flat prior (the constant and the volume); the others get a vague Gaussian.
 FLAT_TERMS = (0, 1)
@@ -302,9 +302,15 @@ def effective_dims(dims: np.ndarray, multiple) -> np.ndarray:
 def _raw_basis(dims: np.ndarray, axis_length: np.ndarray, multiple) -> np.ndarray:
     """``[1, V, n1n2, n1n3, n2n3, n1, n2, n3]`` on ``u = effective_dims / axis_length``, (m, 8)."""
     u = effective_dims(dims, multiple) / axis_length
-    raw = np.ones((len(u), len(BASIS_EXPONENTS)))
-    for axis in range(BASIS_EXPONENTS.shape[1]):  # exponents are 0 or 1: products, no powers (hot path)
-        raw[:, _HAS_AXIS[axis]] *= u[:, axis : axis + 1]
+    raw = np.empty((len(u), len(BASIS_EXPONENTS)))
+    for term, axes in enumerate(_TERM_AXES):  # exponents are 0 or 1: products of columns (hot path)
+        if not axes:
+            raw[:, term] = 1.0
+            continue
+        column = u[:, axes[0]].copy()
+        for axis in axes[1:]:
+            column *= u[:, axis]
+        raw[:, term] = column
     return raw
 
 
