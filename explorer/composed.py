@@ -185,9 +185,13 @@ class ComposedModel:
         held = np.zeros(len(shapes))
         for stage in self.pipeline.stages:
             means, uppers, outputs = self._stage_terms(stage, shapes, per_stage, seen)
-            order = self._order(uppers, outputs, branch_order)  # one column for a single operator
-            mean = np.maximum(mean, sequence_peak(held, means, outputs, order))
-            upper = np.maximum(upper, sequence_peak(held, uppers, outputs, order))
+            if len(stage) == 1:  # sequence_peak of one branch: held + its peak, no order to choose
+                mean = np.maximum(mean, held + means[:, 0])
+                upper = np.maximum(upper, held + uppers[:, 0])
+            else:
+                order = self._order(uppers, outputs, branch_order)
+                mean = np.maximum(mean, sequence_peak(held, means, outputs, order))
+                upper = np.maximum(upper, sequence_peak(held, uppers, outputs, order))
             held = outputs[:, 0]  # only a fan-out's stage has several outputs, and it is the last
         return mean, upper
 
