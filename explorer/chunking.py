@@ -1215,7 +1215,8 @@ def plan_staged_chunks(
     # held intermediates.  Then predictions only where evaluate_candidates' probe pass asks.
     blocks, chunk_seconds, spreads = [], np.zeros(m), []
     for stage in stages:
-        b = np.stack([axis_blocks(shape[a], c.chunks[:, a], int(stage.halo[a])) for a in range(ndim)], axis=1)
+        b = np.stack([axis_blocks(shape[a], c.axis_chunks[a], int(stage.halo[a]))[c.grid[a]] for a in range(ndim)],
+                     axis=1)  # per axis, then gathered: the candidates are a sub-grid of the axes' lengths
         blocks.append(b)
         volumes = _samples(b).astype(np.float64)
         chunk_seconds += graph_task_seconds * graph_tasks_per_chunk(counts, stage.halo)
@@ -1246,7 +1247,6 @@ def plan_staged_chunks(
     worst = np.iinfo(np.int64).max // 4
     means, uppers = np.full((m, len(stages)), np.inf), np.full((m, len(stages)), np.inf)
     running_upper = np.full((m, len(stages)), worst, dtype=np.int64)
-    running_mean = np.full((m, len(stages)), worst, dtype=np.int64)
 
     order = list(range(len(stages)))  # heaviest stage first, once the first (probe) pass has shown which
     predicted, ordered = [0], [False]
@@ -1270,7 +1270,6 @@ def plan_staged_chunks(
                                       itemsize=stage.itemsize, output_itemsize=stage.output_itemsize)
             finite = np.isfinite(upper)
             running_upper[alive, i] = np.where(finite, terms(np.where(finite, upper, 0.0)).total, worst)
-            running_mean[alive, i] = terms(np.where(np.isfinite(mean), mean, 0.0)).total
             means[alive, i], uppers[alive, i] = mean, upper
             so_far = running_upper[alive][:, order[: position + 1]].max(axis=1)
             total = np.minimum(baseline_bytes + so_far + held_bytes[alive], np.iinfo(np.int64).max)
@@ -1280,19 +1279,23 @@ def plan_staged_chunks(
         if not ordered[0] and len(rows):
             order.sort(key=lambda k: -float(np.mean(running_upper[rows, k])))
             ordered[0] = True
-        done = rows[np.isfinite(uppers[rows]).all(axis=1)]
-        binding = np.argmax(running_upper[done], axis=1)
-        c.mean_peak[done], c.upper_peak[done] = means[done, binding], uppers[done, binding]
 
     evaluate_candidates(c, None, confidence=confidence, footprint=None, budget=budget, slots=slots, fill=fill)
     if not (c.upper_total <= budget).any():  # the message's smallest footprint, as an unpruned search gives it
         _complete_smallest(c, lambda: np.isfinite(uppers).all(axis=1), lambda rows: fill(rows, prune=False))
+    done = np.flatnonzero(np.isfinite(uppers).all(axis=1))  # every stage predicted: the binding stage's
+    binding = np.argmax(running_upper[done], axis=1)
+    c.mean_peak[done], c.upper_peak[done] = means[done, binding], uppers[done, binding]
+    if not (c.upper_total <= budget).any():
         raise ChunkPlanError(_no_fit_message(c, shape, operator, threads, confidence, pause_fraction, limit_bytes,
                                              budget, baseline_bytes).replace(" fits", " fits staged", 1))
     index = rank_candidates(c, shape, whole, budget=budget, slots=slots)
     j = int(np.argmax(running_upper[index]))
     chunk = tuple(int(x) for x in c.chunks[index])
     stage_j = stages[j]
+    running_mean = [worker_footprint(tuple(blocks[i][index]), float(means[index, i]), threads_per_worker=threads,
+                                     baseline_bytes=0, itemsize=s.itemsize, output_itemsize=s.output_itemsize).total
+                    for i, s in enumerate(stages)]
     bound = worker_footprint(tuple(blocks[j][index]), float(uppers[index, j]), threads_per_worker=threads,
                              baseline_bytes=baseline_bytes, itemsize=stage_j.itemsize,
                              output_itemsize=stage_j.output_itemsize)
@@ -1303,7 +1306,7 @@ def plan_staged_chunks(
                   for i, s in enumerate(stages))
     return ChunkPlan(
         operator=operator, shape=shape, chunks=chunk, block=tuple(int(x) for x in blocks[j][index]), halo=halo_max,
-        whole_axes=whole, predicted_bytes=int(baseline_bytes + running_mean[index].max() + held_bytes[index]),
+        whole_axes=whole, predicted_bytes=int(baseline_bytes + max(running_mean) + held_bytes[index]),
         upper_bytes=int(c.upper_total[index]), limit_bytes=limit_bytes, pause_fraction=float(pause_fraction),
         confidence=float(confidence), n_tasks=int(c.n_tasks[index]), threads_per_worker=threads, footprint=bound,
         n_candidates=predicted[0], slots=slots, predicted_seconds=float(c.seconds[index]),
