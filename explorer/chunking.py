@@ -336,12 +336,21 @@ def neighbour_chunks_held(chunk_counts, halo, workers: int = 1):
         raise ValueError(f"workers must be >= 1, got {workers}")
     k = np.asarray(chunk_counts, dtype=np.int64)
     overlapped = (np.asarray(halo) > 0) & (k > 1)
-    first = np.argmax(overlapped, axis=-1)
-    axes = np.arange(k.shape[-1])
-    later = np.where(axes > np.expand_dims(first, -1), k, 1)
-    alive = np.minimum(row_product(k), 2 * row_product(later))
-    held = -(-alive // int(workers))
-    return np.where(overlapped.any(axis=-1), held, 0)
+    rows = k.reshape(-1, k.shape[-1])
+    overlapped = np.broadcast_to(overlapped, k.shape).reshape(rows.shape)
+    # Column by column from the last axis: ``suffix`` is prod(k_i, i >= a); ``later`` ends as
+    # prod(k_i, i > a) of the first axis a that overlaps (NumPy's reductions over a short
+    # last axis are slow).
+    suffix = np.ones(len(rows), dtype=np.int64)
+    later = np.zeros(len(rows), dtype=np.int64)
+    found = np.zeros(len(rows), dtype=bool)
+    for a in reversed(range(rows.shape[1])):
+        later = np.where(overlapped[:, a], suffix, later)
+        found |= overlapped[:, a]
+        suffix = suffix * rows[:, a]
+    alive = np.minimum(suffix, 2 * later)
+    held = np.where(found, -(-alive // int(workers)), 0)
+    return held.reshape(k.shape[:-1])
 
 
 def _int_or_array(x: np.ndarray):
@@ -382,11 +391,29 @@ def graph_tasks_per_chunk(chunk_counts, halo) -> np.ndarray:
     for envelope, 12.1 + 1 and 16.7 + 1 for gst3d on 2^3 and 3^3 chunks).
     ``chunk_counts``: ``(ndim,)`` or ``(m, ndim)`` chunks per axis.
     """
+    return _tasks_from_pieces(row_product(_overlap_pieces(chunk_counts, halo)))
+
+
+def _overlap_pieces(chunk_counts, halo) -> np.ndarray:
+    """Per axis, the pieces a chunk gathers (:func:`graph_tasks_per_chunk`): ``(3 k - 2) / k``
+    with a halo and ``k > 1`` chunks, else 1."""
     k = np.asarray(chunk_counts, dtype=np.float64)
-    halo = np.asarray(halo)
-    per_axis = np.where((halo > 0) & (k > 1), (3.0 * k - 2.0) / np.maximum(k, 1.0), 1.0)
-    pieces = row_product(per_axis)
+    return np.where((np.asarray(halo) > 0) & (k > 1), (3.0 * k - 2.0) / np.maximum(k, 1.0), 1.0)
+
+
+def _tasks_from_pieces(pieces) -> np.ndarray:
     return 3.0 + np.where(pieces > 1.0, pieces + 2.0, 0.0)
+
+
+def _grid_graph_tasks(shape, halo, axis_chunks, grid) -> np.ndarray:
+    """:func:`graph_tasks_per_chunk` of candidates on a sub-grid of per-axis chunk lengths
+    (``axis_chunks[a][grid[a]]``: :class:`Candidates`), each axis's factor computed once per
+    length and gathered; the same products, in the same order."""
+    pieces = None
+    for length, chunks, rows, h in zip(shape, axis_chunks, grid, halo):
+        factor = _overlap_pieces(-(-int(length) // np.asarray(chunks, dtype=np.int64)), h)[rows]
+        pieces = factor if pieces is None else pieces * factor
+    return _tasks_from_pieces(pieces)
 
 
 def plan_seconds(
@@ -807,7 +834,8 @@ def chunk_candidates(shape, halo, whole, *, footprint, budget: int, min_chunk: i
     spread = None
     if task_clock is not None:
         seconds_per_voxel, spread = task_clock.seconds_per_voxel_at(volumes), task_clock.spread_at(volumes)
-    seconds = plan_seconds(n_tasks[keep], volumes, slots, tasks_per_chunk=graph_tasks_per_chunk(counts, halo),
+    seconds = plan_seconds(n_tasks[keep], volumes, slots,
+                           tasks_per_chunk=_grid_graph_tasks(shape, halo, axis_chunks, grid),
                            seconds_per_voxel=seconds_per_voxel, graph_task_seconds=graph_task_seconds,
                            spread=spread)
     return Candidates(axis_chunks=axis_chunks, grid=grid, chunks=chunks, blocks=blocks, n_tasks=n_tasks[keep],
@@ -1219,7 +1247,7 @@ def plan_staged_chunks(
                      axis=1)  # per axis, then gathered: the candidates are a sub-grid of the axes' lengths
         blocks.append(b)
         volumes = _samples(b).astype(np.float64)
-        chunk_seconds += graph_task_seconds * graph_tasks_per_chunk(counts, stage.halo)
+        chunk_seconds += graph_task_seconds * _grid_graph_tasks(shape, stage.halo, c.axis_chunks, c.grid)
         clock = stage.task_clock
         if clock is not None:
             chunk_seconds += clock.seconds_per_voxel_at(volumes) * volumes
