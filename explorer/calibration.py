@@ -314,8 +314,8 @@ def student_t_quantiles(dof: float, confidences) -> np.ndarray:
         from scipy.special import stdtrit
 
         new = np.unique(flat[~np.isin(flat, keys)])
-        if len(keys) + len(new) > STUDENT_T_MEMO_SIZE:
-            keys, values = np.zeros(0), np.zeros(0)
+        if len(keys) + len(new) > STUDENT_T_MEMO_SIZE:  # afresh, with every value asked now
+            keys, values, new = np.zeros(0), np.zeros(0), np.unique(flat)
         keys = np.concatenate([keys, new])
         values = np.concatenate([values, stdtrit(dof, new)])
         order = np.argsort(keys, kind="stable")
