@@ -313,11 +313,16 @@ def worker_footprint(
         threads_per_worker=threads,
         baseline_bytes=int(baseline_bytes),
         input_block_bytes=_int_or_array(block_input_bytes),
-        task_peak_bytes=_int_or_array(np.broadcast_to(peak, block_samples.shape)),
+        task_peak_bytes=_int_or_array(_shaped(peak, block_samples.shape)),
         waiting_input_bytes=_int_or_array(threads * int(waiting_inputs_per_thread) * block_input_bytes),
         held_output_bytes=_int_or_array(threads * int(held_outputs_per_thread) * block_output_bytes),
-        neighbour_chunk_bytes=_int_or_array(np.broadcast_to(neighbour_bytes, block_samples.shape)),
+        neighbour_chunk_bytes=_int_or_array(_shaped(neighbour_bytes, block_samples.shape)),
     )
+
+
+def _shaped(x: np.ndarray, shape) -> np.ndarray:
+    """``x`` broadcast to ``shape``, itself when it has it (``np.broadcast_to`` costs ~10 us)."""
+    return x if x.shape == shape else np.broadcast_to(x, shape)
 
 
 def neighbour_chunks_held(chunk_counts, halo, workers: int = 1):
