@@ -1114,11 +1114,11 @@ def _predict_blocks(predict, blocks, n_tasks, confidence, takes_tasks: bool,
         keywords = {"tasks": n_tasks[part]} if takes_tasks else {}
         if ceiling is not None:
             keywords["ceiling"] = ceiling[part]
-        mean, upper = predict(blocks[part], confidence=confidence, **keywords)
+        raw_mean, upper = predict(blocks[part], confidence=confidence, **keywords)
+        mean = _checked_prediction(raw_mean, m, "mean")
         upper = _checked_prediction(upper, m, "upper")
         bounded = np.zeros(m, dtype=bool) if ceiling is None else (
-            np.isnan(np.asarray(mean, dtype=np.float64)) & (upper > ceiling[part]))
-        mean = _checked_prediction(mean, m, "mean")
+            np.isnan(np.asarray(raw_mean, dtype=np.float64)) & (upper > ceiling[part]))
         means.append(mean)
         uppers.append(np.where(bounded, upper, np.maximum(upper, mean)))
         exacts.append(~bounded)
