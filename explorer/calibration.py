@@ -119,7 +119,7 @@ from pathlib import Path
 import numpy as np
 
 from explorer import paths
-from explorer.chunking import TaskClock
+from explorer.chunking import TaskClock, row_product
 from explorer.stats import t_quantile
 
 __all__ = [
@@ -283,10 +283,8 @@ class WithinFit:
 
     def quantiles(self, confidences) -> np.ndarray:
         """:meth:`quantile` at each of ``confidences`` (vectorised: the planner's hot path)."""
-        from scipy.special import stdtrit
-
         c = np.asarray(confidences, dtype=np.float64)
-        q = stdtrit(float(self.dof), c)
+        q = student_t_quantiles(float(self.dof), c)
         n = len(self.scores)
         if n:
             ranks = np.ceil((n + 1) * c - 1e-12).astype(np.int64)
@@ -294,6 +292,37 @@ class WithinFit:
             scores = np.asarray(self.scores, dtype=np.float64)
             q = np.where(conformal, np.maximum(0.0, scores[np.minimum(ranks, n) - 1]), q)
         return q
+
+
+#: Per ``dof``, the confidences :func:`student_t_quantiles` has met (sorted) and their t
+#: quantiles; a table is started afresh past :data:`STUDENT_T_MEMO_SIZE` values.
+_STUDENT_T_MEMO: dict[float, tuple[np.ndarray, np.ndarray]] = {}
+STUDENT_T_MEMO_SIZE = 1 << 16
+
+
+def student_t_quantiles(dof: float, confidences) -> np.ndarray:
+    """``stdtrit(dof, c)`` at each of ``confidences``, memoised per value (a sorted table per
+    ``dof``, looked up vectorised): a plan asks the within-group bound at ``c^(1 / n)`` for
+    the task count ``n`` of every candidate, the same counts for every stage and strategy,
+    and ``stdtrit`` (an iterative inversion, ~0.3 us a value) would otherwise cost more than
+    the isolated model's prediction.  The same values as ``stdtrit`` (elementwise)."""
+    c = np.asarray(confidences, dtype=np.float64)
+    flat = c.ravel()
+    keys, values = _STUDENT_T_MEMO.get(dof, (np.zeros(0), np.zeros(0)))
+    index = np.minimum(np.searchsorted(keys, flat), max(len(keys) - 1, 0))
+    if not len(keys) or not np.array_equal(keys[index], flat, equal_nan=True):
+        from scipy.special import stdtrit
+
+        new = np.unique(flat[~np.isin(flat, keys)])
+        if len(keys) + len(new) > STUDENT_T_MEMO_SIZE:  # afresh, with every value asked now
+            keys, values, new = np.zeros(0), np.zeros(0), np.unique(flat)
+        keys = np.concatenate([keys, new])
+        values = np.concatenate([values, stdtrit(dof, new)])
+        order = np.argsort(keys, kind="stable")
+        keys, values = keys[order], values[order]
+        _STUDENT_T_MEMO[dof] = keys, values
+        index = np.searchsorted(keys, flat)
+    return values[index].reshape(c.shape)
 
 
 def _page_bytes() -> int:
@@ -768,15 +797,31 @@ class TaskModel:
         """The workers' learnt :class:`~explorer.chunking.TaskClock` (None: not learnt yet)."""
         return None if self.calibration is None else self.calibration.timing.clock
 
-    def predict_many(self, shapes, confidence: float = 0.99, tasks=1) -> tuple[np.ndarray, np.ndarray]:
+    def predict_many(self, shapes, confidence: float = 0.99, tasks=1, ceiling=None) -> tuple[np.ndarray, np.ndarray]:
         """``(mean, upper)`` bytes of a task's in-worker peak on blocks of ``shapes``; with
         ``tasks`` (scalar or per row), ``upper`` bounds the largest of that many tasks of
-        one run (:func:`task_bound`: what a plan's worker footprint must hold for)."""
-        mean, upper = self.isolated.predict_many(shapes, confidence)
+        one run (:func:`task_bound`: what a plan's worker footprint must hold for).
+
+        ``ceiling`` (``(m,)`` bytes; the planner's, ``explorer.chunking.Predictor``) is passed
+        to a composed isolated model, which may stop short on blocks it shows above their
+        ceiling (``mean`` NaN, ``upper`` a lower bound of the isolated upper): the task's
+        upper is at least the isolated one (:func:`task_bound`), so those blocks are returned
+        as they are; the others get the task bound."""
+        if ceiling is not None and getattr(self.isolated, "composed", False):
+            mean, upper = self.isolated.predict_many(shapes, confidence, ceiling=ceiling)
+        else:
+            mean, upper = self.isolated.predict_many(shapes, confidence)
         if self.excess is None:
             return mean, upper
-        voxels = np.asarray(shapes, dtype=np.float64).reshape(-1, 3).prod(axis=1)
-        return task_bound(mean, upper, voxels, self.excess, self.calibration.within, confidence, tasks)
+        voxels = row_product(np.asarray(shapes, dtype=np.float64).reshape(-1, 3))
+        if ceiling is None:
+            return task_bound(mean, upper, voxels, self.excess, self.calibration.within, confidence, tasks)
+        mean, upper = np.array(mean, dtype=np.float64), np.array(upper, dtype=np.float64)
+        rows = ~np.isnan(mean)
+        per_row = np.broadcast_to(np.asarray(tasks), mean.shape)[rows]
+        mean[rows], upper[rows] = task_bound(mean[rows], upper[rows], voxels[rows], self.excess,
+                                             self.calibration.within, confidence, per_row)
+        return mean, upper
 
     def predict(self, shape, confidence: float = 0.99) -> tuple[float, float]:
         mean, upper = self.predict_many(np.asarray(shape).reshape(1, 3), confidence)

@@ -63,8 +63,10 @@ rechunk).  A whole axis has the one candidate ``N``.  A candidate fits when
 ``upper total <= pause_fraction * limit_bytes`` (Dask pauses a worker at that
 fraction of its memory limit).  Footprints are evaluated vectorised, never one shape
 at a time: candidates whose footprint exceeds the budget even with ``peak = 0`` are
-dropped, a probe sub-grid (6 lengths per axis) is predicted, and then only the rest
-no slower than the probe's fastest fit (which cannot change the answer).
+dropped, a probe sub-grid (6 lengths per axis) is predicted, and then the rest fastest
+first, only until the rows are slower than the fastest fit so far (which cannot change
+the answer); a predictor that takes a ``ceiling`` (a composed pipeline's) may stop short
+on a row it shows cannot fit (:data:`Predictor`).
 Among the candidates that fit the plan is, in order:
 
 1. with one slot (one worker, one thread): fewest tasks ``n = prod(ceil(N_i / c_i))``,
@@ -133,6 +135,7 @@ __all__ = [
     "graph_tasks_per_chunk",
     "worker_footprint",
     "worker_pause_fraction",
+    "row_product",
 ]
 
 #: Input blocks gathered and waiting, per thread, beyond the one each running task holds.
@@ -184,17 +187,36 @@ FALLBACK_PAUSE_FRACTION = 0.8
 #: ``predict(block_shapes (m, ndim) int64, confidence=...) -> (mean_bytes (m,), upper_bytes (m,))``.
 #: A predictor that takes ``tasks=`` (``(m,)``: the tasks of each row's plan) bounds the
 #: largest of that many tasks (``explorer.calibration.TaskModel``: a plan's footprint must
-#: hold for every task it runs); the planner passes it when it does.
+#: hold for every task it runs); the planner passes it when it does.  A predictor that
+#: takes ``ceiling=`` (``(m,)`` bytes: the largest task peak with which each row's plan
+#: still fits) may stop short on a row once it has shown that the row's ``upper`` exceeds
+#: its ceiling: it returns ``mean = nan`` there and, as ``upper``, a lower bound of the
+#: row's upper that is above the ceiling (``explorer.composed.ComposedModel``: one member's
+#: term bounds the pipeline's peak from below).
 Predictor = Callable[..., tuple[np.ndarray, np.ndarray]]
 
 
-def _takes_tasks(predict) -> bool:
+def _takes(predict, keyword: str) -> bool:
+    """Whether ``predict`` takes the keyword ``keyword`` (its signature read once per function)."""
+    function = getattr(predict, "__func__", predict)  # a bound method's function: one entry per class
+    try:
+        return _function_takes(function, keyword)
+    except TypeError:  # an unhashable callable
+        return _function_takes.__wrapped__(function, keyword)
+
+
+@functools.lru_cache(maxsize=256)
+def _function_takes(function, keyword: str) -> bool:
     import inspect
 
     try:
-        return "tasks" in inspect.signature(predict).parameters
+        return keyword in inspect.signature(function).parameters
     except (TypeError, ValueError):
         return False
+
+
+def _takes_tasks(predict) -> bool:
+    return _takes(predict, "tasks")
 
 
 class ChunkPlanError(ValueError):
@@ -291,11 +313,16 @@ def worker_footprint(
         threads_per_worker=threads,
         baseline_bytes=int(baseline_bytes),
         input_block_bytes=_int_or_array(block_input_bytes),
-        task_peak_bytes=_int_or_array(np.broadcast_to(peak, block_samples.shape)),
+        task_peak_bytes=_int_or_array(_shaped(peak, block_samples.shape)),
         waiting_input_bytes=_int_or_array(threads * int(waiting_inputs_per_thread) * block_input_bytes),
         held_output_bytes=_int_or_array(threads * int(held_outputs_per_thread) * block_output_bytes),
-        neighbour_chunk_bytes=_int_or_array(np.broadcast_to(neighbour_bytes, block_samples.shape)),
+        neighbour_chunk_bytes=_int_or_array(_shaped(neighbour_bytes, block_samples.shape)),
     )
+
+
+def _shaped(x: np.ndarray, shape) -> np.ndarray:
+    """``x`` broadcast to ``shape``, itself when it has it (``np.broadcast_to`` costs ~10 us)."""
+    return x if x.shape == shape else np.broadcast_to(x, shape)
 
 
 def neighbour_chunks_held(chunk_counts, halo, workers: int = 1):
@@ -314,12 +341,21 @@ def neighbour_chunks_held(chunk_counts, halo, workers: int = 1):
         raise ValueError(f"workers must be >= 1, got {workers}")
     k = np.asarray(chunk_counts, dtype=np.int64)
     overlapped = (np.asarray(halo) > 0) & (k > 1)
-    first = np.argmax(overlapped, axis=-1)
-    axes = np.arange(k.shape[-1])
-    later = np.where(axes > np.expand_dims(first, -1), k, 1)
-    alive = np.minimum(np.prod(k, axis=-1), 2 * np.prod(later, axis=-1))
-    held = -(-alive // int(workers))
-    return np.where(overlapped.any(axis=-1), held, 0)
+    rows = k.reshape(-1, k.shape[-1])
+    overlapped = np.broadcast_to(overlapped, k.shape).reshape(rows.shape)
+    # Column by column from the last axis: ``suffix`` is prod(k_i, i >= a); ``later`` ends as
+    # prod(k_i, i > a) of the first axis a that overlaps (NumPy's reductions over a short
+    # last axis are slow).
+    suffix = np.ones(len(rows), dtype=np.int64)
+    later = np.zeros(len(rows), dtype=np.int64)
+    found = np.zeros(len(rows), dtype=bool)
+    for a in reversed(range(rows.shape[1])):
+        later = np.where(overlapped[:, a], suffix, later)
+        found |= overlapped[:, a]
+        suffix = suffix * rows[:, a]
+    alive = np.minimum(suffix, 2 * later)
+    held = np.where(found, -(-alive // int(workers)), 0)
+    return held.reshape(k.shape[:-1])
 
 
 def _int_or_array(x: np.ndarray):
@@ -360,11 +396,29 @@ def graph_tasks_per_chunk(chunk_counts, halo) -> np.ndarray:
     for envelope, 12.1 + 1 and 16.7 + 1 for gst3d on 2^3 and 3^3 chunks).
     ``chunk_counts``: ``(ndim,)`` or ``(m, ndim)`` chunks per axis.
     """
+    return _tasks_from_pieces(row_product(_overlap_pieces(chunk_counts, halo)))
+
+
+def _overlap_pieces(chunk_counts, halo) -> np.ndarray:
+    """Per axis, the pieces a chunk gathers (:func:`graph_tasks_per_chunk`): ``(3 k - 2) / k``
+    with a halo and ``k > 1`` chunks, else 1."""
     k = np.asarray(chunk_counts, dtype=np.float64)
-    halo = np.asarray(halo)
-    per_axis = np.where((halo > 0) & (k > 1), (3.0 * k - 2.0) / np.maximum(k, 1.0), 1.0)
-    pieces = np.prod(per_axis, axis=-1)
+    return np.where((np.asarray(halo) > 0) & (k > 1), (3.0 * k - 2.0) / np.maximum(k, 1.0), 1.0)
+
+
+def _tasks_from_pieces(pieces) -> np.ndarray:
     return 3.0 + np.where(pieces > 1.0, pieces + 2.0, 0.0)
+
+
+def _grid_graph_tasks(shape, halo, axis_chunks, grid) -> np.ndarray:
+    """:func:`graph_tasks_per_chunk` of candidates on a sub-grid of per-axis chunk lengths
+    (``axis_chunks[a][grid[a]]``: :class:`Candidates`), each axis's factor computed once per
+    length and gathered; the same products, in the same order."""
+    pieces = None
+    for length, chunks, rows, h in zip(shape, axis_chunks, grid, halo):
+        factor = _overlap_pieces(-(-int(length) // np.asarray(chunks, dtype=np.int64)), h)[rows]
+        pieces = factor if pieces is None else pieces * factor
+    return _tasks_from_pieces(pieces)
 
 
 def plan_seconds(
@@ -699,6 +753,19 @@ def axis_blocks(length: int, chunks, halo: int) -> np.ndarray:
     return np.where(n_chunks == 1, length, block)
 
 
+def row_product(a: np.ndarray):
+    """``prod`` over the last axis of ``(ndim,)`` or ``(m, ndim)``: for many rows a product of
+    columns, the same multiplications in the same order as ``np.prod(axis=-1)`` and 10x
+    faster on a few columns (NumPy's reduction over a short axis is slow)."""
+    a = np.asarray(a)
+    if a.ndim != 2:
+        return np.prod(a, axis=-1)
+    out = a[:, 0].copy()
+    for i in range(1, a.shape[1]):
+        out *= a[:, i]
+    return out
+
+
 def _samples(shapes: np.ndarray) -> np.ndarray:
     """``prod(shape)`` over the last axis (a column product: 10x faster than ``np.prod(axis=-1)``)."""
     shapes = np.asarray(shapes, dtype=np.int64)
@@ -718,7 +785,9 @@ class Candidates:
     index into it.  ``chunks``, ``blocks`` ``(m, ndim)``; ``n_tasks``, ``neighbours``
     (:func:`neighbour_chunks_held`), ``seconds`` (:func:`plan_seconds`) ``(m,)``.  The
     predictions ``mean_peak``, ``upper_peak`` and the bound's ``upper_total`` are filled
-    by :func:`evaluate_candidates` (``inf``/int64 max where not predicted).
+    by :func:`evaluate_candidates` (``inf``/int64 max where not predicted); ``exact`` marks the
+    rows whose prediction is complete, the others' ``upper_total`` being a lower bound above
+    the budget (a predictor's ``ceiling``: :data:`Predictor`) or nothing.
     """
 
     axis_chunks: list
@@ -731,12 +800,14 @@ class Candidates:
     mean_peak: np.ndarray = None
     upper_peak: np.ndarray = None
     upper_total: np.ndarray = None
+    exact: np.ndarray = None
 
     def __post_init__(self):
         m = len(self.chunks)
         self.mean_peak = np.full(m, np.inf)
         self.upper_peak = np.full(m, np.inf)
         self.upper_total = np.full(m, np.iinfo(np.int64).max, dtype=np.int64)
+        self.exact = np.zeros(m, dtype=bool)
 
 
 def chunk_candidates(shape, halo, whole, *, footprint, budget: int, min_chunk: int, workers: int, slots: int,
@@ -768,7 +839,8 @@ def chunk_candidates(shape, halo, whole, *, footprint, budget: int, min_chunk: i
     spread = None
     if task_clock is not None:
         seconds_per_voxel, spread = task_clock.seconds_per_voxel_at(volumes), task_clock.spread_at(volumes)
-    seconds = plan_seconds(n_tasks[keep], volumes, slots, tasks_per_chunk=graph_tasks_per_chunk(counts, halo),
+    seconds = plan_seconds(n_tasks[keep], volumes, slots,
+                           tasks_per_chunk=_grid_graph_tasks(shape, halo, axis_chunks, grid),
                            seconds_per_voxel=seconds_per_voxel, graph_task_seconds=graph_task_seconds,
                            spread=spread)
     return Candidates(axis_chunks=axis_chunks, grid=grid, chunks=chunks, blocks=blocks, n_tasks=n_tasks[keep],
@@ -787,33 +859,52 @@ def evaluate_candidates(c: Candidates, predict: Predictor | None, *, confidence:
                         slots: int, fill=None) -> int:
     """Predict the candidates' task peaks and upper footprints; return how many were predicted.
 
-    Two passes over disjoint rows.  Pass 1, a probe: a sub-grid of at most
-    :data:`PROBE_VALUES_PER_AXIS` lengths per axis.  The first ranking key needs no
-    prediction, so a probe row that fits with key ``k`` rules out every candidate above
-    ``k`` (times the tie factor), and pass 2 predicts only the rest: the plan is the one
-    an exhaustive evaluation would give, for a fraction of the rows.  ``fill(rows)``, when
+    The first ranking key ``k`` (:func:`_first_key`) needs no prediction, and the plan is
+    among the candidates that fit with ``k <= k* x tie``, ``k*`` the least key of any that
+    fits (:func:`rank_candidates`).  Two passes over disjoint rows find them.  Pass 1, a
+    probe: a sub-grid of at most :data:`PROBE_VALUES_PER_AXIS` lengths per axis, whose fits
+    give a first ``k*``.  Pass 2, a sweep of the rest in increasing ``k``, in batches of
+    :data:`PREDICT_BATCH_ROWS`: each batch's fits lower ``k*``, and the sweep stops
+    at the first row with ``k > k* x tie``.  Every row it leaves has ``k`` above the
+    threshold of the true ``k*`` (which is at most the sweep's), so the plan is the one an
+    exhaustive evaluation would give, for a fraction of the rows; when nothing fits, every
+    row is predicted (the error names the smallest footprint).  ``fill(rows)``, when
     given, fills ``c``'s predictions at ``rows`` instead of ``predict`` with ``footprint``
     (a staged plan's: :func:`plan_staged_chunks`).
     """
     if fill is None:
-        takes_tasks = _takes_tasks(predict)
+        takes_tasks, ceiling_budget = _takes_tasks(predict), (budget if _takes(predict, "ceiling") else None)
 
         def fill(rows):
-            _predict_rows(predict, c, rows, confidence, footprint, takes_tasks)
+            _predict_rows(predict, c, rows, confidence, footprint, takes_tasks, ceiling_budget)
 
     first_key, tie = _first_key(c, slots)
     probe = np.ones(len(c.blocks), dtype=bool)
     for axis, lengths in enumerate(c.axis_chunks):
-        sub = np.unique(np.rint(np.linspace(0, len(lengths) - 1, PROBE_VALUES_PER_AXIS)).astype(np.int64))
-        probe &= np.isin(c.grid[axis], sub)
+        sub = np.zeros(len(lengths), dtype=bool)
+        sub[np.rint(np.linspace(0, len(lengths) - 1, PROBE_VALUES_PER_AXIS)).astype(np.int64)] = True
+        probe &= sub[c.grid[axis]]
     probe_rows = np.flatnonzero(probe)
     fill(probe_rows)
-    probe_fits = probe_rows[c.upper_total[probe_rows] <= budget]
-    rest = ~probe
-    if probe_fits.size:
-        rest &= first_key <= first_key[probe_fits].min() * tie
-    fill(np.flatnonzero(rest))
-    return int(probe.sum() + rest.sum())
+    predicted = len(probe_rows)
+
+    def least_fitting_key(rows, least):
+        fits = rows[c.upper_total[rows] <= budget]
+        return min(least, float(first_key[fits].min())) if fits.size else least
+
+    least = least_fitting_key(probe_rows, math.inf)
+    rest = np.flatnonzero(~probe)
+    rest = rest[first_key[rest] <= least * tie]
+    rest = rest[np.argsort(first_key[rest], kind="stable")]
+    for start in range(0, len(rest), PREDICT_BATCH_ROWS):
+        rows = rest[start:start + PREDICT_BATCH_ROWS]
+        rows = rows[first_key[rows] <= least * tie]
+        if not len(rows):
+            break
+        fill(rows)
+        predicted += len(rows)
+        least = least_fitting_key(rows, least)
+    return predicted
 
 
 def rank_candidates(c: Candidates, shape, whole, *, budget: int, slots: int) -> int:
@@ -894,6 +985,9 @@ def plan_chunks(
     n_predicted = evaluate_candidates(candidates, predict, confidence=confidence, footprint=footprint,
                                       budget=budget, slots=slots)
     if not (candidates.upper_total <= budget).any():
+        takes_tasks = _takes_tasks(predict)
+        _complete_smallest(candidates, lambda: candidates.exact, lambda rows: _predict_rows(
+            predict, candidates, rows, confidence, footprint, takes_tasks))
         raise ChunkPlanError(_no_fit_message(candidates, shape, operator, threads, confidence, pause_fraction,
                                              limit_bytes, budget, int(baseline_bytes)))
     index = rank_candidates(candidates, shape, whole, budget=budget, slots=slots)
@@ -984,35 +1078,71 @@ def _no_fit_message(c: Candidates, shape, operator, threads, confidence, pause_f
             f"{format_bytes(baseline_bytes)}; {advice}")
 
 
-def _predict_rows(predict, c: Candidates, rows, confidence, footprint, takes_tasks: bool) -> None:
-    """Fill ``mean_peak``, ``upper_peak`` (>= mean) and ``upper_total`` of ``c`` at ``rows``
-    (:func:`_predict_blocks`); a non-finite prediction leaves the total at int64 max (never fits)."""
-    mean, upper = _predict_blocks(predict, c.blocks[rows], c.n_tasks[rows], confidence, takes_tasks)
+def _predict_rows(predict, c: Candidates, rows, confidence, footprint, takes_tasks: bool,
+                  ceiling_budget: int | None = None) -> None:
+    """Fill ``mean_peak``, ``upper_peak`` (>= mean), ``upper_total`` and ``exact`` of ``c`` at
+    ``rows`` (:func:`_predict_blocks`); a non-finite prediction leaves the total at int64 max
+    (never fits).  With ``ceiling_budget`` (the predictor takes ``ceiling``), each row's
+    ceiling is the largest task peak ``P`` whose footprint fits it: the footprint is
+    ``F(0) + T ceil(P)`` (:func:`worker_footprint`), so it fits iff ``P <= floor((budget -
+    F(0)) / T)``; a row the predictor bounds above its ceiling gets the footprint of that
+    lower bound (above the budget) and stays inexact."""
+    blocks, kept = c.blocks[rows], {"chunk_shapes": c.chunks[rows], "neighbour_chunks": c.neighbours[rows]}
+    ceiling = None
+    if ceiling_budget is not None:
+        empty = footprint(blocks, 0.0, **kept)
+        ceiling = ((int(ceiling_budget) - empty.total) // empty.threads_per_worker).astype(np.float64)
+    mean, upper, exact = _predict_blocks(predict, blocks, c.n_tasks[rows], confidence, takes_tasks, ceiling)
     finite = np.isfinite(upper)
-    total = footprint(c.blocks[rows], np.where(finite, upper, 0.0), chunk_shapes=c.chunks[rows],
-                      neighbour_chunks=c.neighbours[rows]).total
+    total = footprint(blocks, np.where(finite, upper, 0.0), **kept).total
     c.mean_peak[rows], c.upper_peak[rows] = mean, upper
     c.upper_total[rows] = np.where(finite, total, np.iinfo(np.int64).max)
+    c.exact[rows] = exact
 
 
-def _predict_blocks(predict, blocks, n_tasks, confidence, takes_tasks: bool) -> tuple[np.ndarray, np.ndarray]:
-    """``(mean, upper)`` task peaks at ``blocks`` (``upper >= mean``, NaN as inf), predicted in
-    slices of ``PREDICT_BATCH_ROWS``; a predictor taking ``tasks`` (``takes_tasks``) gets each
-    row's count from ``n_tasks``."""
-    means, uppers = [], []
+def _predict_blocks(predict, blocks, n_tasks, confidence, takes_tasks: bool,
+                    ceiling=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(mean, upper, exact)`` task peaks at ``blocks`` (``upper >= mean``, NaN as inf),
+    predicted in slices of ``PREDICT_BATCH_ROWS``; a predictor taking ``tasks``
+    (``takes_tasks``) gets each row's count from ``n_tasks``, and given ``ceiling`` (``(m,)``)
+    it gets each row's.  ``exact`` is False where the predictor stopped short above the
+    ceiling (:data:`Predictor`): ``mean`` inf and ``upper`` its lower bound there."""
+    means, uppers, exacts = [], [], []
     for start in range(0, len(blocks), PREDICT_BATCH_ROWS):
         part = slice(start, start + PREDICT_BATCH_ROWS)
         m = len(blocks[part])
-        if takes_tasks:
-            mean, upper = predict(blocks[part], confidence=confidence, tasks=n_tasks[part])
-        else:
-            mean, upper = predict(blocks[part], confidence=confidence)
-        mean = _checked_prediction(mean, m, "mean")
+        keywords = {"tasks": n_tasks[part]} if takes_tasks else {}
+        if ceiling is not None:
+            keywords["ceiling"] = ceiling[part]
+        raw_mean, upper = predict(blocks[part], confidence=confidence, **keywords)
+        mean = _checked_prediction(raw_mean, m, "mean")
+        upper = _checked_prediction(upper, m, "upper")
+        bounded = np.zeros(m, dtype=bool) if ceiling is None else (
+            np.isnan(np.asarray(raw_mean, dtype=np.float64)) & (upper > ceiling[part]))
         means.append(mean)
-        uppers.append(np.maximum(_checked_prediction(upper, m, "upper"), mean))
+        uppers.append(np.where(bounded, upper, np.maximum(upper, mean)))
+        exacts.append(~bounded)
     if not means:
-        return np.zeros(0), np.zeros(0)
-    return np.concatenate(means), np.concatenate(uppers)
+        return np.zeros(0), np.zeros(0), np.zeros(0, dtype=bool)
+    return np.concatenate(means), np.concatenate(uppers), np.concatenate(exacts)
+
+
+def _complete_smallest(c: Candidates, exact, complete) -> None:
+    """Make the smallest ``upper_total`` an exact one, as an exhaustive evaluation gives it
+    (what the no-fit message names), when some totals are lower bounds: while the smallest
+    is not ``exact()``, ``complete(rows)`` (predict exactly) the inexact rows at or below the
+    smallest exact total, smallest first, a batch at a time.  A lower bound above an exact
+    total cannot be the smallest once completed; every row is completed at most once."""
+    completed = np.zeros(len(c.upper_total), dtype=bool)
+    while True:
+        done = exact() | completed
+        if done[int(np.argmin(c.upper_total))]:
+            return
+        least_exact = c.upper_total[done].min(initial=np.iinfo(np.int64).max)
+        below = np.flatnonzero(~done & (c.upper_total <= least_exact))
+        rows = below[np.argsort(c.upper_total[below], kind="stable")[:PREDICT_BATCH_ROWS // 4]]
+        complete(rows)
+        completed[rows] = True
 
 
 def _checked_prediction(values, m: int, what: str) -> np.ndarray:
@@ -1118,10 +1248,11 @@ def plan_staged_chunks(
     # held intermediates.  Then predictions only where evaluate_candidates' probe pass asks.
     blocks, chunk_seconds, spreads = [], np.zeros(m), []
     for stage in stages:
-        b = np.stack([axis_blocks(shape[a], c.chunks[:, a], int(stage.halo[a])) for a in range(ndim)], axis=1)
+        b = np.stack([axis_blocks(shape[a], c.axis_chunks[a], int(stage.halo[a]))[c.grid[a]] for a in range(ndim)],
+                     axis=1)  # per axis, then gathered: the candidates are a sub-grid of the axes' lengths
         blocks.append(b)
         volumes = _samples(b).astype(np.float64)
-        chunk_seconds += graph_task_seconds * graph_tasks_per_chunk(counts, stage.halo)
+        chunk_seconds += graph_task_seconds * _grid_graph_tasks(shape, stage.halo, c.axis_chunks, c.grid)
         clock = stage.task_clock
         if clock is not None:
             chunk_seconds += clock.seconds_per_voxel_at(volumes) * volumes
@@ -1149,7 +1280,6 @@ def plan_staged_chunks(
     worst = np.iinfo(np.int64).max // 4
     means, uppers = np.full((m, len(stages)), np.inf), np.full((m, len(stages)), np.inf)
     running_upper = np.full((m, len(stages)), worst, dtype=np.int64)
-    running_mean = np.full((m, len(stages)), worst, dtype=np.int64)
 
     order = list(range(len(stages)))  # heaviest stage first, once the first (probe) pass has shown which
     predicted, ordered = [0], [False]
@@ -1166,13 +1296,13 @@ def plan_staged_chunks(
             if not len(alive):
                 break
             stage, b = stages[i], blocks[i][alive]
-            mean, upper = _predict_blocks(stage.predict, b, c.n_tasks[alive], per_stage, _takes_tasks(stage.predict))
+            mean, upper, _ = _predict_blocks(stage.predict, b, c.n_tasks[alive], per_stage,
+                                             _takes_tasks(stage.predict))
             predicted[0] += len(alive)
             terms = functools.partial(worker_footprint, b, threads_per_worker=threads, baseline_bytes=0,
                                       itemsize=stage.itemsize, output_itemsize=stage.output_itemsize)
             finite = np.isfinite(upper)
             running_upper[alive, i] = np.where(finite, terms(np.where(finite, upper, 0.0)).total, worst)
-            running_mean[alive, i] = terms(np.where(np.isfinite(mean), mean, 0.0)).total
             means[alive, i], uppers[alive, i] = mean, upper
             so_far = running_upper[alive][:, order[: position + 1]].max(axis=1)
             total = np.minimum(baseline_bytes + so_far + held_bytes[alive], np.iinfo(np.int64).max)
@@ -1182,24 +1312,23 @@ def plan_staged_chunks(
         if not ordered[0] and len(rows):
             order.sort(key=lambda k: -float(np.mean(running_upper[rows, k])))
             ordered[0] = True
-        done = rows[np.isfinite(uppers[rows]).all(axis=1)]
-        binding = np.argmax(running_upper[done], axis=1)
-        c.mean_peak[done], c.upper_peak[done] = means[done, binding], uppers[done, binding]
 
     evaluate_candidates(c, None, confidence=confidence, footprint=None, budget=budget, slots=slots, fill=fill)
+    if not (c.upper_total <= budget).any():  # the message's smallest footprint, as an unpruned search gives it
+        _complete_smallest(c, lambda: np.isfinite(uppers).all(axis=1), lambda rows: fill(rows, prune=False))
+    done = np.flatnonzero(np.isfinite(uppers).all(axis=1))  # every stage predicted: the binding stage's
+    binding = np.argmax(running_upper[done], axis=1)
+    c.mean_peak[done], c.upper_peak[done] = means[done, binding], uppers[done, binding]
     if not (c.upper_total <= budget).any():
-        while True:  # the message's smallest footprint: complete the smallest lower bounds until one stays smallest
-            incomplete = ~np.isfinite(uppers).all(axis=1)
-            if not incomplete[int(np.argmin(c.upper_total))]:
-                break
-            below = np.flatnonzero(incomplete & (c.upper_total < c.upper_total[~incomplete].min(initial=worst)))
-            fill(below[np.argsort(c.upper_total[below], kind="stable")[:PREDICT_BATCH_ROWS // 4]], prune=False)
         raise ChunkPlanError(_no_fit_message(c, shape, operator, threads, confidence, pause_fraction, limit_bytes,
                                              budget, baseline_bytes).replace(" fits", " fits staged", 1))
     index = rank_candidates(c, shape, whole, budget=budget, slots=slots)
     j = int(np.argmax(running_upper[index]))
     chunk = tuple(int(x) for x in c.chunks[index])
     stage_j = stages[j]
+    running_mean = [worker_footprint(tuple(blocks[i][index]), float(means[index, i]), threads_per_worker=threads,
+                                     baseline_bytes=0, itemsize=s.itemsize, output_itemsize=s.output_itemsize).total
+                    for i, s in enumerate(stages)]
     bound = worker_footprint(tuple(blocks[j][index]), float(uppers[index, j]), threads_per_worker=threads,
                              baseline_bytes=baseline_bytes, itemsize=stage_j.itemsize,
                              output_itemsize=stage_j.output_itemsize)
@@ -1210,7 +1339,7 @@ def plan_staged_chunks(
                   for i, s in enumerate(stages))
     return ChunkPlan(
         operator=operator, shape=shape, chunks=chunk, block=tuple(int(x) for x in blocks[j][index]), halo=halo_max,
-        whole_axes=whole, predicted_bytes=int(baseline_bytes + running_mean[index].max() + held_bytes[index]),
+        whole_axes=whole, predicted_bytes=int(baseline_bytes + max(running_mean) + held_bytes[index]),
         upper_bytes=int(c.upper_total[index]), limit_bytes=limit_bytes, pause_fraction=float(pause_fraction),
         confidence=float(confidence), n_tasks=int(c.n_tasks[index]), threads_per_worker=threads, footprint=bound,
         n_candidates=predicted[0], slots=slots, predicted_seconds=float(c.seconds[index]),

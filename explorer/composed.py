@@ -44,6 +44,17 @@ largest of ``S`` stage terms; with each ``U_s`` at ``c_s = 1 - (1 - c) / S`` (Bo
 
 A member's own uncertainty (too few profiles, a model learnt elsewhere) is carried into the
 pipeline's bound unchanged; ``stale`` lists every member's.
+
+A lower bound from one member
+-----------------------------
+Every stage term is at least what one of its members adds to what is held before it (the
+outputs of a fan-out's earlier branches are >= 0), so member ``X``'s bound alone gives::
+
+    upper(b) >= max_{s containing X} ( O_{s-1}(b) + U_X(b; c_s) )      (O_0 = 0)
+
+A planner that only needs to know whether ``upper(b)`` exceeds a ceiling (a block whose
+footprint cannot fit: ``explorer.chunking``'s ``ceiling``) predicts the members one at a
+time, heaviest first, and stops on a block as soon as one member's bound exceeds it.
 """
 
 from __future__ import annotations
@@ -97,6 +108,8 @@ class ComposedModel:
             "seconds_per_voxel": (sum(float(s) for s in speeds) if all(s is not None for s in speeds) else None),
         }
         self.stale = [f"{name}: {reason}" for name, m in members.items() for reason in (getattr(m, "stale", None) or [])]
+        #: The members' names in decreasing bound, once a call with a ``ceiling`` has ranked them.
+        self._heaviest_first: list[str] | None = None
 
     def _stage_terms(self, stage, shapes, per_stage, seen: dict):
         """``(means, uppers, outputs)``, each ``(m, len(stage))``: the stage's members' bounds at
@@ -109,21 +122,76 @@ class ComposedModel:
                                  _output_bytes(op, shapes))
         return tuple(np.stack([seen[op.name][k] for op in stage], axis=1) for k in range(3))
 
-    def predict_many(self, shapes, confidence: float = 0.99, *, branch_order=None) -> tuple[np.ndarray, np.ndarray]:
+    def predict_many(self, shapes, confidence: float = 0.99, *, branch_order=None,
+                     ceiling=None) -> tuple[np.ndarray, np.ndarray]:
         """``(mean, upper)`` bytes of the pipeline's isolated peak on blocks ``shapes``, a
         fan-out's branches run in ``branch_order`` (names), by default Liu's order at each
-        block (module docstring)."""
+        block (module docstring).
+
+        ``ceiling`` (``(m,)`` bytes, optional): a block whose upper is shown above its ceiling
+        by one member's bound (module docstring, :meth:`_bounded_rows`) is not predicted
+        further: its ``mean`` is NaN and its ``upper`` that lower bound (> the ceiling)."""
         shapes = np.asarray(shapes, dtype=np.int64).reshape(-1, 3)
         per_stage = bonferroni_confidence(confidence, len(self.pipeline.members))
+        if ceiling is None:
+            return self._composed(shapes, per_stage, branch_order, {})
+        rows, floor, seen = self._bounded_rows(shapes, per_stage, np.asarray(ceiling, dtype=np.float64))
+        mean = np.full(len(shapes), np.nan)
+        upper = floor
+        if len(rows):
+            mean[rows], upper[rows] = self._composed(shapes[rows], per_stage, branch_order, seen)
+        return mean, upper
+
+    def _bounded_rows(self, shapes, per_stage: float, ceiling: np.ndarray):
+        """``(rows, floor, seen)``: the members predicted one at a time on the blocks not yet
+        shown above their ceiling, ``floor`` each block's lower bound of ``upper`` so far
+        (module docstring), ``rows`` the blocks left at or below their ceiling and ``seen``
+        every member's ``(mean, upper, output)`` at them (:meth:`_stage_terms`).  Heaviest
+        member first: the first call predicts every member on every block (``rows`` all of
+        them) and ranks the members by their mean bound there."""
+        stages, ranking = self.pipeline.stages, self._heaviest_first is None
+        members = {op.name: op for op in self.pipeline.members}
+        rows = np.arange(len(shapes))
+        floor = np.full(len(shapes), -np.inf)
+        seen, weight = {}, {}
+        for name in members if ranking else self._heaviest_first:
+            if not len(rows):
+                break
+            at = shapes[rows]
+            m, u = self.members[name].predict_many(at, per_stage)
+            u = np.asarray(u, dtype=np.float64)
+            seen[name] = (np.asarray(m, dtype=np.float64), u, _output_bytes(members[name], at))
+            bound = np.full(len(rows), -np.inf)
+            for s, stage in enumerate(stages):
+                if any(op.name == name for op in stage):
+                    held = _output_bytes(stages[s - 1][0], at) if s else 0.0
+                    bound = np.maximum(bound, held + u)
+            floor[rows] = np.maximum(floor[rows], bound)
+            if ranking:
+                weight[name] = float(np.mean(bound)) if len(bound) else 0.0
+                continue
+            keep = ~(floor[rows] > ceiling[rows])
+            rows = rows[keep]
+            seen = {k: tuple(x[keep] for x in v) for k, v in seen.items()}
+        if ranking:
+            self._heaviest_first = sorted(members, key=lambda n: -weight[n])
+        return rows, floor, seen
+
+    def _composed(self, shapes, per_stage: float, branch_order, seen: dict) -> tuple[np.ndarray, np.ndarray]:
+        """The module docstring's ``(mean, upper)`` at ``shapes``, the members' predictions
+        already in ``seen`` reused."""
         mean = np.full(len(shapes), -np.inf)
         upper = np.full(len(shapes), -np.inf)
         held = np.zeros(len(shapes))
-        seen: dict = {}
         for stage in self.pipeline.stages:
             means, uppers, outputs = self._stage_terms(stage, shapes, per_stage, seen)
-            order = self._order(uppers, outputs, branch_order)  # one column for a single operator
-            mean = np.maximum(mean, sequence_peak(held, means, outputs, order))
-            upper = np.maximum(upper, sequence_peak(held, uppers, outputs, order))
+            if len(stage) == 1:  # sequence_peak of one branch: held + its peak, no order to choose
+                mean = np.maximum(mean, held + means[:, 0])
+                upper = np.maximum(upper, held + uppers[:, 0])
+            else:
+                order = self._order(uppers, outputs, branch_order)
+                mean = np.maximum(mean, sequence_peak(held, means, outputs, order))
+                upper = np.maximum(upper, sequence_peak(held, uppers, outputs, order))
             held = outputs[:, 0]  # only a fan-out's stage has several outputs, and it is the last
         return mean, upper
 

@@ -102,12 +102,20 @@ def environment_stamp(operator=None) -> dict:
     stamp["hostname"] = platform.node()
     if operator is not None:
         if isinstance(operator, str):
-            import operators
-
-            operator = operators.get(operator)
-        stamp["operator"] = operator.name
-        stamp["operator_code"] = operator_code_version(operator)
+            stamp["operator"], stamp["operator_code"] = _spec_code(operator)
+        else:
+            stamp["operator"], stamp["operator_code"] = operator.name, operator_code_version(operator)
     return stamp
+
+
+@functools.lru_cache(maxsize=1024)
+def _spec_code(spec: str) -> tuple[str, str]:
+    """A spec's operator name and code version, parsed once per spec (a name is registered
+    once and a module's digest is read once: neither changes in a process)."""
+    import operators
+
+    operator = operators.get(spec)
+    return operator.name, operator_code_version(operator)
 
 
 def stamp_differences(saved: dict | None, current: dict, keys=ISOLATED_KEYS) -> list[str]:

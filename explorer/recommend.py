@@ -461,7 +461,9 @@ def _staged_plan(request: _PlanRequest) -> tuple[ChunkPlan, bool]:
     from explorer.composed import compose
 
     op = request.op
-    isolated = compose(op, request.runs_dir).members  # ModelNotFoundError naming every member without one
+    fused = _loaded_isolated(request)  # the fused plan's composed model has the members' already
+    isolated = (fused if getattr(fused, "composed", False)
+                else compose(op, request.runs_dir)).members  # ModelNotFoundError naming every member without one
     speeds = [isolated[m.name].info.get("seconds_per_voxel") for m in op.members]
     # Without every member's profiled speed, the default work per voxel (the fused plan's
     # then) is shared by the stages: the two strategies then differ only by their structure.
@@ -486,6 +488,16 @@ def _staged_plan(request: _PlanRequest) -> tuple[ChunkPlan, bool]:
                               io_seconds_per_voxel=_members_io(timings), warnings=tuple(warnings),
                               **request.common())
     return plan, calibrated
+
+
+def _loaded_isolated(request: _PlanRequest):
+    """The isolated model of the request's task model when it loaded, else None."""
+    from explorer.surrogate import ModelNotFoundError
+
+    try:
+        return request.model().isolated
+    except ModelNotFoundError:
+        return None
 
 
 def _graph_task_seconds(model) -> float:

@@ -226,8 +226,8 @@ BASIS_NAMES = ("constant", "volume", "face12", "face13", "face23", "edge1", "edg
 #: The basis itself, the one definition every form uses (NumPy here, torch in ``gp_torch``):
 #: term ``j`` is the monomial ``prod_i u_i ** BASIS_EXPONENTS[j, i]``.
 BASIS_EXPONENTS = np.array([[0, 0, 0], [1, 1, 1], [1, 1, 0], [1, 0, 1], [0, 1, 1], [1, 0, 0], [0, 1, 0], [0, 0, 1]])
-#: Which terms each axis enters (``BASIS_EXPONENTS`` holds only 0 and 1).
-_HAS_AXIS = [BASIS_EXPONENTS[:, axis] == 1 for axis in range(BASIS_EXPONENTS.shape[1])]
+#: The axes each term multiplies, in increasing order (``BASIS_EXPONENTS`` holds only 0 and 1).
+_TERM_AXES = [tuple(int(a) for a in np.flatnonzero(row)) for row in BASIS_EXPONENTS]
 assert set(np.unique(BASIS_EXPONENTS)) <= {0, 1}
 #: Terms with a flat prior (the constant and the volume); the others get a vague Gaussian.
 #: They stay the first two columns whatever ties :func:`basis_map` makes (each is its own orbit).
@@ -358,9 +358,15 @@ def _raw_basis(dims: np.ndarray, axis_length: np.ndarray, multiple, mapping=None
     """``[1, V, n1n2, n1n3, n2n3, n1, n2, n3]`` on ``u = effective_dims / axis_length``, (m, 8),
     tied by ``mapping`` (:func:`basis_map`, (8, q); None: untied) into (m, q)."""
     u = effective_dims(dims, multiple) / axis_length
-    raw = np.ones((len(u), len(BASIS_EXPONENTS)))
-    for axis in range(BASIS_EXPONENTS.shape[1]):  # exponents are 0 or 1: products, no powers (hot path)
-        raw[:, _HAS_AXIS[axis]] *= u[:, axis : axis + 1]
+    raw = np.empty((len(u), len(BASIS_EXPONENTS)))
+    for term, axes in enumerate(_TERM_AXES):  # exponents are 0 or 1: products of columns (hot path)
+        if not axes:
+            raw[:, term] = 1.0
+            continue
+        column = u[:, axes[0]].copy()
+        for axis in axes[1:]:
+            column *= u[:, axis]
+        raw[:, term] = column
     return raw if mapping is None else raw @ mapping
 
 
@@ -397,11 +403,26 @@ def _amplitude(raw: np.ndarray, gamma: np.ndarray, floor: float, slope: float) -
 def _matern52(za: np.ndarray, zb: np.ndarray, lengthscale: np.ndarray) -> np.ndarray:
     """Matern-5/2 correlation ``(1 + sqrt5 r + 5/3 r^2) exp(-sqrt5 r)``, ARD distance ``r``."""
     a = za / lengthscale
-    b = zb / lengthscale
-    sq = (a * a).sum(1)[:, None] + (b * b).sum(1)[None, :] - 2.0 * (a @ b.T)
-    r = np.sqrt(np.maximum(sq, 0.0))
+    return _matern52_scaled(a, (a * a).sum(1), zb / lengthscale)
+
+
+def _matern52_scaled(a: np.ndarray, a_squared: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """:func:`_matern52` of inputs already divided by the lengthscales, with ``a_squared =
+    (a * a).sum(1)`` given (a model's training side, computed once): ``r^2 = |a|^2 + |b|^2 -
+    2 a.b``.  The same operations in the same order, in place on the ``(len(a), len(b))``
+    result (the planner's hot path)."""
+    sq = a_squared[:, None] + (b * b).sum(1)[None, :]
+    cross = a @ b.T
+    cross *= 2.0
+    sq -= cross
+    r = np.sqrt(np.maximum(sq, 0.0, out=sq), out=sq)
     s5r = math.sqrt(5.0) * r
-    return (1.0 + s5r + (5.0 / 3.0) * r * r) * np.exp(-s5r)
+    k = 1.0 + s5r
+    quadratic = (5.0 / 3.0) * r
+    quadratic *= r
+    k += quadratic
+    k *= np.exp(np.negative(s5r, out=s5r), out=s5r)
+    return k
 
 
 @lru_cache(maxsize=256)
@@ -507,6 +528,10 @@ class MemoryModel:
         # Derived training quantities.
         self._train_z = self._z(self._a["train_dims"])
         self._train_amp = self._amplitude(self._a["train_dims"])
+        # The training side of the predictive's kernel (``_parts``), once.
+        self._train_scaled_z = self._train_z / self._a["lengthscale"]
+        self._train_scaled_z_squared = (self._train_scaled_z * self._train_scaled_z).sum(1)
+        self._train_scale = self._outputscale * self._train_amp[:, None]
 
     # ---- feature map ------------------------------------------------------------
     def _z(self, dims):
@@ -534,8 +559,9 @@ class MemoryModel:
         z = self._z(dims)
         raw = self._raw_basis(dims)
         amp = _amplitude(raw, self._a["amplitude_coef"], self._amp_floor, self._amp_slope)
-        k_train = self._outputscale * self._train_amp[:, None] * _matern52(
-            self._train_z, z, self._a["lengthscale"]) * amp[None, :]  # (n, m)
+        k_train = _matern52_scaled(self._train_scaled_z, self._train_scaled_z_squared, z / self._a["lengthscale"])
+        k_train *= self._train_scale  # outputscale x the training amplitudes, (n, 1)
+        k_train *= amp[None, :]  # (n, m)
         h = raw @ self._a["basis_transform"]  # (m, p)
         mean = h @ self._a["beta"] + k_train.T @ self._a["alpha"]
         v = self._a["chol_inv"] @ k_train  # (n, m)

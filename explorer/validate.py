@@ -7,6 +7,7 @@ names the parameter, the value and the range.
 
 from __future__ import annotations
 
+import functools
 import math
 
 from explorer.units import MAX_DIM, MAX_SIZE_BYTES, MAX_VOXELS, parse_shape, parse_size
@@ -21,10 +22,17 @@ def operator(spec) -> str:
     default parameters dropped and parameters sorted, so that one operator has one study
     and one model.  ``KeyError`` for an unknown operator, ``operators.SpecError`` (a
     ``ValueError``) naming the fault of a malformed spec."""
-    import operators
-
     if not isinstance(spec, str):
         raise ValueError(f"operator must be a name or a spec string, not {type(spec).__name__}")
+    return _canonical_name(spec)
+
+
+@functools.lru_cache(maxsize=1024)
+def _canonical_name(spec: str) -> str:
+    """``operators.get(spec).name``, parsed once per spec (a name is registered once, so a
+    spec's canonical name never changes; an error is raised again, not cached)."""
+    import operators
+
     return operators.get(spec).name
 
 

@@ -404,3 +404,19 @@ def test_probes_keep_enough_distinct_blocks_to_identify_the_excess():
     assert edges[0] >= 3 * max(unet.halo) + 1
     gst3d = probe_blocks(operators.get("gst3d"), 300.0**3, seconds_per_voxel=2e-7, plan_edge=200)
     assert len(gst3d) == 6 and gst3d[-1] == (200,) * 3
+
+
+def test_the_memoised_student_t_quantiles_are_stdtrits_values(monkeypatch):
+    """The planner's within-group bound memoises ``stdtrit`` per value: the same numbers as
+    computing them afresh, whatever was asked before (and across a cleared table)."""
+    from scipy.special import stdtrit
+
+    monkeypatch.setattr(cal, "_STUDENT_T_MEMO", {})
+    monkeypatch.setattr(cal, "STUDENT_T_MEMO_SIZE", 500)
+    rng = np.random.default_rng(4)
+    for _ in range(40):
+        dof = float(rng.choice([2.0, 7.0, 31.5]))
+        counts = rng.integers(1, 4000, size=int(rng.integers(1, 300)))
+        confidences = 0.99 ** (1.0 / counts)
+        np.testing.assert_array_equal(cal.student_t_quantiles(dof, confidences), stdtrit(dof, confidences))
+    assert all(len(keys) <= 500 for keys, _ in cal._STUDENT_T_MEMO.values())

@@ -863,3 +863,18 @@ def test_a_staged_no_fit_names_the_smallest_complete_footprint_as_an_unpruned_se
     smallest = min(by_hand_staged_total(type("P", (), {"chunks": tuple(int(x) for x in row)}), stages,
                                         (1200, 1000, 900), 2) for row in c.chunks)
     assert chunking.format_bytes(smallest) in str(info.value)
+
+
+@pytest.mark.parametrize("halo", [(5, 5, 5), (0, 3, 0), (0, 0, 0)])
+def test_a_candidate_grids_time_model_terms_are_the_row_by_row_ones(halo):
+    """Candidates are a sub-grid of per-axis lengths: their graph tasks are computed per axis
+    and gathered, and must equal graph_tasks_per_chunk's row by row (bit for bit)."""
+    c = chunking.chunk_candidates((800, 600, 1000), halo, (), footprint=functools.partial(
+        worker_footprint, baseline_bytes=BASELINE), budget=10**15, min_chunk=16, workers=3, slots=3,
+        seconds_per_voxel=1e-7, graph_task_seconds=0.002)
+    counts = -(-np.asarray((800, 600, 1000)) // c.chunks)
+    np.testing.assert_array_equal(chunking._grid_graph_tasks((800, 600, 1000), halo, c.axis_chunks, c.grid),
+                                  chunking.graph_tasks_per_chunk(counts, halo))
+    k = counts[:, None, :]  # (m, 1, 3): neighbour_chunks_held on any leading shape, row by row
+    rows = np.array([chunking.neighbour_chunks_held(row, halo, 3) for row in counts])
+    np.testing.assert_array_equal(chunking.neighbour_chunks_held(k, halo, 3)[:, 0], rows)

@@ -500,3 +500,67 @@ def test_probes_of_a_composed_fan_out_run_its_branches_in_the_order_its_plans_wo
     assert _branch_order(gst3d_model, (64, 64, 64), 0.99) is None
     # every member was profiled at least this far (each member's largest profiled block: 100^3)
     assert profiled_volume(model) == min(profiled_volume(m) for m in model.members.values()) == 100**3
+
+
+class Wavy(Known):
+    """A member whose bounds are not monotone in the block (a GP's need not be): bytes per
+    voxel times a ripple in each dim, so a ceiling's shortcut cannot lean on monotonicity."""
+
+    def predict_many(self, shapes, confidence=0.99):
+        s = np.asarray(shapes, dtype=float).reshape(-1, 3)
+        ripple = 1.0 + 0.3 * np.sin(s / 37.0).prod(1)
+        return self.a * s.prod(1) * ripple, self.b * s.prod(1) * ripple
+
+
+def wavy_members():
+    return {"gaussian": Wavy(20.0, 23.0), "envelope": Wavy(16.0, 19.0), "gst3d": Wavy(90.0, 99.0),
+            "instantaneous_phase": Wavy(12.0, 13.0)}
+
+
+@pytest.mark.parametrize("spec", ["gaussian,gst3d", "gaussian,envelope+gst3d+instantaneous_phase",
+                                  "gaussian,envelope,gaussian"])
+def test_a_composed_models_ceiling_only_stops_short_on_blocks_above_it(spec):
+    from explorer.composed import ComposedModel
+
+    pipeline = operators.get(spec)
+    shapes = np.random.default_rng(5).integers(8, 400, size=(300, 3))
+    exact_mean, exact_upper = ComposedModel(pipeline, wavy_members()).predict_many(shapes, 0.99)
+    ceiling = np.random.default_rng(6).uniform(0.5, 1.5, size=300) * exact_upper
+    model = ComposedModel(pipeline, wavy_members())
+    for _ in range(2):  # the first call ranks the members (heaviest first), the second prunes with them
+        mean, upper = model.predict_many(shapes, 0.99, ceiling=ceiling)
+        short = np.isnan(mean)
+        np.testing.assert_array_equal(mean[~short], exact_mean[~short])
+        np.testing.assert_array_equal(upper[~short], exact_upper[~short])
+        assert np.all(upper[short] > ceiling[short]) and np.all(upper[short] <= exact_upper[short])
+        assert not short[exact_upper <= ceiling].any()
+    assert short.any()
+
+
+@pytest.mark.parametrize("limit", [1.2, 3.0, 12.0, 0.45])  # GiB; the last fits nothing
+@pytest.mark.parametrize("threads, workers", [(1, 1), (4, 8)])
+def test_a_fused_plan_of_a_composed_model_is_the_plan_of_its_full_predictions(limit, threads, workers):
+    """The planner's ceiling lets a composed model skip members on blocks that cannot fit:
+    the plan (or the no-fit message) is the one predicting every member everywhere gives."""
+    from explorer.calibration import TaskModel
+    from explorer.chunking import ChunkPlanError, plan_chunks
+    from explorer.composed import ComposedModel
+
+    pipeline = operators.get("gaussian,envelope+gst3d+instantaneous_phase")
+    model = TaskModel(ComposedModel(pipeline, wavy_members()))
+
+    def full(shapes, confidence=0.99, tasks=1):  # no ceiling: every member predicted on every block
+        return model.predict_many(shapes, confidence, tasks)
+
+    def plan(predict):
+        try:
+            return plan_chunks((2000, 1600, 1200), pipeline.halo, (), predict, int(limit * 2**30),
+                               baseline_bytes=300 * 2**20, threads_per_worker=threads, workers=workers)
+        except ChunkPlanError as exc:
+            return str(exc)
+
+    pruned, unpruned = plan(model.predict_many), plan(full)
+    if isinstance(unpruned, str):
+        assert pruned == unpruned and limit < 1
+        return
+    assert pruned.to_dict() == {**unpruned.to_dict(), "n_candidates": pruned.n_candidates}
