@@ -267,6 +267,8 @@ def class_lengths(log_dims: np.ndarray, axis_classes) -> np.ndarray:
     classes = np.asarray(axis_classes)
     per_axis = log_dims.mean(0)
     return np.exp(np.array([per_axis[classes == classes[a]].mean() for a in range(len(classes))]))
+
+
 #: Prior degrees of freedom of the overall scale ``lambda`` (module docstring): one
 #: pseudo-observation's worth of belief in the ML-II fit's own scale.
 SCALE_PRIOR_DOF = 1.0
@@ -663,8 +665,12 @@ class MemoryModel:
         ``P y = alpha``; so ``t_i = alpha_i / sqrt(s^2 P_ii)``, mapped to normal scores
         as in :meth:`scores`.  The hyperparameters are those fitted with ``i`` included.
         """
-        t = _loo_residuals(self._a) / math.sqrt(self._scale_var)
-        return normal_scores(t[~self._a["train_is_lower_bound"]], self._scale_dof)
+        a = self._a
+        chol_inv = a["chol_inv"]
+        g = chol_inv.T @ (a["whitened_basis"] @ a["chol_a_inv"].T)  # K^{-1} H^T L_A^{-T}
+        p_diag = (chol_inv * chol_inv).sum(0) - (g * g).sum(1)
+        t = a["alpha"] / np.sqrt(self._scale_var * np.maximum(p_diag, 1e-300))
+        return normal_scores(t[~a["train_is_lower_bound"]], self._scale_dof)
 
     def predict(self, shape, confidence: float = 0.99) -> tuple[float, float]:
         """``(mean_bytes, upper_bytes)`` of the peak of one run on a block of ``shape``."""
@@ -909,10 +915,12 @@ def fit(operator: str, shapes, peak_bytes, noise_var, lower_bound, *, halo=(0, 0
     reps = None if n_repeats is None else np.maximum(np.asarray(n_repeats, dtype=np.int64).reshape(-1), 1)
     if reps is not None and reps.shape[0] != n:
         raise ValueError("n_repeats must have one entry per shape")
-    multiple = _block_multiple(operator) if block_multiple is None else np.asarray(block_multiple, dtype=np.float64)
+    multiple = np.asarray(_declared(operator, "block_multiple", (1, 1, 1)) if block_multiple is None else block_multiple,
+                          dtype=np.float64)
     if multiple.shape != (3,) or np.any(multiple < 1):
         raise ValueError(f"block_multiple must be 3 positive ints, got {block_multiple}")
-    classes = _axis_classes(operator) if axis_classes is None else tuple(int(c) for c in axis_classes)
+    classes = tuple(int(c) for c in (_declared(operator, "axis_classes", (0, 1, 2)) if axis_classes is None
+                                     else axis_classes))
     exact = ~lb
     if not exact.any():
         raise ValueError(f"{operator}: every profile exceeded the cap; need at least one exact profile")
@@ -1022,22 +1030,15 @@ def _mean_prior_rows(basis: np.ndarray, mean: np.ndarray, sd: np.ndarray) -> tup
     return rows * math.sqrt(float(leverage.min())), b0
 
 
-def _axis_classes(operator: str) -> tuple[int, ...]:
+def _declared(operator: str, attribute: str, default):
+    """The registered operator's ``attribute`` (``block_multiple``, ``axis_classes``), or
+    ``default`` for a name the registry does not know (it claims nothing)."""
     import operators
 
     try:
-        return tuple(int(c) for c in operators.get(operator).axis_classes)
+        return getattr(operators.get(operator), attribute)
     except KeyError:
-        return (0, 1, 2)
-
-
-def _block_multiple(operator: str) -> np.ndarray:
-    import operators
-
-    try:
-        return np.asarray(operators.get(operator).block_multiple, dtype=np.float64)
-    except KeyError:
-        return np.ones(3)
+        return default
 
 
 def _fit_posterior(dims, y, fixed_var, is_lower_bound, *, rel_run_var, abs_var, noise_dof, multiple, prior=None,
@@ -1090,7 +1091,7 @@ def _fit_posterior(dims, y, fixed_var, is_lower_bound, *, rel_run_var, abs_var, 
     prior_precision = transform.T @ prior_precision_raw @ transform
     prior_mean = r_factor @ prior_mean_raw  # b_0 in the transformed basis: raw @ b_raw = (raw @ T) @ (T^-1 b_raw)
     offset_s = raw @ prior_mean_raw
-    log_kernel_dims = np.log(canonical_dims(effective_dims(dims, multiple), alike_groups(classes)))
+    log_kernel_dims = canonical_dims(log_dims, alike_groups(classes))  # log is monotone: sorted logs
     log_lo = log_kernel_dims.min(0)
     log_span = np.maximum(log_kernel_dims.max(0) - log_lo, math.log(2.0))
     scalars = {
@@ -1135,15 +1136,6 @@ def _fit_posterior(dims, y, fixed_var, is_lower_bound, *, rel_run_var, abs_var, 
         **posterior,
     }
     return arrays, {"restricted_log_likelihood": reml}
-
-
-def _loo_residuals(posterior) -> np.ndarray:
-    """Leave-one-out residuals at ``lambda = 1``, each over its own sd: ``alpha_i / sqrt(P_ii)``
-    (Dubrule 1983; ``P`` as in :meth:`MemoryModel.loo_scores`)."""
-    chol_inv = posterior["chol_inv"]
-    g = chol_inv.T @ (posterior["whitened_basis"] @ posterior["chol_a_inv"].T)  # K^{-1} H^T L_A^{-T}
-    p_diag = (chol_inv * chol_inv).sum(0) - (g * g).sum(1)
-    return posterior["alpha"] / np.sqrt(np.maximum(p_diag, 1e-300))
 
 
 def _posterior_arrays(dims, y_s, noise_var_s, features, amp_floor, hyper):
