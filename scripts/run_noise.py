@@ -1,0 +1,63 @@
+"""Where an operator's run-to-run noise comes from: every profile's repeats and the pooled
+relative noise the surrogate fitted on them.
+
+Explores ``OP`` from an empty runs directory first when it has no model there
+(``explore OP --probes 0 --seed SEED``), then prints, per profile, its runs, their spread in
+bytes and as a share of the peak, and the model's pooled relative run sd
+(``MemoryModel.hyperparameters["relative_run_sd"]``) and the max relative half-width of its
+99% bound that this noise alone would give (``t_nu(0.99) * relative_run_sd``).
+
+    python scripts/run_noise.py envelope [--runs-dir DIR] [--seed 0]
+
+Prints Markdown and the machine line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import machine_line  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("operator")
+    parser.add_argument("--runs-dir", default=None, type=Path, help="default runs/noise-<op>-<seed>")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    from explorer.paths import model_path
+    from explorer.stats import t_quantile
+    from explorer.store import SOURCE_PROFILE, Store
+    from explorer.surrogate import load_model
+
+    runs = args.runs_dir or Path("runs") / f"noise-{args.operator}-{args.seed}"
+    if not model_path(args.operator, runs).exists():
+        subprocess.run(["explore", args.operator, "--probes", "0", "--seed", str(args.seed), "--runs-dir", str(runs)],
+                       check=True, stdout=subprocess.DEVNULL)
+    print(f"`python scripts/run_noise.py {' '.join(sys.argv[1:])}` (runs directory {runs})\n")
+    print("| shape | runs (KiB) | spread (KiB) | spread / peak |")
+    print("|---|---|---|---|")
+    for r in Store(runs).records(args.operator, source=SOURCE_PROFILE):
+        if r.repeats and len(r.repeats) > 1:
+            runs_b = np.asarray(r.repeats, dtype=np.float64)
+            spread = float(np.ptp(runs_b))
+            print(f"| {'x'.join(map(str, r.shape))} | {', '.join(f'{v / 1024:.0f}' for v in runs_b)} | "
+                  f"{spread / 1024:.0f} | {spread / runs_b.mean():.2%} |")
+    model = load_model(args.operator, runs)
+    hyper = model.hyperparameters
+    rho = float(hyper["relative_run_sd"])
+    t = t_quantile(0.99, float(hyper["scale_dof"]))
+    print(f"\nPooled relative run sd {rho:.2%} (absolute term {hyper['abs_noise_sd_bytes'] / 1024:.0f} KiB, "
+          f"{hyper['run_noise_dof']:.0f} dof): this noise alone makes the 99% bound's relative half-width "
+          f"at least {t * rho:.1%} (t = {t:.2f}).")
+    print(f"\nMachine: {machine_line()}")
+
+
+if __name__ == "__main__":
+    main()
