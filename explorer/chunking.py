@@ -1211,14 +1211,19 @@ def plan_staged_chunks(
     member's task bound at ``1 - (1 - c) / S`` (Bonferroni over the ``S`` stage terms), so
     the largest holds with ``>= c``.  The time model charges every stage's own graph tasks
     and its task: with the member's learnt clock, what a task of it took in a worker
-    (``s_s(V_s) V_s``, its own input and output handling included); without, its profiled
-    speed ``b_s V_s``, and the run's reading and storing once (``io``, on the first stage's
-    block, as a fused plan charges it on its block).  The intermediates' halo slices that
-    come from another worker (a share ``(W - 1) / W`` of them) cost ``io`` per voxel::
+    (``s_s(V_s) V_s``, its own reading of the input and storing of its chunk included, so a
+    stage after the first, whose input and output stay in the workers, has that chunk's
+    ``io prod(c)`` taken off, as :func:`composed_clock` takes ``S - 1`` members' I/O off a
+    fused task); without, its profiled speed ``b_s V_s``, and the run's reading and storing
+    once (``io``, on the first stage's block, as a fused plan charges it on its block).  The
+    intermediates' halo slices that come from another worker (a share ``(W - 1) / W`` of
+    them) cost ``io`` per voxel::
 
         seconds = schedule_waves(n, C, sigma) * chunk_seconds
         chunk_seconds = sum_s ( o * graph_tasks_per_chunk(k, h_s) + task_s )
                       + io * (W - 1) / W * sum_{s on an intermediate} (V_s - prod(c))
+        task_s = s_s(V_s) V_s - [s after the first] io prod(c)     (learnt clock)
+               = b_s V_s + [s first] io V_s                         (profiled speed)
 
     ``sigma``: the largest of the stages' learnt spreads at their blocks (Graham's bound when
     a stage has none).  Candidates and ranking
@@ -1256,6 +1261,8 @@ def plan_staged_chunks(
         clock = stage.task_clock
         if clock is not None:
             chunk_seconds += clock.seconds_per_voxel_at(volumes) * volumes
+            if stage is not stages[0]:  # its input and output stay in the workers: no read, no store
+                chunk_seconds -= io_seconds_per_voxel * chunk_samples
         else:
             chunk_seconds += stage.seconds_per_voxel * volumes + (io_seconds_per_voxel * volumes
                                                                   if stage is stages[0] else 0.0)
