@@ -325,14 +325,6 @@ def student_t_quantiles(dof: float, confidences) -> np.ndarray:
     return values[index].reshape(c.shape)
 
 
-def _page_bytes() -> int:
-    """The kernel's page, the resolution of a resident-set high-water mark."""
-    try:
-        return int(os.sysconf("SC_PAGE_SIZE"))
-    except (AttributeError, ValueError, OSError):
-        return 4096
-
-
 def fit_within(mean_bytes, variances, n_tasks, deviations=()) -> WithinFit | None:
     """Maximum likelihood of ``sigma_w^2(m) = alpha^2 + beta^2 m^2`` from the groups' sample
     variances ``s_g^2`` (``n_g - 1`` degrees of freedom each, at their means ``m_g``):
@@ -340,33 +332,16 @@ def fit_within(mean_bytes, variances, n_tasks, deviations=()) -> WithinFit | Non
     ``alpha >= `` the kernel's page.  None when fewer than ``3`` degrees of freedom remain
     (``sum (n_g - 1) <= 2``): the between-group residual then carries the whole spread.
     ``deviations``: per group, its tasks' ``y_gi - ybar_g`` (for the conformal scores)."""
-    from scipy.optimize import minimize
+    from explorer.stats import fit_spread, page_bytes
 
     m = np.asarray(mean_bytes, dtype=np.float64).reshape(-1)
     s2 = np.asarray(variances, dtype=np.float64).reshape(-1)
     dof_g = np.asarray(n_tasks, dtype=np.float64).reshape(-1) - 1.0
     keep = (dof_g > 0) & np.isfinite(s2) & np.isfinite(m)
-    m, s2, dof_g = np.abs(m[keep]), np.maximum(s2[keep], 0.0), dof_g[keep]
-    dof = int(dof_g.sum()) - N_WITHIN_PARAMETERS
+    dof = int(dof_g[keep].sum()) - N_WITHIN_PARAMETERS
     if dof < 1:
         return None
-    floor = float(_page_bytes())
-    scale = float(max(m.max(), floor))
-
-    def unpack(theta):
-        return floor + math.exp(theta[0]) * scale, math.exp(theta[1])
-
-    def negative_log_likelihood(theta):
-        alpha, beta = unpack(theta)
-        var = (alpha / scale) ** 2 + (beta * m / scale) ** 2
-        return float(np.sum(dof_g * (np.log(var) + (s2 / scale**2) / var)))
-
-    pooled_relative = math.sqrt(max(float(np.sum(dof_g * s2 / np.maximum(m, floor) ** 2) / dof_g.sum()), 1e-12))
-    starts = ([math.log(1e-3), math.log(pooled_relative)], [math.log(pooled_relative), math.log(1e-4)])
-    best = min((minimize(negative_log_likelihood, np.array(x0), method="Nelder-Mead",
-                         options={"xatol": 1e-6, "fatol": 1e-9, "maxiter": 4000}) for x0 in starts),
-               key=lambda r: r.fun)
-    alpha, beta = unpack(best.x)
+    alpha, beta = fit_spread(m[keep], s2[keep], dof_g[keep], abs_floor=page_bytes())
     fit = WithinFit(alpha_bytes=float(alpha), beta=float(beta), dof=dof)
     scores = []
     for mean, deviation in zip(np.asarray(mean_bytes, dtype=np.float64).reshape(-1), deviations):

@@ -74,17 +74,23 @@ polynomial by a larger share of their peak than large ones do).  ``kappa`` is fi
 kernel (ML-II below) under a half-normal prior of sd 0.5 about 0.
 
 *Noise* (bytes^2).  A single profiling run at a shape whose peak is ``y`` has
-variance ``rho_run^2 y^2 + a^2``; ``a`` is an absolute term for allocator /
-page granularity and ``rho_run^2`` the relative variance pooled over all
-repeats with a weak conjugate prior (``nu_0 = 4`` pseudo-degrees of freedom at
-a typical 0.5 %), floored at ``rel_noise_floor^2``:
+variance ``rho_run^2 y^2 + a^2``: ``a`` an absolute term for the allocator's granularity
+(repeats differ by whole quanta whatever the block: 68 KiB on one machine here, 184-196 KiB
+on another, so it is learnt, never a constant) and ``rho_run`` a relative one.  Both are
+learnt from the repeats by maximum likelihood (``explorer.stats.fit_spread``), ``rho_run``
+with a weak prior (``nu_0 = 4`` pseudo-degrees of freedom at a typical 0.5 %), ``rho_run >=
+rel_noise_floor`` and ``a >=`` the kernel's page:
 
 .. math::
 
-    \rho_{run}^2 = \frac{\nu_0 s_0^2 + \sum_i (r_i - 1)\, r_i v_i / y_i^2}
-                        {\nu_0 + \sum_i (r_i - 1)},
+    \min_{a, \rho}\; \sum_i (r_i - 1)\Big(\log \sigma^2(y_i) + \frac{r_i v_i}{\sigma^2(y_i)}\Big)
+        + \nu_0 \Big(\log \rho^2 + \frac{s_0^2}{\rho^2}\Big),
+    \qquad \sigma^2(y) = \rho^2 y^2 + a^2,
     \qquad \nu = \nu_0 + \sum_i (r_i - 1)
 
+(with ``a = 0`` its minimum is the pooled ``(nu_0 s_0^2 + sum (r_i - 1) r_i v_i / y_i^2) /
+nu``: a quantum of a few hundred KiB then counted as a third of a tiny block's peak and
+widened every bound, envelope's to 33 % at 512 MiB),
 where ``y_i`` is the mean of ``r_i`` runs and ``v_i`` the variance of that
 mean (``s_i^2 / r_i``, so ``r_i v_i`` is the single-run sample variance).  The
 observation noise of training point ``i`` is
@@ -211,7 +217,6 @@ from explorer.stats import normal_scores, t_quantile
 
 __all__ = [
     "BASIS_NAMES",
-    "DEFAULT_ABS_NOISE_FLOOR_BYTES",
     "DEFAULT_REL_NOISE_FLOOR",
     "MeanPrior",
     "MemoryModel",
@@ -276,8 +281,6 @@ SCALE_PRIOR_DOF = 1.0
 DEFAULT_REL_NOISE_FLOOR = 0.002
 #: Weak prior of the pooled relative run noise: (typical relative sd, pseudo-degrees of freedom).
 _RUN_NOISE_PRIOR = (0.005, 4.0)
-#: Default absolute noise floor of a single run: allocator and page granularity (64 KiB).
-DEFAULT_ABS_NOISE_FLOOR_BYTES = 64 * 1024
 #: Bumped when the saved layout changes.
 FORMAT_VERSION = 4
 #: Older formats this code still reads: 3 lacks ``basis_map`` and ``axis_classes`` (every axis its own).
@@ -852,26 +855,29 @@ def load_model(operator: str, runs_dir=None) -> MemoryModel:
 # --------------------------------------------------------------------------------------
 
 
-def _pooled_relative_run_var(y, single_run_var, n_repeats) -> tuple[float, float]:
-    """Relative variance of one run and its degrees of freedom (see the module docstring).
+def run_noise(y, single_run_var, n_repeats, *, rel_floor: float, abs_floor: float | None = None
+              ) -> tuple[float, float, float]:
+    """``(rho_run^2, a^2, nu)``: a single run's relative and absolute noise variances and the
+    degrees of freedom of the repeats (see the module docstring), by maximum likelihood
+    (``explorer.stats.fit_spread``, the weak prior of :data:`_RUN_NOISE_PRIOR`, ``rho_run >=
+    rel_floor``, ``a >=`` the kernel's page).  ``single_run_var``: each point's single-run
+    sample variance (``r v``); without repeat counts every ``s^2 > 0`` is one dof."""
+    from explorer.stats import fit_spread, page_bytes
 
-    ``(nu_0 s_0^2 + sum (r - 1) s^2 / y^2) / (nu_0 + sum (r - 1))`` with ``s^2`` the
-    single-run sample variances; without repeat counts every ``s^2 > 0`` is one dof.
-    """
-    rel = single_run_var / (y * y)
+    single_run_var = np.asarray(single_run_var, dtype=np.float64)
     if n_repeats is None:
         dof = (single_run_var > 0).astype(np.float64)
     else:
-        dof = np.maximum(n_repeats - 1, 0).astype(np.float64)
-    typical_sd, prior_dof = _RUN_NOISE_PRIOR
-    total_dof = prior_dof + float(dof.sum())
-    return (prior_dof * typical_sd**2 + float((dof * rel).sum())) / total_dof, total_dof
+        dof = np.maximum(np.asarray(n_repeats) - 1, 0).astype(np.float64)
+    a, rho = fit_spread(y, single_run_var, dof, abs_floor=page_bytes() if abs_floor is None else abs_floor,
+                        rel_floor=rel_floor, rel_prior=_RUN_NOISE_PRIOR)
+    return rho * rho, a * a, _RUN_NOISE_PRIOR[1] + float(dof.sum())
 
 
 def fit(operator: str, shapes, peak_bytes, noise_var, lower_bound, *, halo=(0, 0, 0), n_repeats=None,
         block_multiple=None, axis_classes=None, prior: MeanPrior | None = None,
         rel_noise_floor: float = DEFAULT_REL_NOISE_FLOOR,
-        abs_noise_floor_bytes: float = DEFAULT_ABS_NOISE_FLOOR_BYTES) -> MemoryModel:
+        abs_noise_floor_bytes: float | None = None) -> MemoryModel:
     """Fit the surrogate of ``operator`` to its profiles (see the module docstring).
 
     Args:
@@ -895,8 +901,9 @@ def fit(operator: str, shapes, peak_bytes, noise_var, lower_bound, *, halo=(0, 0
             value counts as one run and each nonzero ``noise_var`` as one degree of
             freedom (the single-run noise is then underestimated by up to ``r``,
             which the noise prior dampens).
-        rel_noise_floor, abs_noise_floor_bytes: the single-run noise floor
-            ``sd = sqrt((rel * y)^2 + abs^2)``.
+        rel_noise_floor, abs_noise_floor_bytes: the floors of the single-run noise
+            ``sd = sqrt((rho y)^2 + a^2)``, whose ``rho`` and ``a`` are learnt from the repeats
+            (:func:`run_noise`); ``abs_noise_floor_bytes`` None: the kernel's page.
         prior: what another model says of the peak (:class:`MeanPrior`): the mean basis
             then has the informative prior ``N(b_0, B)`` instead of the flat / vague one,
             and one exact profile is enough to fit.
@@ -926,10 +933,8 @@ def fit(operator: str, shapes, peak_bytes, noise_var, lower_bound, *, halo=(0, 0
         raise ValueError(f"{operator}: every profile exceeded the cap; need at least one exact profile")
 
     r_eff = np.ones(n) if reps is None else reps.astype(np.float64)
-    rel_run_var, noise_dof = _pooled_relative_run_var(
-        y[exact], r_eff[exact] * v[exact], None if reps is None else reps[exact])
-    rel_run_var = max(rel_run_var, rel_noise_floor**2)
-    abs_var = float(abs_noise_floor_bytes) ** 2
+    rel_run_var, abs_var, noise_dof = run_noise(y[exact], r_eff[exact] * v[exact], None if reps is None else reps[exact],
+                                                rel_floor=rel_noise_floor, abs_floor=abs_noise_floor_bytes)
     # Fixed part of each observation's noise variance (the nugget is added in the fit).
     fixed_var = np.maximum(v, (rel_run_var * y * y + abs_var) / r_eff)
 

@@ -409,3 +409,22 @@ def test_a_model_saved_before_axis_classes_loads_untied(tmp_path):
     held = log_uniform_shapes(np.random.default_rng(9), 40, 8, 400)
     for a, b in zip(untied.predict_many(held), old.predict_many(held)):
         np.testing.assert_array_equal(a, b)
+
+
+def test_run_noise_quantised_like_an_allocator_is_learnt_as_an_absolute_term():
+    """Profiles whose two runs differ by 0 or one 184 KiB quantum (what this machine's
+    allocator does, whatever the block): the model learns an absolute run noise near the
+    quantum and a small relative one, so its bound on large blocks stays tight.  With a
+    relative-only noise the quantum would be up to a third of the smallest blocks' peaks."""
+    rng = np.random.default_rng(3)
+    shapes = space_filling_shapes(24, lo=8, hi=200, seed=3)
+    truth = gst_like_truth(shapes, constant=0.05 * MiB)
+    steps = 184 * 1024 * rng.integers(0, 2, len(shapes))
+    runs = np.stack([truth, truth + steps], axis=1)
+    model = fit("gst3d", shapes, runs.mean(axis=1), runs.var(axis=1, ddof=1) / 2, np.zeros(len(shapes), bool),
+                halo=HALO, n_repeats=np.full(len(shapes), 2))
+    h = model.hyperparameters
+    assert 50 * 1024 < h["abs_noise_sd_bytes"] < 184 * 1024 and h["relative_run_sd"] < 0.004
+    big = np.array([[180, 190, 170]])
+    mean, upper = model.predict_many(big, 0.99)
+    assert upper[0] / mean[0] - 1 < 0.03 and upper[0] >= gst_like_truth(big, constant=0.05 * MiB)[0]
