@@ -90,18 +90,20 @@ negative slope or intercept): what a task costs per voxel at the margin, shown t
 
 The planner's time model takes a task's whole cost at each block volume instead
 (:func:`fit_clock`, an ``explorer.chunking.TaskClock``): per observed volume ``V`` the
-median of ``(task_seconds + other) / V`` over its tasks, so a task's fixed costs stay
-with the small blocks that pay them and a large block that runs slower per voxel
-(caches, fresh pages) is charged what it costs; and per volume the median coefficient
-of variation ``sigma`` of the seconds of groups of >= 3 equal tasks (one run, one shape),
-the spread list scheduling of near-equal tasks pays in its last wave
-(``explorer.chunking.schedule_waves``).  From each run's wall time ``W``
-(``source="run"`` records) the same time model is solved for the overhead per graph
-task, at the run's mean task volume ``V``::
+tasks' total ``task_seconds + other`` over their total voxels (the other tasks' seconds go
+to whichever operator task reports next: only their sum is the tasks' cost), so a task's
+fixed costs stay with the small blocks that pay them and a large block that runs slower per
+voxel (caches, fresh pages) is charged what it costs; and per volume the median coefficient
+of variation ``sigma`` of the tasks' own ``task_seconds`` in groups of >= 3 equal tasks (one
+run, one shape), the spread list scheduling of near-equal tasks pays in its last wave
+(``explorer.chunking.schedule_waves``).  From the runs' wall times ``W`` (``source="run"``
+records) the same time model is solved for a run's fixed seconds ``F`` and the overhead per
+graph task ``g``, at each run's mean task volume ``V`` (:func:`fit_run_overheads`)::
 
-    g_run = (W / schedule_waves(n, C, sigma(V)) - s(V) V) / tasks_per_chunk
+    W - waves(n, C, sigma(V)) s(V) V = F + g * waves(n, C, sigma(V)) * tasks_per_chunk
 
-``graph_task_seconds`` is the median of ``g_run`` (clipped at 0) over the runs.  These
+by least squares (``F, g >= 0``) once the runs' graph tasks per slot differ enough to tell
+the two apart (the probes make sure they do), else ``F = 0``.  These
 replace ``explorer.chunking``'s defaults once a probe or a production run has taught them.
 """
 
@@ -135,6 +137,7 @@ __all__ = [
     "environment_digest",
     "fit_excess",
     "fit_clock",
+    "fit_run_overheads",
     "fit_timing",
     "fit_within",
     "load_calibration",
@@ -429,6 +432,8 @@ class TimingFit:
     n_runs: int
     #: The planner's time per task at each observed block volume, and equal tasks' spread.
     clock: TaskClock | None = None
+    #: A run's fixed seconds apart from its tasks and their graph overhead (:func:`fit_run_overheads`).
+    run_fixed_seconds: float | None = None
 
     @property
     def seconds_per_voxel(self) -> float | None:
@@ -452,16 +457,26 @@ def _slope_through(volume: np.ndarray, seconds: np.ndarray) -> tuple[float, floa
 
 
 def fit_clock(rows) -> TaskClock | None:
-    """The :class:`~explorer.chunking.TaskClock` of in-worker tasks ``(run, shape, seconds)``
-    (module docstring): per block volume the median seconds per voxel over its tasks, and
-    the median over its groups of three or more equal tasks (one run, one shape) of their
-    seconds' coefficient of variation."""
-    by_volume: dict[int, list[float]] = {}
+    """The :class:`~explorer.chunking.TaskClock` of in-worker tasks ``(run, shape, seconds,
+    own_seconds)`` (module docstring): ``seconds`` what the worker spent for the task (its own
+    seconds and the other tasks' since its previous report), ``own_seconds`` the task's own.
+
+    Per block volume the seconds per voxel are the tasks' total over their voxels: the other
+    tasks' seconds (reads, overlap slices) go to whichever operator task reports next, often
+    the first of a run on each worker, so only their sum means anything (a median per task
+    left most of the reading out: gaussian(sigma=1),semblance,gaussian's 195^3 probes, 0.50 s
+    against a mean of 0.65 s).  The spread is, per volume, the median over groups of three or
+    more equal tasks (one run, one shape) of the coefficient of variation of the tasks' *own*
+    seconds, for the same reason (with the reads attributed, 0.42-0.84; without, 0.06-0.45)."""
+    own_by_volume: dict[int, list[float]] = {}
+    other_by_volume: dict[int, list[float]] = {}
     groups: dict[tuple, list[float]] = {}
-    for run, shape, seconds in rows:
+    for run, shape, seconds, own in rows:
         volume = math.prod(shape)
-        by_volume.setdefault(volume, []).append(seconds / volume)
-        groups.setdefault((run, tuple(shape)), []).append(seconds)
+        own_by_volume.setdefault(volume, []).append(own / volume)
+        other_by_volume.setdefault(volume, []).append((seconds - own) / volume)
+        groups.setdefault((run, tuple(shape)), []).append(own)
+    by_volume = own_by_volume
     if not by_volume:
         return None
     spread_by_volume: dict[int, list[float]] = {}
@@ -472,7 +487,8 @@ def fit_clock(rows) -> TaskClock | None:
     volumes = sorted(by_volume)
     spread_volumes = sorted(spread_by_volume)
     return TaskClock(volumes=tuple(float(v) for v in volumes),
-                     seconds_per_voxel=tuple(float(np.median(by_volume[v])) for v in volumes),
+                     seconds_per_voxel=tuple(float(np.median(own_by_volume[v]) + np.mean(other_by_volume[v]))
+                                             for v in volumes),
                      spread_volumes=tuple(float(v) for v in spread_volumes),
                      spreads=tuple(float(np.median(spread_by_volume[v])) for v in spread_volumes))
 
@@ -495,7 +511,8 @@ def fit_timing(records, environment: str | None = None) -> TimingFit:
         other = float(c.get("other_seconds") or 0.0)
         rows.append((float(math.prod(r.shape)), float(inside), max(0.0, float(task) - float(inside)) + other))
         runs.append(str(c.get("run", "")))
-        clocked.append((runs[-1], tuple(r.shape), max(float(task), float(inside)) + other))
+        own = max(float(task), float(inside))
+        clocked.append((runs[-1], tuple(r.shape), own + other, own))
     if not rows:
         return TimingFit(None, None, None, 0, 0)
     volume, inside, around = (np.asarray(col) for col in zip(*rows))
@@ -505,7 +522,7 @@ def fit_timing(records, environment: str | None = None) -> TimingFit:
     per_run_volume: dict[str, list[float]] = {}
     for run, v in zip(runs, volume):
         per_run_volume.setdefault(run, []).append(float(v))
-    overheads = []
+    walls = []
     for r in records:
         if r.source != RUN_SOURCE or r.status != "ok":
             continue
@@ -516,17 +533,50 @@ def fit_timing(records, environment: str | None = None) -> TimingFit:
             continue
         mean_volume = float(np.mean(volumes))
         waves = float(schedule_waves(c["n_tasks"], c["slots"], clock.spread_at(mean_volume)))
-        g = (float(c["seconds"]) / waves - float(clock.seconds_per_voxel_at(mean_volume)) * mean_volume) \
-            / float(c["tasks_per_chunk"])
-        overheads.append(max(0.0, g))
+        walls.append((float(c["seconds"]), waves * float(c["tasks_per_chunk"]),
+                      waves * float(clock.seconds_per_voxel_at(mean_volume)) * mean_volume))
+    fixed, per_graph_task = fit_run_overheads(walls)
     return TimingFit(
         operator_seconds_per_voxel=operator_slope,
         io_seconds_per_voxel=io_slope,
-        graph_task_seconds=float(np.median(overheads)) if overheads else None,
+        graph_task_seconds=per_graph_task,
         n_tasks=len(rows),
-        n_runs=len(overheads),
+        n_runs=len(walls),
         clock=clock,
+        run_fixed_seconds=fixed,
     )
+
+
+#: Runs identify a fixed cost apart from the overhead per graph task only when their graph
+#: tasks per slot (``waves x tasks_per_chunk``) differ by at least this factor.
+RUN_OVERHEAD_SPREAD = 1.5
+
+
+def fit_run_overheads(walls) -> tuple[float | None, float | None]:
+    """``(F, g)``: a run's fixed seconds and the seconds per graph task, from runs' wall times
+    ``(W, x, c)`` with ``x = waves * tasks_per_chunk`` (graph tasks on the busiest slot) and
+    ``c = waves * s(V) V`` (its tasks' work, from the clock)::
+
+        W - c = F + g x
+
+    by least squares with ``F, g >= 0`` when the runs' ``x`` differ by
+    :data:`RUN_OVERHEAD_SPREAD` or more (the probes run their smallest block on a finer grid
+    for this: ``explorer.probes``).  Otherwise ``F`` is not identified apart from ``g``: ``F =
+    0`` and ``g`` the median of ``(W - c) / x``, which charges a run's fixed seconds (submitting
+    the graph, gathering the result, starting and stopping the observation) to its graph tasks:
+    a plan with more waves is then charged them again.  ``(None, None)`` without a run."""
+    if not walls:
+        return None, None
+    wall, x, work = (np.asarray(col, dtype=np.float64) for col in zip(*walls))
+    y = wall - work
+    if len(x) < 2 or x.max() < RUN_OVERHEAD_SPREAD * x.min():
+        return 0.0, float(np.median(np.maximum(0.0, y / x)))
+    g, fixed = np.polyfit(x, y, 1)
+    if g < 0:
+        return float(max(0.0, np.median(y))), 0.0
+    if fixed < 0:
+        return 0.0, float(max(0.0, (x * y).sum() / (x * x).sum()))
+    return float(fixed), float(g)
 
 
 # --------------------------------------------------------------------------- the calibration
@@ -592,7 +642,7 @@ class WorkerCalibration:
                 raise ValueError("the within-group fit is malformed")
         t = data["timing"]
         timing = TimingFit(**{k: t.get(k) for k in ("operator_seconds_per_voxel", "io_seconds_per_voxel",
-                                                    "graph_task_seconds")},
+                                                    "graph_task_seconds", "run_fixed_seconds")},
                            n_tasks=int(t.get("n_tasks") or 0), n_runs=int(t.get("n_runs") or 0),
                            clock=TaskClock.from_dict(t["clock"]) if t.get("clock") else None)
         return cls(operator=str(data["operator"]), excess=excess, timing=timing, n_groups=int(data["n_groups"]),
@@ -766,6 +816,12 @@ class TaskModel:
     @property
     def graph_task_seconds(self) -> float | None:
         return None if self.calibration is None else self.calibration.timing.graph_task_seconds
+
+    @property
+    def run_fixed_seconds(self) -> float:
+        """A run's fixed seconds (:func:`fit_run_overheads`; 0 when not learnt)."""
+        fixed = None if self.calibration is None else self.calibration.timing.run_fixed_seconds
+        return float(fixed or 0.0)
 
     @property
     def task_clock(self) -> TaskClock | None:

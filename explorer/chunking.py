@@ -124,12 +124,16 @@ __all__ = [
     "plan_fits",
     "plan_staged_chunks",
     "plan_seconds",
+    "makespan_seconds",
     "rank_candidates",
     "replan",
     "schedule_waves",
     "expected_max_normal",
     "TaskClock",
     "composed_clock",
+    "chunk_grid",
+    "fused_seconds",
+    "staged_seconds",
     "neighbour_chunks_held",
     "run_seconds_per_voxel",
     "graph_tasks_per_chunk",
@@ -430,10 +434,12 @@ def plan_seconds(
     seconds_per_voxel=DEFAULT_SECONDS_PER_VOXEL,
     graph_task_seconds: float = DEFAULT_GRAPH_TASK_SECONDS,
     spread=None,
+    fixed_seconds: float = 0.0,
+    units: int = 1,
 ):
     """Predicted wall time of ``n_tasks`` chunks' work on blocks of ``block_samples`` voxels::
 
-        seconds = schedule_waves(n, C, spread) * chunk_seconds
+        seconds = fixed_seconds + schedule_waves(n, C, spread, units) * chunk_seconds
         chunk_seconds = graph_task_seconds * tasks_per_chunk + seconds_per_voxel * prod(b)
 
     on ``C = slots`` workers x threads (Dask hands ready tasks to free slots: greedy list
@@ -447,13 +453,26 @@ def plan_seconds(
     task's fixed costs weigh on small blocks, and caches and fresh pages on large ones,
     which :meth:`TaskClock.seconds_per_voxel_at` follows from the clocks.
     ``tasks_per_chunk``: :func:`graph_tasks_per_chunk`.  Scalars or arrays (broadcast).
+    ``fixed_seconds``: what a run costs whatever its chunks (submitting the graph, gathering
+    the result; learnt: ``explorer.calibration.fit_run_overheads``), the same for every
+    chunking of one run, so it ranks nothing and only makes the figure a run's.  ``units``: a
+    chunk's graph tasks the scheduler hands out one by one (a staged pipeline's stages:
+    :func:`schedule_waves`).
     """
     seconds_per_voxel = np.asarray(seconds_per_voxel, dtype=np.float64)
     if (seconds_per_voxel < 0).any() or graph_task_seconds < 0:
         raise ValueError("seconds_per_voxel and graph_task_seconds must be non-negative")
     chunk_seconds = (graph_task_seconds * np.asarray(tasks_per_chunk, dtype=np.float64)
                      + seconds_per_voxel * np.asarray(block_samples, dtype=np.float64))
-    return schedule_waves(n_tasks, slots, spread) * chunk_seconds
+    return makespan_seconds(n_tasks, slots, chunk_seconds, spread=spread, fixed_seconds=fixed_seconds, units=units)
+
+
+def makespan_seconds(n_tasks, slots: int, chunk_seconds, *, spread=None, fixed_seconds: float = 0.0, units: int = 1):
+    """A run's seconds, written once: ``fixed_seconds + schedule_waves(n, C, spread, units) *
+    chunk_seconds`` (:func:`plan_seconds`; a staged plan's ``chunk_seconds`` sums its stages')."""
+    if fixed_seconds < 0:
+        raise ValueError("fixed_seconds must be non-negative")
+    return fixed_seconds + schedule_waves(n_tasks, slots, spread, units) * np.asarray(chunk_seconds, dtype=np.float64)
 
 
 @functools.lru_cache(maxsize=64)
@@ -471,7 +490,7 @@ def expected_max_normal(m: int) -> float:
     return float(np.sum(integrand) * (z[1] - z[0]))
 
 
-def schedule_waves(n_tasks, slots: int, spread=None):
+def schedule_waves(n_tasks, slots: int, spread=None, units: int = 1):
     """The makespan of greedy list scheduling of ``n`` tasks on ``C`` slots, in units of one
     task's (mean) time (:func:`plan_seconds`).
 
@@ -486,20 +505,36 @@ def schedule_waves(n_tasks, slots: int, spread=None):
     last wave is partial its tasks go to the slots that finished first, so the makespan
     is a little shorter than this (within its spread term of ``k``): the formula charges
     a partial wave as a full one.
+
+    ``units`` ``u > 1``: each task is ``u`` near-equal graph tasks run one after another, each
+    of which the scheduler may hand to any free slot (a staged pipeline's chunk: one task per
+    stage, :func:`plan_staged_chunks`).  The scheduler then balances units, not whole tasks:
+    ``k = ceil(n u / C)`` waves of units (spread ``sigma`` each), in task times ``k / u``, and
+    never less than the one task's own chain (``>= 1``); without a spread, Graham's bound for
+    a graph holds unchanged (its critical path is the one task's chain)::
+
+        max(1, (k + sigma * sqrt(k) * E[max of min(n u, C) standard normals]) / u)
+
+    (9 staged chunks of 2 stages on 2 slots: 4.5 task times, not 5; measured balanced in
+    ``scripts/bench_pipeline_runs.py``'s task streams).  ``units=1`` is the formula above.
     """
-    slots = int(slots)
+    slots, units = int(slots), int(units)
     if slots < 1:
         raise ValueError(f"slots must be >= 1, got {slots}")
+    if units < 1:
+        raise ValueError(f"units must be >= 1, got {units}")
     n = np.asarray(n_tasks, dtype=np.float64)
     if spread is None:
         return n / slots + 1.0 - 1.0 / slots
     spread = np.asarray(spread, dtype=np.float64)
     if (spread < 0).any():
         raise ValueError("spread must be non-negative")
-    waves = np.ceil(n / slots)
+    pieces = n * units
+    waves = np.ceil(pieces / slots)
     table = np.array([expected_max_normal(m) for m in range(1, slots + 1)])
-    running = np.clip(n, 1, slots).astype(np.int64)
-    return waves + spread * np.sqrt(waves) * table[running - 1]
+    running = np.clip(pieces, 1, slots).astype(np.int64)
+    makespan = waves + spread * np.sqrt(waves) * table[running - 1]
+    return makespan if units == 1 else np.maximum(1.0, makespan / units)
 
 
 @dataclass(frozen=True)
@@ -576,6 +611,90 @@ def composed_clock(clocks, shared_seconds_per_voxel: float = 0.0) -> TaskClock:
                      spread_volumes=spread_volumes, spreads=spreads)
 
 
+def _fused_seconds(shape, halo, axis_chunks, grid, blocks, n_tasks, *, slots: int, seconds_per_voxel,
+                   graph_task_seconds: float, task_clock: TaskClock | None = None,
+                   run_fixed_seconds: float = 0.0) -> np.ndarray:
+    """:func:`plan_seconds` of one task per block (an operator's plan, a pipeline's fused one) for
+    candidates on a sub-grid of per-axis chunk lengths (:class:`Candidates`): with the learnt
+    ``task_clock`` its seconds per voxel and spread at each block's volume, else the given
+    ``seconds_per_voxel`` and Graham's bound."""
+    volumes = _samples(blocks)
+    spread = None
+    if task_clock is not None:
+        seconds_per_voxel, spread = task_clock.seconds_per_voxel_at(volumes), task_clock.spread_at(volumes)
+    return plan_seconds(n_tasks, volumes, slots, tasks_per_chunk=_grid_graph_tasks(shape, halo, axis_chunks, grid),
+                        seconds_per_voxel=seconds_per_voxel, graph_task_seconds=graph_task_seconds, spread=spread,
+                        fixed_seconds=run_fixed_seconds)
+
+
+def _staged_seconds(shape, stages, axis_chunks, grid, chunk_samples, n_tasks, *, workers: int, slots: int,
+                    graph_task_seconds: float, io_seconds_per_voxel: float,
+                    run_fixed_seconds: float = 0.0) -> tuple[list, np.ndarray]:
+    """``(blocks per stage, seconds)``: :func:`plan_staged_chunks`'s time model (its docstring)
+    for candidates on a sub-grid of per-axis chunk lengths."""
+    ndim = len(shape)
+    blocks, chunk_seconds, spreads = [], np.zeros(len(chunk_samples)), []  # the stages' graph tasks and work
+    for stage in stages:
+        b = np.stack([axis_blocks(shape[a], axis_chunks[a], int(stage.halo[a]))[grid[a]] for a in range(ndim)],
+                     axis=1)  # per axis, then gathered: the candidates are a sub-grid of the axes' lengths
+        blocks.append(b)
+        volumes = _samples(b).astype(np.float64)
+        chunk_seconds += graph_task_seconds * _grid_graph_tasks(shape, stage.halo, axis_chunks, grid)
+        clock = stage.task_clock
+        if clock is not None:
+            chunk_seconds += clock.seconds_per_voxel_at(volumes) * volumes
+            if stage is not stages[0]:  # its input and output stay in the workers: no read, no store
+                chunk_seconds -= io_seconds_per_voxel * chunk_samples
+        else:
+            chunk_seconds += stage.seconds_per_voxel * volumes + (io_seconds_per_voxel * volumes
+                                                                  if stage is stages[0] else 0.0)
+        spreads.append(None if clock is None else clock.spread_at(volumes))
+        if stage.group > 0:
+            chunk_seconds += io_seconds_per_voxel * (workers - 1) / workers * (volumes - chunk_samples)
+    spread = None if any(x is None for x in spreads) else np.max(spreads, axis=0)
+    return blocks, makespan_seconds(n_tasks, slots, chunk_seconds, spread=spread, fixed_seconds=run_fixed_seconds,
+                                    units=len(stages))
+
+
+def chunk_grid(shape, chunks) -> tuple[list, tuple, np.ndarray, np.ndarray]:
+    """Given chunk shapes ``(m, ndim)`` as candidates on a sub-grid: ``(axis_chunks, grid,
+    n_tasks, chunk_samples)`` (each axis's distinct lengths, each row's index into them)."""
+    chunks = np.atleast_2d(np.asarray(chunks, dtype=np.int64))
+    if chunks.shape[1] != len(shape) or (chunks < 1).any():
+        raise ValueError(f"chunks must be rows of {len(shape)} positive lengths, got {chunks.tolist()}")
+    chunks = np.minimum(chunks, np.asarray(shape, dtype=np.int64))
+    axis_chunks, grid = [], []
+    for a in range(len(shape)):
+        lengths, index = np.unique(chunks[:, a], return_inverse=True)
+        axis_chunks.append(lengths)
+        grid.append(index.ravel())
+    n_tasks = row_product(-(-np.asarray(shape, dtype=np.int64) // chunks))
+    return axis_chunks, tuple(grid), n_tasks, _samples(chunks)
+
+
+def fused_seconds(shape, halo, chunks, *, slots: int, seconds_per_voxel=DEFAULT_SECONDS_PER_VOXEL,
+                  graph_task_seconds: float = DEFAULT_GRAPH_TASK_SECONDS,
+                  task_clock: TaskClock | None = None, run_fixed_seconds: float = 0.0) -> np.ndarray:
+    """The time model of :func:`plan_chunks` at given chunk shapes ``(m, ndim)`` (one task per
+    block): what it predicts for a chunking it did not choose."""
+    axis_chunks, grid, n_tasks, _ = chunk_grid(shape, chunks)
+    blocks = np.stack([axis_blocks(shape[a], axis_chunks[a], int(halo[a]))[grid[a]] for a in range(len(shape))],
+                      axis=1)
+    return _fused_seconds(tuple(shape), halo, axis_chunks, grid, blocks, n_tasks, slots=slots,
+                          seconds_per_voxel=seconds_per_voxel, graph_task_seconds=graph_task_seconds,
+                          task_clock=task_clock, run_fixed_seconds=run_fixed_seconds)
+
+
+def staged_seconds(shape, stages, chunks, *, workers: int, slots: int,
+                   graph_task_seconds: float = DEFAULT_GRAPH_TASK_SECONDS,
+                   io_seconds_per_voxel: float = RUN_IO_SECONDS_PER_VOXEL, run_fixed_seconds: float = 0.0) -> np.ndarray:
+    """The time model of :func:`plan_staged_chunks` at given chunk shapes ``(m, ndim)``."""
+    axis_chunks, grid, n_tasks, chunk_samples = chunk_grid(shape, chunks)
+    return _staged_seconds(tuple(shape), stages, axis_chunks, grid, chunk_samples, n_tasks, workers=int(workers),
+                           slots=int(slots), graph_task_seconds=graph_task_seconds,
+                           io_seconds_per_voxel=io_seconds_per_voxel, run_fixed_seconds=run_fixed_seconds)[1]
+
+
 # --------------------------------------------------------------------------- the plan
 
 
@@ -628,6 +747,8 @@ class ChunkPlan:
     min_chunk: int = DEFAULT_MIN_CHUNK
     #: The time model's seconds of overhead per Dask graph task.
     graph_task_seconds: float = DEFAULT_GRAPH_TASK_SECONDS
+    #: A run's fixed seconds in ``predicted_seconds`` (:func:`plan_seconds`).
+    run_fixed_seconds: float = 0.0
     #: What the bound does not know, one line each (a stale model, no in-worker calibration).
     warnings: tuple[str, ...] = ()
     #: Where ``footprint.baseline_bytes`` came from: ``"cluster"`` (measured on the workers
@@ -688,6 +809,7 @@ class ChunkPlan:
             "baseline_source": self.baseline_source,
             "block_multiple": None if self.block_multiple is None else list(self.block_multiple),
             "graph_task_seconds": self.graph_task_seconds,
+            "run_fixed_seconds": self.run_fixed_seconds,
             "branch_order": list(self.branch_order),
             "strategy": self.strategy,
             "stages": [dict(stage) for stage in self.stages],
@@ -812,16 +934,23 @@ class Candidates:
 
 def chunk_candidates(shape, halo, whole, *, footprint, budget: int, min_chunk: int, workers: int, slots: int,
                      seconds_per_voxel: float, graph_task_seconds: float, block_multiple=None,
-                     task_clock: TaskClock | None = None) -> Candidates:
+                     task_clock: TaskClock | None = None, run_fixed_seconds: float = 0.0,
+                     chunks=None) -> Candidates:
     """The candidate chunkings (module docstring): the Cartesian product of per-axis chunk
     lengths, less those whose footprint with ``peak = 0`` already exceeds ``budget`` (the
-    smallest is kept so that a failure can report it); their time model is evaluated."""
+    smallest is kept so that a failure can report it); their time model is evaluated.
+    ``chunks``: one chunk shape, the only candidate (a whole axis whole, none longer than the
+    volume): the plan of a chunking chosen elsewhere."""
     ndim = len(shape)
     n_free = max(1, ndim - len(whole))
     cap = max(4, int(MAX_CANDIDATES ** (1.0 / n_free) + 1e-9))
     multiple = (1,) * ndim if block_multiple is None else tuple(int(m) for m in block_multiple)
-    axis_chunks = [axis_chunk_candidates(shape[i], halo[i], i in whole, min_chunk, cap, multiple[i])
-                   for i in range(ndim)]
+    if chunks is None:
+        axis_chunks = [axis_chunk_candidates(shape[i], halo[i], i in whole, min_chunk, cap, multiple[i])
+                       for i in range(ndim)]
+    else:
+        axis_chunks = [np.array([shape[i] if i in whole else min(int(chunks[i]), shape[i])], dtype=np.int64)
+                       for i in range(ndim)]
     axis_block = [axis_blocks(shape[i], c, halo[i]) for i, c in enumerate(axis_chunks)]
     axis_counts = [-(-shape[i] // c) for i, c in enumerate(axis_chunks)]
     block_samples = functools.reduce(np.multiply.outer, axis_block).ravel()
@@ -835,14 +964,9 @@ def chunk_candidates(shape, halo, whole, *, footprint, budget: int, min_chunk: i
     chunks = np.stack([c[g] for c, g in zip(axis_chunks, grid)], axis=1)
     blocks = np.stack([b[g] for b, g in zip(axis_block, grid)], axis=1)
     counts = -(-np.asarray(shape) // chunks)
-    volumes = _samples(blocks)
-    spread = None
-    if task_clock is not None:
-        seconds_per_voxel, spread = task_clock.seconds_per_voxel_at(volumes), task_clock.spread_at(volumes)
-    seconds = plan_seconds(n_tasks[keep], volumes, slots,
-                           tasks_per_chunk=_grid_graph_tasks(shape, halo, axis_chunks, grid),
-                           seconds_per_voxel=seconds_per_voxel, graph_task_seconds=graph_task_seconds,
-                           spread=spread)
+    seconds = _fused_seconds(shape, halo, axis_chunks, grid, blocks, n_tasks[keep], slots=slots,
+                             seconds_per_voxel=seconds_per_voxel, graph_task_seconds=graph_task_seconds,
+                             task_clock=task_clock, run_fixed_seconds=run_fixed_seconds)
     return Candidates(axis_chunks=axis_chunks, grid=grid, chunks=chunks, blocks=blocks, n_tasks=n_tasks[keep],
                       neighbours=neighbour_chunks_held(counts, halo, workers), seconds=seconds)
 
@@ -952,6 +1076,8 @@ def plan_chunks(
     baseline_source: str = "given",
     block_multiple=None,
     task_clock: TaskClock | None = None,
+    run_fixed_seconds: float = 0.0,
+    chunks=None,
 ) -> ChunkPlan:
     """The fastest chunks whose upper worker footprint fits (module docstring):
     :func:`chunk_candidates`, :func:`evaluate_candidates`, :func:`rank_candidates`.
@@ -970,6 +1096,8 @@ def plan_chunks(
     ``worker_footprint(b, upper).total <= pause_fraction * limit_bytes``.  Raises
     :class:`ChunkPlanError` when none does, saying so when the baseline alone leaves no
     room.  ``warnings`` (one line each) and ``baseline_source`` are carried on the plan.
+    ``chunks``: plan only that chunk shape (its bound and time; :class:`ChunkPlanError` when
+    its bound does not fit).
     """
     shape, halo, whole, limit_bytes, threads = _checked_plan_arguments(
         shape, halo, whole_axes, limit_bytes, pause_fraction=pause_fraction, confidence=confidence,
@@ -981,7 +1109,7 @@ def plan_chunks(
     candidates = chunk_candidates(shape, halo, whole, footprint=footprint, budget=budget, min_chunk=int(min_chunk),
                                   workers=int(workers), slots=slots, seconds_per_voxel=seconds_per_voxel,
                                   graph_task_seconds=graph_task_seconds, block_multiple=block_multiple,
-                                  task_clock=task_clock)
+                                  task_clock=task_clock, run_fixed_seconds=run_fixed_seconds, chunks=chunks)
     n_predicted = evaluate_candidates(candidates, predict, confidence=confidence, footprint=footprint,
                                       budget=budget, slots=slots)
     if not (candidates.upper_total <= budget).any():
@@ -1026,6 +1154,7 @@ def plan_chunks(
         output_itemsize=int(output_itemsize),
         min_chunk=int(min_chunk),
         graph_task_seconds=float(graph_task_seconds),
+        run_fixed_seconds=float(run_fixed_seconds),
         warnings=tuple(warnings),
         baseline_source=str(baseline_source),
         block_multiple=None if block_multiple is None else tuple(int(m) for m in block_multiple),
@@ -1195,17 +1324,26 @@ def plan_staged_chunks(
     warnings: tuple[str, ...] = (),
     baseline_source: str = "given",
     block_multiple=None,
+    run_fixed_seconds: float = 0.0,
+    chunks=None,
 ) -> ChunkPlan:
     """The fastest chunks for a pipeline run *staged* (one ``map_overlap`` per stage, every
     intermediate chunked like the input) whose upper worker footprint fits.
 
-    Stage ``s`` (halo ``h_s``) sees blocks ``b_s`` (:func:`axis_blocks` with ``h_s``); while
-    it runs, a worker holds what :func:`worker_footprint` counts for it, and at any time the
-    chunks every stage's input keeps for its neighbours' halos (the held intermediates)::
+    Stage ``s`` (halo ``h_s``) sees blocks ``b_s`` (:func:`axis_blocks` with ``h_s``).  One
+    stage's tasks run at a time on a thread, but every stage is a ``map_overlap`` of its own
+    whose gathered inputs and finished outputs wait on the worker whichever stage runs, and
+    every stage's input keeps chunks for its neighbours' halos (the held intermediates)::
 
         total = baseline
-              + max_s [ T (in_s(b_s) + P_s(b_s)) + waiting_s(b_s) + held_output_s(b_s) ]
+              + max_s T (in_s(b_s) + P_s(b_s))                           # the running task
+              + sum_s [ waiting_s(b_s) + held_output_s(b_s) ]            # every stage's queue
               + sum_g neighbour_chunks_held(k, max_{s in g} h_s, W) * prod(c) * itemsize_g
+
+    (:func:`worker_footprint`'s terms per stage.  Counting the queue of the running stage only,
+    the fan-out ``gaussian,envelope+instantaneous_phase+instantaneous_frequency+gst3d`` on
+    64x64x384 chunks, 2 workers at 1 GiB, went over its 414 MiB bound in 3 of 10 worker runs,
+    to 450 MiB: up to eight finished stage outputs waited on one worker.)
 
     (``g`` over stages: a fan-out's branches share one input).  Each ``P_s`` is the
     member's task bound at ``1 - (1 - c) / S`` (Bonferroni over the ``S`` stage terms), so
@@ -1219,14 +1357,15 @@ def plan_staged_chunks(
     intermediates' halo slices that come from another worker (a share ``(W - 1) / W`` of
     them) cost ``io`` per voxel::
 
-        seconds = schedule_waves(n, C, sigma) * chunk_seconds
+        seconds = schedule_waves(n, C, sigma, units=S) * chunk_seconds
         chunk_seconds = sum_s ( o * graph_tasks_per_chunk(k, h_s) + task_s )
                       + io * (W - 1) / W * sum_{s on an intermediate} (V_s - prod(c))
         task_s = s_s(V_s) V_s - [s after the first] io prod(c)     (learnt clock)
                = b_s V_s + [s first] io V_s                         (profiled speed)
 
     ``sigma``: the largest of the stages' learnt spreads at their blocks (Graham's bound when
-    a stage has none).  Candidates and ranking
+    a stage has none); ``units=S``: the scheduler hands out stage tasks, not whole chunks, so it
+    balances the ``n S`` stage tasks over the slots (:func:`schedule_waves`).  Candidates and ranking
     are :func:`plan_chunks`'s (with its probe pass: the time model needs no prediction).  The plan's
     ``footprint`` is the binding stage's terms with every stage's held chunks,
     ``stages`` one dict per stage, ``halo`` the largest stage halo per axis.
@@ -1245,32 +1384,16 @@ def plan_staged_chunks(
     c = chunk_candidates(shape, halo_max, whole, footprint=nothing, budget=np.iinfo(np.int64).max,
                          min_chunk=int(min_chunk), workers=workers, slots=slots,
                          seconds_per_voxel=DEFAULT_SECONDS_PER_VOXEL, graph_task_seconds=graph_task_seconds,
-                         block_multiple=block_multiple)
+                         block_multiple=block_multiple, chunks=chunks)
     m = len(c.chunks)
     counts = -(-np.asarray(shape) // c.chunks)
     chunk_samples = _samples(c.chunks)
     # What needs no prediction first, for every row: each stage's blocks, the time model, the
     # held intermediates.  Then predictions only where evaluate_candidates' probe pass asks.
-    blocks, chunk_seconds, spreads = [], np.zeros(m), []
-    for stage in stages:
-        b = np.stack([axis_blocks(shape[a], c.axis_chunks[a], int(stage.halo[a]))[c.grid[a]] for a in range(ndim)],
-                     axis=1)  # per axis, then gathered: the candidates are a sub-grid of the axes' lengths
-        blocks.append(b)
-        volumes = _samples(b).astype(np.float64)
-        chunk_seconds += graph_task_seconds * _grid_graph_tasks(shape, stage.halo, c.axis_chunks, c.grid)
-        clock = stage.task_clock
-        if clock is not None:
-            chunk_seconds += clock.seconds_per_voxel_at(volumes) * volumes
-            if stage is not stages[0]:  # its input and output stay in the workers: no read, no store
-                chunk_seconds -= io_seconds_per_voxel * chunk_samples
-        else:
-            chunk_seconds += stage.seconds_per_voxel * volumes + (io_seconds_per_voxel * volumes
-                                                                  if stage is stages[0] else 0.0)
-        spreads.append(None if clock is None else clock.spread_at(volumes))
-        if stage.group > 0:
-            chunk_seconds += io_seconds_per_voxel * (workers - 1) / workers * (volumes - chunk_samples)
-    spread = None if any(x is None for x in spreads) else np.max(spreads, axis=0)
-    c.seconds = schedule_waves(c.n_tasks, slots, spread) * chunk_seconds
+    blocks, c.seconds = _staged_seconds(shape, stages, c.axis_chunks, c.grid, chunk_samples, c.n_tasks,
+                                        workers=workers, slots=slots, graph_task_seconds=graph_task_seconds,
+                                        io_seconds_per_voxel=io_seconds_per_voxel,
+                                        run_fixed_seconds=run_fixed_seconds)
     held_chunks = np.zeros(m, dtype=np.int64)
     held_bytes = np.zeros(m, dtype=np.int64)
     for group in sorted({s.group for s in stages}):
@@ -1278,11 +1401,15 @@ def plan_staged_chunks(
         kept = neighbour_chunks_held(counts, np.max([s.halo for s in members], axis=0), workers)
         held_chunks += kept
         held_bytes += kept * chunk_samples * int(members[0].itemsize)
+    # Every stage's map_overlap keeps its own gathered inputs and finished outputs, whichever runs.
+    idle = [worker_footprint(b, 0, threads_per_worker=threads, baseline_bytes=0, itemsize=s.itemsize,
+                             output_itemsize=s.output_itemsize) for s, b in zip(stages, blocks)]
+    waiting = np.sum([f.waiting_input_bytes for f in idle], axis=0)
+    finished = np.sum([f.held_output_bytes for f in idle], axis=0)
+    resident = held_bytes + waiting + finished  # between tasks, whichever stage runs
     # With every task peak at 0 the footprint is already a lower bound: rows over the budget
     # at that are never predicted (as chunk_candidates drops an operator plan's).
-    floor = baseline_bytes + held_bytes + np.max(
-        [worker_footprint(b, 0, threads_per_worker=threads, baseline_bytes=0, itemsize=s.itemsize,
-                          output_itemsize=s.output_itemsize).total for s, b in zip(stages, blocks)], axis=0)
+    floor = baseline_bytes + resident + np.max([f.task_bytes for f in idle], axis=0)
     per_stage = 1.0 - (1.0 - float(confidence)) / len(stages)
     worst = np.iinfo(np.int64).max // 4
     means, uppers = np.full((m, len(stages)), np.inf), np.full((m, len(stages)), np.inf)
@@ -1309,10 +1436,10 @@ def plan_staged_chunks(
             terms = functools.partial(worker_footprint, b, threads_per_worker=threads, baseline_bytes=0,
                                       itemsize=stage.itemsize, output_itemsize=stage.output_itemsize)
             finite = np.isfinite(upper)
-            running_upper[alive, i] = np.where(finite, terms(np.where(finite, upper, 0.0)).total, worst)
+            running_upper[alive, i] = np.where(finite, terms(np.where(finite, upper, 0.0)).task_bytes, worst)
             means[alive, i], uppers[alive, i] = mean, upper
             so_far = running_upper[alive][:, order[: position + 1]].max(axis=1)
-            total = np.minimum(baseline_bytes + so_far + held_bytes[alive], np.iinfo(np.int64).max)
+            total = np.minimum(baseline_bytes + so_far + resident[alive], np.iinfo(np.int64).max)
             c.upper_total[alive] = total
             if prune:
                 alive = alive[total <= budget]
@@ -1334,25 +1461,27 @@ def plan_staged_chunks(
     chunk = tuple(int(x) for x in c.chunks[index])
     stage_j = stages[j]
     running_mean = [worker_footprint(tuple(blocks[i][index]), float(means[index, i]), threads_per_worker=threads,
-                                     baseline_bytes=0, itemsize=s.itemsize, output_itemsize=s.output_itemsize).total
+                                     baseline_bytes=0, itemsize=s.itemsize, output_itemsize=s.output_itemsize).task_bytes
                     for i, s in enumerate(stages)]
     bound = worker_footprint(tuple(blocks[j][index]), float(uppers[index, j]), threads_per_worker=threads,
                              baseline_bytes=baseline_bytes, itemsize=stage_j.itemsize,
                              output_itemsize=stage_j.output_itemsize)
-    bound = dataclasses.replace(bound, neighbour_chunk_bytes=int(held_bytes[index]))
+    bound = dataclasses.replace(bound, waiting_input_bytes=int(waiting[index]), held_output_bytes=int(finished[index]),
+                                neighbour_chunk_bytes=int(held_bytes[index]))
     table = tuple({"operator": s.name, "halo": list(s.halo), "block": [int(x) for x in blocks[i][index]],
                    "mean_peak_bytes": float(means[index, i]), "upper_peak_bytes": float(uppers[index, i]),
                    "running_upper_bytes": int(running_upper[index, i]), "binding": i == j}
                   for i, s in enumerate(stages))
     return ChunkPlan(
         operator=operator, shape=shape, chunks=chunk, block=tuple(int(x) for x in blocks[j][index]), halo=halo_max,
-        whole_axes=whole, predicted_bytes=int(baseline_bytes + max(running_mean) + held_bytes[index]),
+        whole_axes=whole, predicted_bytes=int(baseline_bytes + max(running_mean) + resident[index]),
         upper_bytes=int(c.upper_total[index]), limit_bytes=limit_bytes, pause_fraction=float(pause_fraction),
         confidence=float(confidence), n_tasks=int(c.n_tasks[index]), threads_per_worker=threads, footprint=bound,
         n_candidates=predicted[0], slots=slots, predicted_seconds=float(c.seconds[index]),
         seconds_per_voxel=None, neighbour_chunks=int(held_chunks[index]), workers=workers,
         itemsize=int(stages[0].itemsize), output_itemsize=int(stages[-1].output_itemsize), min_chunk=int(min_chunk),
-        graph_task_seconds=float(graph_task_seconds), warnings=tuple(warnings), baseline_source=str(baseline_source),
+        graph_task_seconds=float(graph_task_seconds), run_fixed_seconds=float(run_fixed_seconds),
+        warnings=tuple(warnings), baseline_source=str(baseline_source),
         block_multiple=None if block_multiple is None else tuple(int(m) for m in block_multiple),
         strategy="staged", stages=table)
 
@@ -1396,7 +1525,7 @@ def replan(plan: ChunkPlan, predict: Predictor, *, done_fraction: float) -> Chun
                       workers=plan.workers, seconds_per_voxel=plan.seconds_per_voxel or DEFAULT_SECONDS_PER_VOXEL,
                       graph_task_seconds=plan.graph_task_seconds, warnings=plan.warnings,
                       baseline_source=plan.baseline_source, block_multiple=plan.block_multiple,
-                      task_clock=plan.task_clock)
+                      task_clock=plan.task_clock, run_fixed_seconds=plan.run_fixed_seconds)
     return None if new.chunks == plan.chunks else new
 
 

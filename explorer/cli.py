@@ -274,7 +274,8 @@ def _cmd_calibrate(argv: list[str]) -> int:
                         help="target worker memory: the probes go up to the block a plan at it runs "
                              "(default: min(4GiB, RAM/cores))")
     parser.add_argument("--probes", type=_positive_int, default=DEFAULT_PROBES,
-                        help=f"probe runs (default {DEFAULT_PROBES}; at least 3 distinct blocks identify the excess)")
+                        help=f"probe blocks (default {DEFAULT_PROBES}; at least 3 distinct blocks identify the excess); "
+                             "the smallest runs once more on a finer grid, which times a run's fixed seconds")
     parser.add_argument("--confidence", type=_confidence, default=0.99, help="in (0.5, 1) (0.99)")
     parser.add_argument("--seed", type=int, default=0)
     _add_store_options(parser, storage=True)

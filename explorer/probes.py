@@ -21,7 +21,12 @@ fit :data:`PROBE_SECONDS_BUDGET`, but never below the three distinct blocks that
 the excess's line (the smallest on the operator's grid, even past the budget).  A probe's volume has two chunks
 along every axis the operator splits (``e - h`` each with a halo ``h``, ``e`` without),
 so all its tasks run on blocks of exactly ``e`` per axis, with the neighbour gathering
-and concatenation of a real plan; an axis the operator needs whole is ``e`` long.
+and concatenation of a real plan; an axis the operator needs whole is ``e`` long.  Then the
+smallest block runs once more with four chunks per split axis: eight times the graph tasks per
+worker for about the same work per task, so that the runs' wall times tell a run's fixed
+seconds apart from the overhead per graph task (``explorer.calibration.fit_run_overheads``;
+with every probe on one grid the two are one number, and charging all of it per graph task
+made plans of many small chunks look up to 1.8x slower than they ran).
 """
 
 from __future__ import annotations
@@ -54,6 +59,11 @@ PROBE_SECONDS_BUDGET = 90.0
 IN_WORKER_TIME_FACTOR = 2.0
 #: Workers of the probe cluster (one thread each: exact task figures).
 PROBE_WORKERS = 2
+#: Chunks per split axis of a probe's volume: every task then sees exactly the probe's block.
+PROBE_GRID = 2
+#: Chunks per split axis of the last probe, the smallest block again: with 4, a probe of three
+#: split axes runs 64 tasks where the others run 8 (32 waves on two workers instead of 4).
+OVERHEAD_PROBE_GRID = 4
 
 
 @dataclass
@@ -61,6 +71,8 @@ class ProbeResult:
     """What the probes did: the blocks, each run, the calibration and the baseline."""
 
     blocks: list = field(default_factory=list)
+    #: Chunks per split axis of each probe's volume (:data:`PROBE_GRID`, the last :data:`OVERHEAD_PROBE_GRID`).
+    grids: list = field(default_factory=list)
     runs: list = field(default_factory=list)
     calibration: object = None
     baseline_bytes: int | None = None
@@ -71,8 +83,8 @@ class ProbeResult:
         cal = self.calibration
         return {
             "blocks": [list(b) for b in self.blocks],
-            "runs": [{"block": list(b), "status": r.status, "n_tasks": r.n_tasks, "seconds": r.seconds,
-                      "error": r.error} for b, r in zip(self.blocks, self.runs)],
+            "runs": [{"block": list(b), "grid": g, "status": r.status, "n_tasks": r.n_tasks, "seconds": r.seconds,
+                      "error": r.error} for b, g, r in zip(self.blocks, self.grids, self.runs)],
             "baseline_bytes": self.baseline_bytes,
             "seconds": round(self.seconds, 3),
             "calibration": cal.to_dict() if cal is not None else None,
@@ -180,8 +192,9 @@ def _branch_order(model, block, confidence: float):
     return tuple(order(block, confidence)) or None
 
 
-def _probe_volume(op, block) -> tuple[tuple, tuple]:
-    """``(volume_shape, chunks)`` whose every task sees exactly ``block``."""
+def _probe_volume(op, block, per_axis: int = 2) -> tuple[tuple, tuple]:
+    """``(volume_shape, chunks)`` with ``per_axis`` chunks of ``b - h`` along every split axis:
+    with two, every task sees exactly ``block``; with more, the interior tasks see ``b + h``."""
     volume, chunks = [], []
     for axis, (b, h) in enumerate(zip(block, op.halo)):
         if axis in op.whole_axes:
@@ -189,7 +202,7 @@ def _probe_volume(op, block) -> tuple[tuple, tuple]:
             chunks.append(b)
         else:
             c = b - h
-            volume.append(2 * c)
+            volume.append(per_axis * c)
             chunks.append(c)
     return tuple(volume), tuple(chunks)
 
@@ -232,15 +245,19 @@ def run_probes(operator: str, model, *, n: int = DEFAULT_PROBES, runs_dir=None, 
             result.baseline_bytes, environment = baseline.bytes, baseline.environment
             plan_edge = None if memory_limit is None else plan_scale_edge(op, model, int(memory_limit),
                                                                          baseline.bytes, confidence)
-            blocks = result.blocks = probe_blocks(op, max_volume, model.info.get("seconds_per_voxel"), n=n,
-                                                  plan_edge=plan_edge)
-            for index, block in enumerate(blocks):
-                volume, chunks = _probe_volume(op, block)
+            blocks = probe_blocks(op, max_volume, model.info.get("seconds_per_voxel"), n=n, plan_edge=plan_edge)
+            # The smallest block once more on a finer grid: many more graph tasks per slot for about
+            # the same work, which tells a run's fixed seconds from its overhead per graph task
+            # (``explorer.calibration.fit_run_overheads``).
+            grids = result.grids = [PROBE_GRID] * len(blocks) + [OVERHEAD_PROBE_GRID]
+            blocks = result.blocks = blocks + blocks[:1]
+            for index, (block, per_axis) in enumerate(zip(blocks, grids)):
+                volume, chunks = _probe_volume(op, block, per_axis)
                 source = tmp / f"probe-{index}.sgy"
                 operators.write_segy(source, operators.synthetic_volume(volume, seed=seed + index))
                 r = run(operator, source, tmp / f"probe-{index}.zarr", scheduler=cluster.scheduler_address,
                         chunks=chunks, runs_dir=runs_dir, storage=storage, confidence=confidence, replan=False,
-                        calibrate=False, source="probe", context={"probe": index},
+                        calibrate=False, source="probe", context={"probe": index, "grid": per_axis},
                         branch_order=_branch_order(model, block, confidence))
                 source.unlink()
                 result.runs.append(r)

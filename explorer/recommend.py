@@ -43,7 +43,8 @@ from explorer.chunking import (
     worker_pause_fraction,
 )
 
-__all__ = ["WorkerBaseline", "local_worker_baseline", "measure_worker_baseline", "recommend_chunks"]
+__all__ = ["WorkerBaseline", "local_worker_baseline", "measure_worker_baseline", "plan_for_chunks",
+           "predicted_seconds", "recommend_chunks"]
 
 #: Baseline file name under ``runs/<operator>/``.
 BASELINE_FILE = "worker_baseline.json"
@@ -340,6 +341,8 @@ class _PlanRequest:
     baseline_given: object
     baseline: "WorkerBaseline | None" = None
     _model: object = None
+    #: One chunk shape to plan instead of searching (:func:`plan_for_chunks`).
+    chunks: tuple | None = None
 
     def model(self):
         """The operator's (or pipeline's) task model, loaded once for every strategy."""
@@ -377,10 +380,24 @@ class _PlanRequest:
     def common(self) -> dict:
         """The planner's arguments every strategy shares."""
         baseline, op = self.worker_baseline(), self.op
-        return dict(baseline_bytes=baseline.bytes, baseline_source=baseline.source,
+        return dict(baseline_bytes=baseline.bytes, baseline_source=baseline.source, chunks=self.chunks,
                     threads_per_worker=self.threads, confidence=self.confidence,
                     pause_fraction=worker_pause_fraction(), operator=self.operator, workers=self.workers,
                     block_multiple=None if set(op.block_multiple) == {1} else op.block_multiple)
+
+
+def _fused_timing(request: _PlanRequest) -> dict:
+    """The fused plan's time-model terms: the learnt clock (a pipeline without its own, its
+    members' composed), else the profiled speed; the overhead per graph task."""
+    model = request.model()
+    learnt = model.seconds_per_voxel
+    clock = model.task_clock
+    if clock is None and request.is_pipeline:
+        clock = _members_clock(request.op, request)
+    return dict(seconds_per_voxel=learnt if learnt is not None
+                else run_seconds_per_voxel(model.info.get("seconds_per_voxel")),
+                graph_task_seconds=_graph_task_seconds(model), task_clock=clock,
+                run_fixed_seconds=model.run_fixed_seconds)
 
 
 def _fused_plan(request: _PlanRequest) -> tuple[ChunkPlan, bool]:
@@ -388,11 +405,6 @@ def _fused_plan(request: _PlanRequest) -> tuple[ChunkPlan, bool]:
     that model has its in-worker calibration."""
     op = request.op
     model = request.model()
-    learnt = model.seconds_per_voxel
-    seconds_per_voxel = learnt if learnt is not None else run_seconds_per_voxel(model.info.get("seconds_per_voxel"))
-    clock = model.task_clock
-    if clock is None and request.is_pipeline:
-        clock = _members_clock(op, request)
     plan = plan_chunks(
         request.shape,
         op.halo,
@@ -401,10 +413,8 @@ def _fused_plan(request: _PlanRequest) -> tuple[ChunkPlan, bool]:
         request.limit_bytes,
         itemsize=INPUT_ITEMSIZE,
         output_itemsize=fused_output_itemsize(op),
-        seconds_per_voxel=seconds_per_voxel,
-        graph_task_seconds=_graph_task_seconds(model),
-        task_clock=clock,
         warnings=tuple(model.warnings),
+        **_fused_timing(request),
         **request.common(),
     )
     branches = getattr(op, "branches", ())
@@ -452,12 +462,13 @@ def _members_clock(op, request: _PlanRequest):
     return composed_clock([timings[m.name].clock for m in op.members], _members_io(timings))
 
 
-def _staged_plan(request: _PlanRequest) -> tuple[ChunkPlan, bool]:
-    """One ``map_overlap`` per stage: each member's own task model (its in-worker calibration
-    included) and learnt clock (else profiled speed); the graph-task overhead the fused plan
-    uses.  And whether every member's task model has its in-worker calibration."""
+def _staged_stages(request: _PlanRequest) -> tuple[list, dict, tuple, bool]:
+    """A staged plan's stages (each member's own task model, its in-worker calibration
+    included, and learnt clock, else profiled speed), its time-model terms (the members' I/O,
+    the graph-task overhead the fused plan uses), the members' warnings, and whether every
+    member's task model has its in-worker calibration."""
     from explorer.calibration import TaskModel, load_calibration
-    from explorer.chunking import PlanStage, plan_staged_chunks
+    from explorer.chunking import PlanStage
     from explorer.composed import compose
 
     op = request.op
@@ -483,11 +494,73 @@ def _staged_plan(request: _PlanRequest) -> tuple[ChunkPlan, bool]:
             warnings.extend(w for w in model.warnings if w not in warnings)
             calibrated = calibrated and model.excess is not None
         itemsize = np.dtype(stage[0].output_dtype).itemsize
-    plan = plan_staged_chunks(request.shape, op.whole_axes, stages, request.limit_bytes,
-                              graph_task_seconds=_graph_task_seconds(request.model()),
-                              io_seconds_per_voxel=_members_io(timings), warnings=tuple(warnings),
-                              **request.common())
+    model = request.model()  # the fused plan's run overheads: a run's fixed seconds are the same either way
+    timing = dict(graph_task_seconds=_graph_task_seconds(model), io_seconds_per_voxel=_members_io(timings),
+                  run_fixed_seconds=model.run_fixed_seconds)
+    return stages, timing, tuple(warnings), calibrated
+
+
+def _staged_plan(request: _PlanRequest) -> tuple[ChunkPlan, bool]:
+    """One ``map_overlap`` per stage (:func:`_staged_stages`); and whether every member's task
+    model has its in-worker calibration."""
+    from explorer.chunking import plan_staged_chunks
+
+    stages, timing, warnings, calibrated = _staged_stages(request)
+    plan = plan_staged_chunks(request.shape, request.op.whole_axes, stages, request.limit_bytes, warnings=warnings,
+                              **timing, **request.common())
     return plan, calibrated
+
+
+def predicted_seconds(operator: str, shape, chunks, *, strategy: str = "fused", workers: int = 1,
+                      threads_per_worker: int = 1, runs_dir=None) -> np.ndarray:
+    """What the planner's time model predicts for running ``operator`` on ``shape`` with each
+    of the given chunk shapes (``(m, 3)`` or one) in ``strategy`` (``"fused"``, or a pipeline's
+    ``"staged"``), on ``workers`` x ``threads_per_worker`` slots: the same terms
+    :func:`recommend_chunks` weighs (``explorer.chunking.fused_seconds`` and
+    ``staged_seconds``), for chunkings it did not choose (``scripts/bench_pipeline_runs.py``
+    sets them beside the measured seconds).  Needs no memory limit and starts no cluster."""
+    from explorer import validate
+    from explorer.chunking import fused_seconds, staged_seconds
+
+    operator = validate.operator(operator)
+    shape = validate.shape(shape)
+    if strategy not in ("fused", "staged"):
+        raise ValueError(f"unknown strategy {strategy!r}: fused or staged")
+    import operators
+
+    request = _PlanRequest(operator, operators.get(operator), shape, 0, int(threads_per_worker), 0.99, runs_dir,
+                           int(workers), None)
+    slots = int(workers) * int(threads_per_worker)
+    chunks = np.array(np.atleast_2d(chunks), dtype=np.int64)  # the axes it needs whole are whole, as a run makes them
+    chunks[:, list(request.op.whole_axes)] = np.asarray(shape)[list(request.op.whole_axes)]
+    if strategy == "staged" and request.is_pipeline:
+        stages, timing, _, _ = _staged_stages(request)
+        return staged_seconds(shape, stages, chunks, workers=int(workers), slots=slots, **timing)
+    return fused_seconds(shape, request.op.halo, chunks, slots=slots, **_fused_timing(request))
+
+
+def plan_for_chunks(operator: str, shape, chunks, memory_limit: int | str, *, strategy: str = "fused",
+                    threads_per_worker: int = 1, confidence: float = 0.99, runs_dir=None, workers: int = 1,
+                    baseline_bytes: "int | WorkerBaseline | None" = None) -> ChunkPlan:
+    """The plan :func:`recommend_chunks` would make of one chunk shape it did not choose: its
+    footprint's bound and mean, its predicted seconds, in ``strategy`` (``"fused"``, or a
+    pipeline's ``"staged"``).  ``ChunkPlanError`` when its bound does not fit ``memory_limit``
+    (the message gives it).  The other arguments are :func:`recommend_chunks`'s."""
+    from explorer import validate
+
+    operator = validate.operator(operator)
+    shape = validate.shape(shape)
+    chunks = validate.shape(chunks)
+    if strategy not in ("fused", "staged"):
+        raise ValueError(f"unknown strategy {strategy!r}: fused or staged")
+    import operators
+
+    request = _PlanRequest(operator, operators.get(operator), shape, validate.size(memory_limit, "memory_limit"),
+                           validate.positive_int(threads_per_worker, "threads_per_worker"),
+                           validate.confidence(confidence), runs_dir, validate.positive_int(workers, "workers"),
+                           baseline_bytes, chunks=tuple(chunks))
+    plan, _ = _staged_plan(request) if strategy == "staged" and request.is_pipeline else _fused_plan(request)
+    return plan
 
 
 def _loaded_isolated(request: _PlanRequest):

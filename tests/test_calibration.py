@@ -241,10 +241,11 @@ def test_a_tasks_fixed_cost_stays_with_the_blocks_that_pay_it():
         v = math.prod(shape)
         inside, around = 0.020 + 100e-9 * v, 0.010 + 50e-9 * v
         run = "x".join(map(str, shape))
-        # four tasks whose seconds have mean inside + around and coefficient of variation 0.1
+        # four tasks whose own seconds have median inside + around - 2 ms and coefficient of
+        # variation 0.1, each with 2 ms of the worker's other tasks (reads) reported with it
         for z in (-1.5, -0.5, 0.5, 1.5):
             scale = 1.0 + spread * z / np.std([-1.5, -0.5, 0.5, 1.5], ddof=1)
-            tasks.append(record(shape, 1, run=run, task_seconds=(inside + around) * scale - 0.002,
+            tasks.append(record(shape, 1, run=run, task_seconds=(inside + around - 0.002) * scale,
                                 run_seconds=inside * scale, other_seconds=0.002))
         runs.append(Record(shape=shape, peak_bytes=1.0, status="ok", source="run",
                            context={"run": run, "seconds": schedule_waves(4, 2, spread) * (inside + around + 0.016),
@@ -260,6 +261,24 @@ def test_a_tasks_fixed_cost_stays_with_the_blocks_that_pay_it():
     ratio = sum(r.context["task_seconds"] + r.context["other_seconds"] for r in tasks) / sum(
         math.prod(r.shape) for r in tasks)
     assert ratio > 1.1 * t.clock.seconds_per_voxel[-1]  # what the ratio of sums would have charged
+
+
+def test_reads_reported_with_one_task_are_every_tasks_cost_and_not_their_spread():
+    """A worker's other tasks (reads, overlap slices) are reported with whichever operator task
+    ends next, often the first of a run on each worker: the clock charges each task their mean
+    (their sum is what the tasks cost) and its spread is of the tasks' own seconds."""
+    shape = (100, 100, 100)
+    v = math.prod(shape)
+    own = [0.30, 0.32, 0.28, 0.30, 0.31, 0.29]
+    evenly = [record(shape, 1, run="a", task_seconds=t, run_seconds=0.2, other_seconds=0.04) for t in own]
+    first = [record(shape, 1, run="b", task_seconds=t, run_seconds=0.2, other_seconds=0.24 if i == 0 else 0.0)
+             for i, t in enumerate(own)]
+    a, b = cal.fit_timing(evenly).clock, cal.fit_timing(first).clock
+    assert a.seconds_per_voxel == pytest.approx(b.seconds_per_voxel)
+    assert a.seconds_per_voxel == pytest.approx(((0.30 + 0.04) / v,))
+    cv = np.std(own, ddof=1) / np.mean(own)
+    assert a.spreads == pytest.approx(b.spreads) and a.spreads == pytest.approx((cv,))
+    assert b.spreads[0] < 0.1  # with the reads in it the first task's 0.54 s would make it 0.3
 
 
 # --------------------------------------------------------------------------- the task model
@@ -420,3 +439,20 @@ def test_the_memoised_student_t_quantiles_are_stdtrits_values(monkeypatch):
         confidences = 0.99 ** (1.0 / counts)
         np.testing.assert_array_equal(cal.student_t_quantiles(dof, confidences), stdtrit(dof, confidences))
     assert all(len(keys) <= 500 for keys, _ in cal._STUDENT_T_MEMO.values())
+
+
+def test_a_runs_fixed_seconds_are_told_from_its_graph_tasks_when_the_runs_differ():
+    """Runs of ``F + g x`` (x: graph tasks on the busiest slot) plus their tasks' work: with two
+    grids the least squares gives both back; on one grid ``F`` is charged per graph task (the
+    old rule, for stores whose runs cannot tell them apart); no run, no figure."""
+    fixed, g = 0.15, 0.001
+    runs = [(fixed + g * x + work, x, work) for x, work in [(52, 0.2), (52, 0.5), (52, 1.4), (660, 0.3)]]
+    f, per_task = cal.fit_run_overheads(runs)
+    assert f == pytest.approx(fixed) and per_task == pytest.approx(g)
+    one_grid = runs[:3]
+    f, per_task = cal.fit_run_overheads(one_grid)
+    assert f == 0.0 and per_task == pytest.approx(g + fixed / 52)
+    assert cal.fit_run_overheads([]) == (None, None)
+    # never negative: a wall below its work's clock is no negative overhead
+    f, per_task = cal.fit_run_overheads([(0.1, 52, 0.3), (0.2, 660, 0.3)])
+    assert f >= 0 and per_task >= 0

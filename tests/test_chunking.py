@@ -614,6 +614,21 @@ def test_near_equal_tasks_pay_no_tail_on_a_multiple_of_the_slots():
         chunking.schedule_waves(3, 2, -0.1)
 
 
+def test_tasks_of_several_units_are_balanced_unit_by_unit_but_never_beat_their_own_chain():
+    """A staged chunk is ``u`` stage tasks the scheduler hands out one by one: ``ceil(n u / C)``
+    waves of units, ``/ u`` in chunk times, at least one chunk time (its own chain)."""
+    equal = chunking.schedule_waves(np.array([1, 2, 3, 9, 4]), 2, 0.0, units=3)
+    np.testing.assert_allclose(equal, [1.0, 1.0, 5 / 3, 14 / 3, 2.0])
+    np.testing.assert_allclose(chunking.schedule_waves(9, 2, 0.0, units=2), 4.5)  # a whole chunk's tail: 5
+    np.testing.assert_allclose(chunking.schedule_waves(9, 2, 0.0, units=1), 5.0)
+    k = 18 // 2
+    spread = chunking.schedule_waves(9, 2, 0.3, units=2)
+    assert spread == pytest.approx((k + 0.3 * math.sqrt(k) * chunking.expected_max_normal(2)) / 2)
+    assert chunking.schedule_waves(8, 2, None, units=3) == chunking.schedule_waves(8, 2)  # Graham: its chain
+    with pytest.raises(ValueError):
+        chunking.schedule_waves(3, 2, 0.1, units=0)
+
+
 def test_task_clock_interpolates_in_log_volume_and_holds_its_ends():
     clock = chunking.TaskClock(volumes=(1e3, 1e5), seconds_per_voxel=(3e-7, 1e-7),
                                spread_volumes=(1e3, 1e5), spreads=(0.4, 0.1))
@@ -740,25 +755,26 @@ def staged_stages(halos=((4, 4, 4), (6, 6, 6)), bytes_per_sample=(20.0, 200.0), 
 
 
 def by_hand_staged_total(plan, stages, shape, workers, threads=1, baseline=BASELINE):
-    """The staged bound at the plan's chunks, written out: the largest running stage, plus every
-    stage group's input chunks held for neighbours."""
+    """The staged bound at the plan's chunks, written out: the largest running stage, every
+    stage's queue (a waiting input and a finished output per thread), and every stage group's
+    input chunks held for neighbours."""
     chunks = np.asarray(plan.chunks)
     counts = -(-np.asarray(shape) // chunks)
-    running = []
+    running, queues = [], 0
     for s in stages:
         block = [int(chunking.axis_blocks(n, [c], h)[0]) for n, c, h in zip(shape, plan.chunks, s.halo)]
         upper = UPPER_FACTOR * s.predict.a * math.prod(block)
-        # T (in + peak) + T waiting input + T held output, float32 in and out
-        running.append(threads * (4 * math.prod(block) + math.ceil(upper)) + 2 * threads * 4 * math.prod(block))
+        running.append(threads * (4 * math.prod(block) + math.ceil(upper)))  # T (in + peak), float32 in
+        queues += 2 * threads * 4 * math.prod(block)  # T waiting input + T held output, float32 in and out
     held = 0
     for g in sorted({s.group for s in stages}):
         halo = np.max([s.halo for s in stages if s.group == g], axis=0)
         held += int(chunking.neighbour_chunks_held(counts, halo, workers)) * math.prod(plan.chunks) * 4
-    return baseline + max(running) + held
+    return baseline + max(running) + queues + held
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_a_staged_plans_bound_is_its_largest_stage_plus_every_stages_held_chunks(workers):
+def test_a_staged_plans_bound_is_its_largest_stage_plus_every_stages_queue_and_held_chunks(workers):
     shape = (300, 260, 200)
     stages = staged_stages()
     plan = chunking.plan_staged_chunks(shape, (), stages, 1 * GiB, baseline_bytes=BASELINE, workers=workers,
@@ -835,8 +851,13 @@ def test_a_staged_plan_with_the_members_clocks_pays_their_tasks_and_their_spread
         chunk_seconds += 0.002 * float(chunking.graph_tasks_per_chunk(counts, s.halo)) + clock.seconds_per_voxel_at(v) * v
         # a later stage reads its input from, and leaves its output in, the workers: no read, no store
         chunk_seconds += 0.0 if i == 0 else 5e-8 * (v - math.prod(plan.chunks)) / 2 - 5e-8 * math.prod(plan.chunks)
-    waves = chunking.schedule_waves(plan.n_tasks, 2, 0.4)  # the larger of the two spreads
-    assert plan.predicted_seconds == pytest.approx(float(waves) * chunk_seconds)
+    # the larger of the two spreads; the scheduler balances the 2 n stage tasks, not n chunks
+    k = math.ceil(2 * plan.n_tasks / 2)
+    waves = max(1.0, (k + 0.4 * math.sqrt(k) * chunking.expected_max_normal(2)) / 2)
+    assert plan.predicted_seconds == pytest.approx(waves * chunk_seconds)
+    np.testing.assert_allclose(chunking.staged_seconds(shape, stages, [plan.chunks], workers=workers, slots=2,
+                                                       graph_task_seconds=0.002, io_seconds_per_voxel=5e-8),
+                               [plan.predicted_seconds])
 
 
 @pytest.mark.parametrize("workers", [1, 4])

@@ -57,8 +57,13 @@ def test_explore_ends_with_in_worker_probes_and_saves_the_calibration(explored):
     assert len({r.context["run"] for r in probe_records}) == len(probes["runs"]) >= 3
     assert all(r.context["exact"] for r in probe_records)
     cal = load_calibration(OPERATOR, runs)
-    assert cal.excess is not None and cal.n_probe_groups == len(probes["runs"]) and cal.stale == []
+    # the smallest block once more on a finer grid, whose interior tasks see blocks of their own
+    first, last = probes["runs"][0], probes["runs"][-1]
+    assert last["block"] == first["block"] and (first["grid"], last["grid"]) == (2, 4)
+    assert last["n_tasks"] == 64 and {r.context["grid"] for r in probe_records} == {2, 4}
+    assert cal.excess is not None and cal.n_probe_groups > len(probes["runs"]) and cal.stale == []
     assert cal.timing.seconds_per_voxel > 0 and cal.timing.n_runs == len(probes["runs"])
+    assert cal.timing.run_fixed_seconds is not None and cal.timing.graph_task_seconds is not None
     saved = json.loads(baseline_path(OPERATOR, runs).read_text())
     assert saved["baseline_bytes"] == probes["baseline_bytes"] > 50 * 2**20
     assert saved["environment"]["dask"] is not None

@@ -436,6 +436,20 @@ def test_recommend_weighs_fused_against_staged_by_predicted_time_among_plans_tha
 
     gst3d_halo = operators.get("gst3d").halo  # each stage's block carries its own halo, not the pipeline's
     assert staged.stages[1]["block"] == [int(axis_blocks(300, [c], h)[0]) for c, h in zip(staged.chunks, gst3d_halo)]
+    from explorer.chunking import ChunkPlanError
+    from explorer.recommend import plan_for_chunks, predicted_seconds
+
+    for plan in (staged, recommend_chunks(spec, (300, 300, 300), "1GiB", strategy="fused", **kwargs)):
+        again = predicted_seconds(spec, (300, 300, 300), [plan.chunks, (100, 100, 300)], strategy=plan.strategy,
+                                  workers=2, runs_dir=tmp_path)  # the time model at chunks it did or did not choose
+        assert again[0] == pytest.approx(plan.predicted_seconds) and again[1] > 0
+        same = plan_for_chunks(spec, (300, 300, 300), plan.chunks, "1GiB", strategy=plan.strategy, **kwargs)
+        assert (same.chunks, same.upper_bytes, same.strategy) == (plan.chunks, plan.upper_bytes, plan.strategy)
+        assert same.predicted_seconds == pytest.approx(plan.predicted_seconds)
+        other = plan_for_chunks(spec, (300, 300, 300), (100, 100, 300), "1GiB", strategy=plan.strategy, **kwargs)
+        assert other.chunks == (100, 100, 300) and other.predicted_seconds == pytest.approx(again[1])
+        with pytest.raises(ChunkPlanError):  # the whole volume in one task: its bound is over the limit
+            plan_for_chunks(spec, (300, 300, 300), (300, 300, 300), "1GiB", strategy=plan.strategy, **kwargs)
     single = recommend_chunks("gst3d", (300, 300, 300), "1GiB", strategy="staged", **kwargs)
     assert single.strategy == "fused" and single.considered == {}
     with pytest.raises(ValueError, match="unknown strategy 'both'"):
@@ -464,9 +478,12 @@ def test_explore_calibrate_probes_a_composed_model_in_workers_so_auto_weighs_fus
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert [r["status"] for r in result["runs"]] == ["ok"] * 3 and len({tuple(b) for b in result["blocks"]}) == 3
-    assert result["calibration"]["excess"] is not None and result["calibration"]["n_probe_groups"] == 3
-    assert "[probe 3/3]" in out.stderr
+    # three blocks, then the smallest again on a finer grid (a run's fixed seconds from its graph tasks')
+    assert [r["status"] for r in result["runs"]] == ["ok"] * 4 and len({tuple(b) for b in result["blocks"]}) == 3
+    assert result["blocks"][-1] == result["blocks"][0] and [r["grid"] for r in result["runs"]] == [2, 2, 2, 4]
+    assert result["calibration"]["excess"] is not None and result["calibration"]["n_probe_groups"] >= 4
+    assert result["calibration"]["timing"]["run_fixed_seconds"] is not None
+    assert "[probe 4/4]" in out.stderr
 
     after = recommend_chunks(spec, (256, 256, 256), "512MiB", **kwargs)
     assert after.considered["fused"]["in_worker_calibrated"] is True
