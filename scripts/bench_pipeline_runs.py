@@ -13,11 +13,21 @@ For each pipeline spec (default: the four of issue 14), on a synthetic SEG-Y vol
    ``--no-calibrate``, or when the cache holds the pipeline's calibration already), then
    ``explore run SPEC`` as a user runs it (``chunks="model"``, ``strategy="auto"``:
    ``recommend_chunks`` weighs fused against staged, a plan without its in-worker term after
-   one with it), ``--repeats`` times.
+   one with it): one first run, which fixes its plan, then ``--repeats`` runs in the rounds below.
 3. **oracle**: the best of {fused, staged} x a grid of chunk shapes (the first two axes
-   split in 1, 2, 3 and 4, the samples axis whole or halved), each run once, then the
-   ``--finalists`` fastest that lost no worker and stayed under the limit run again up to
-   ``--repeats`` runs; the oracle is the finalist of least median seconds.
+   split in 1, 2, 3 and 4, the samples axis whole or halved), each run once (the screening),
+   then the ``--finalists`` fastest that lost no worker and stayed under the limit.  Then
+   ``--repeats`` **rounds**, each running ours and every finalist once, in an order rotated
+   from round to round; every median is of these rounds' runs only.  The screening run is
+   left out of a finalist's median because it is the run that chose it: the least of 16 noisy
+   single runs is low by selection (the winner's curse), and with it the oracle's median would
+   be too (two workers on two cores spread repeats of one shape by +-15% here).  The rounds
+   share the machine's drift between ours and the finalists.  The oracle is the finalist of
+   least median in the rounds.
+   Beside each grid shape, the planner's time model at that chunking
+   (``explorer.recommend.predicted_seconds``): its rank correlation (Spearman) with the
+   screening seconds and its RMS log error, raw and after the one scale that fits best (a
+   plan depends only on how the model ranks one volume's chunkings).
 4. **chained**: the way a user chains today: each operator run on its own with its own
    recommended chunks (``explore run MEMBER``), one after the other through SEG-Y
    intermediates (a fan-out's branches one by one on the prefix's output); its seconds are
@@ -112,8 +122,8 @@ def calibrate_pipeline(spec: str, args, limit: int) -> str:
 class Arm:
     """The runs of one way of running a pipeline."""
 
-    def __init__(self, name: str, detail: str = ""):
-        self.name, self.detail, self.runs = name, detail, []
+    def __init__(self, name: str, detail: str = "", predicted: float | None = None):
+        self.name, self.detail, self.runs, self.predicted = name, detail, [], predicted
 
     def add(self, seconds, hwm, lost, kills, error, ok):
         self.runs.append({"seconds": seconds, "hwm": hwm, "lost": lost, "kills": kills, "error": error, "ok": ok})
@@ -170,6 +180,58 @@ def one_run(spec, source, work: Path, limit, args, **kwargs):
     out = work / f"out-{time.monotonic_ns()}.zarr"
     return run(spec, source, out, memory_limit=limit, workers=args.workers, threads_per_worker=args.threads,
                runs_dir=args.cache, refine=False, replan=False, **kwargs)
+
+
+def rounds(arms_kwargs, spec, source, work, limit, args, reference) -> None:
+    """``--repeats`` rounds over ``[(arm, run kwargs), ...]``: each round runs every arm once,
+    the order rotated by one from round to round; an arm that fails is not run again."""
+    for r in range(args.repeats):
+        order = arms_kwargs[r % len(arms_kwargs):] + arms_kwargs[: r % len(arms_kwargs)]
+        for arm, kwargs in order:
+            if arm.runs and not arm.runs[-1]["ok"]:
+                continue
+            run_arm(arm, spec, source, work, limit, args, reference, 1, **kwargs)
+
+
+def time_model_quality(grid_arms) -> str:
+    """Spearman's rank correlation and RMS log error of the predicted against the screening
+    seconds, over the grid shapes that ran (raw, and after the best single scale)."""
+    pairs = [(a.predicted, a.runs[0]["seconds"]) for a in grid_arms
+             if a.runs and a.runs[0]["ok"] and a.predicted is not None]
+    if len(pairs) < 3:
+        return "too few grid shapes ran to judge the time model"
+    from scipy.stats import spearmanr
+
+    predicted, measured = (np.asarray(c, dtype=float) for c in zip(*pairs))
+    log_ratio = np.log(predicted / measured)
+    rho = spearmanr(predicted, measured).statistic
+    return (f"time model over the {len(pairs)} grid shapes that ran (screening runs): Spearman {rho:+.2f}, "
+            f"RMS log error {np.sqrt(np.mean(log_ratio ** 2)):.2f} raw, "
+            f"{np.std(log_ratio):.2f} after its best scale (x{np.exp(-log_ratio.mean()):.2f})")
+
+
+def time_terms(specs, cache: Path) -> str:
+    """A table of each member's and pipeline's learnt time terms: the overhead per graph task
+    ``g``, a run's fixed seconds ``F`` (``explorer.calibration.fit_run_overheads``), the clock's
+    seconds per voxel at its smallest and largest probe, the runs it was learnt from."""
+    from explorer.calibration import load_calibration
+
+    names = []
+    for spec in specs:
+        names += [m.name for m in operators.get(spec).members if m.name not in names]
+        names += [] if spec in names else [spec]
+    lines = ["| calibration | g (per graph task) | F (per run) | s at the smallest / largest probe | runs |",
+             "|---|---:|---:|---|---:|"]
+    for name in names:
+        cal = load_calibration(name, cache)
+        t = None if cal is None else cal.timing
+        if t is None or t.clock is None:
+            lines.append(f"| `{name}` | - | - | - | - |")
+            continue
+        s = t.clock.seconds_per_voxel
+        lines.append(f"| `{name}` | {1e3 * (t.graph_task_seconds or 0):.2f} ms | {t.run_fixed_seconds or 0:.3f} s | "
+                     f"{1e9 * s[0]:.0f} / {1e9 * s[-1]:.0f} ns per voxel | {t.n_runs} |")
+    return "\n".join(lines)
 
 
 def run_arm(arm: Arm, spec, source, work, limit, args, reference, times: int, **kwargs):
@@ -249,27 +311,40 @@ def bench_pipeline(spec: str, args, limit: int) -> dict:
     out_dir.mkdir()
     log(f"{spec}: volume {format_shape(shape)}, limit {format_bytes(limit)}")
     calibrated = calibrate_pipeline(spec, args, limit)
+    first = Arm("ours (first run)", "")
+    last = run_arm(first, spec, source, out_dir, limit, args, reference, 1)
     ours = Arm("ours", "")
-    last = run_arm(ours, spec, source, out_dir, limit, args, reference, args.repeats)
+    ours_kwargs = {}
     if last is not None and last.plan:
         plan = last.plan
         considered = "; ".join(f"{k} {format_shape(v['chunks'])} ~{v['predicted_seconds']:.1f} s"
                                + ("" if v["in_worker_calibrated"] else " uncalibrated")
                                if "error" not in v else f"{k}: none fits" for k, v in plan["considered"].items())
-        ours.detail = (f"{plan['strategy']} {format_shape(plan['chunks'])} (bound "
-                       f"{format_bytes(plan['upper_bytes'])}; weighed {considered}; {calibrated})")
+        ours.detail = first.detail = (f"{plan['strategy']} {format_shape(plan['chunks'])} (bound "
+                                      f"{format_bytes(plan['upper_bytes'])}; weighed {considered}; {calibrated})")
+        ours.predicted = first.predicted = plan["predicted_seconds"]
+        ours_kwargs = {"chunks": tuple(plan["chunks"]), "strategy": plan["strategy"],
+                       "branch_order": plan.get("branch_order") or None}
+    from explorer.recommend import predicted_seconds
+
     screened = []
     for chunks in grid(shape):
         for strategy in ("fused", "staged"):
-            arm = Arm("grid", f"{strategy} {format_shape(chunks)}")
+            predicted = float(predicted_seconds(spec, shape, [chunks], strategy=strategy, workers=args.workers,
+                                                threads_per_worker=args.threads, runs_dir=args.cache)[0])
+            arm = Arm("grid", f"{strategy} {format_shape(chunks)}", predicted)
             run_arm(arm, spec, source, out_dir, limit, args, reference, 1, chunks=chunks, strategy=strategy)
             screened.append(arm)
     finalists = sorted((a for a in screened if a.ok), key=lambda a: a.median)[: args.finalists]
+    contenders = []
     for arm in finalists:
         strategy, chunk_text = arm.detail.split()
-        run_arm(arm, spec, source, out_dir, limit, args, reference, args.repeats - 1,
-                chunks=parse_shape(chunk_text), strategy=strategy)
-    finalists = [a for a in finalists if a.ok]
+        again = Arm("finalist", arm.detail, arm.predicted)
+        contenders.append((again, {"chunks": parse_shape(chunk_text), "strategy": strategy}))
+    if last is not None:
+        contenders.insert(0, (ours, ours_kwargs))  # ours's plan, fixed by its first run, as `explore run` repeats it
+    rounds(contenders, spec, source, out_dir, limit, args, reference)
+    finalists = [a for a, _ in contenders if a is not ours and a.ok]
     oracle = min(finalists, key=lambda a: a.median) if finalists else None
     if oracle is not None:
         oracle.name = "oracle"
@@ -278,8 +353,8 @@ def bench_pipeline(spec: str, args, limit: int) -> dict:
             strategy="staged")
     chain = chained(spec, source, out_dir, limit, args, reference)
     shutil.rmtree(work, ignore_errors=True)
-    return {"spec": spec, "limit": limit, "ours": ours, "oracle": oracle, "grid": screened, "auto": auto,
-            "chained": chain}
+    return {"spec": spec, "limit": limit, "ours": ours, "first": first, "oracle": oracle, "grid": screened,
+            "finalists": finalists, "auto": auto, "chained": chain}
 
 
 def main() -> None:
@@ -312,17 +387,25 @@ def main() -> None:
         print("| arm | chunks | runs | seconds, median (min-max) | / oracle | largest worker HWM (of limit) "
               "| workers lost | memory kills | max abs error |")
         print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
-        for arm in [r["ours"], r["oracle"], r["chained"], r["auto"]]:
+        for arm in [r["ours"], r["oracle"], r["chained"], r["auto"], r["first"]]:
             if arm is not None:
                 print(arm.row(r["limit"], oracle))
         print()
-        print("<details><summary>grid (one run each; finalists rerun)</summary>\n")
-        print("| strategy chunks | runs | seconds | largest HWM | lost |")
-        print("|---|---:|---:|---:|---:|")
+        others = [a for a in r["finalists"] if a is not r["oracle"]]
+        if others:
+            print("Other finalists, same rounds: " + "; ".join(
+                f"{a.detail} {a.median:.2f} s ({a.median / oracle:.2f}x)" for a in others) + ".")
+        print(f"Ours predicted {r['ours'].predicted:.2f} s." if r["ours"].predicted is not None else "")
+        print(f"{time_model_quality(r['grid'])}.\n")
+        print("<details><summary>grid (screening: one run each)</summary>\n")
+        print("| strategy chunks | seconds | predicted | predicted / seconds | largest HWM | lost |")
+        print("|---|---:|---:|---:|---:|---:|")
         for arm in r["grid"]:
             hwm = max((x["hwm"] for x in arm.runs), default=0)
-            secs = f"{arm.median:.2f}" if arm.ok else "failed"
-            print(f"| {arm.detail} | {len(arm.runs)} | {secs} | {format_bytes(hwm)} | "
+            secs = f"{arm.runs[0]['seconds']:.2f}" if arm.ok else "failed"
+            ratio = f"{arm.predicted / arm.runs[0]['seconds']:.2f}" if arm.ok and arm.predicted else "-"
+            predicted = "-" if arm.predicted is None else f"{arm.predicted:.2f}"
+            print(f"| {arm.detail} | {secs} | {predicted} | {ratio} | {format_bytes(hwm)} | "
                   f"{sum(x['lost'] for x in arm.runs)} |")
         print("\n</details>\n")
         ours = r["ours"]
@@ -336,6 +419,8 @@ def main() -> None:
                         f"{'lost workers or failed' if auto_killed else 'did not fail at this limit'}")
     print("### Verdicts\n")
     print("\n".join(verdicts))
+    print("\n### Time terms learnt (each calibration's `TimingFit`)\n")
+    print(time_terms(specs, args.cache))
     print(f"\nMachine: {machine_line()}")
 
 
