@@ -1,11 +1,12 @@
-"""Where an operator's run-to-run noise comes from: every profile's repeats and the pooled
-relative noise the surrogate fitted on them.
+"""Where an operator's run-to-run noise comes from: every profile's repeats and the relative
+and absolute run noise the surrogate learnt from them.
 
 Explores ``OP`` from an empty runs directory first when it has no model there
 (``explore OP --probes 0 --seed SEED``), then prints, per profile, its runs, their spread in
-bytes and as a share of the peak, and the model's pooled relative run sd
-(``MemoryModel.hyperparameters["relative_run_sd"]``) and the max relative half-width of its
-99% bound that this noise alone would give (``t_nu(0.99) * relative_run_sd``).
+bytes and as a share of the peak, and the model's learnt run noise
+(``MemoryModel.hyperparameters``: ``relative_run_sd`` and ``abs_noise_sd_bytes``) and the
+relative half-width of its 99% bound that this noise alone would give at the largest and
+smallest profiled peak (``t_nu(0.99) * sqrt(rho^2 + (a / peak)^2)``).
 
     python scripts/run_noise.py envelope [--runs-dir DIR] [--seed 0]
 
@@ -51,11 +52,18 @@ def main() -> None:
                   f"{spread / 1024:.0f} | {spread / runs_b.mean():.2%} |")
     model = load_model(args.operator, runs)
     hyper = model.hyperparameters
-    rho = float(hyper["relative_run_sd"])
+    rho, a = float(hyper["relative_run_sd"]), float(hyper["abs_noise_sd_bytes"])
     t = t_quantile(0.99, float(hyper["scale_dof"]))
-    print(f"\nPooled relative run sd {rho:.2%} (absolute term {hyper['abs_noise_sd_bytes'] / 1024:.0f} KiB, "
-          f"{hyper['run_noise_dof']:.0f} dof): this noise alone makes the 99% bound's relative half-width "
-          f"at least {t * rho:.1%} (t = {t:.2f}).")
+    peaks = np.asarray(model.train_bytes, dtype=np.float64)
+    small, large = float(peaks.min()), float(peaks.max())
+
+    def half_width(peak: float) -> float:
+        return t * float(np.hypot(rho, a / peak))
+
+    print(f"\nLearnt run noise (`explorer.stats.fit_spread`, {hyper['run_noise_dof']:.0f} dof): relative sd {rho:.2%}, "
+          f"absolute sd {a / 1024:.0f} KiB.  This noise alone makes the 99% bound's relative half-width at least "
+          f"{half_width(large):.1%} at the largest profiled peak ({large / 2**20:.1f} MiB) and "
+          f"{half_width(small):.1%} at the smallest ({small / 2**20:.2f} MiB) (t = {t:.2f}).")
     print(f"\nMachine: {machine_line()}")
 
 
