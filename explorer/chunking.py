@@ -1342,8 +1342,9 @@ def plan_staged_chunks(
 
     (:func:`worker_footprint`'s terms per stage.  Counting the queue of the running stage only,
     the fan-out ``gaussian,envelope+instantaneous_phase+instantaneous_frequency+gst3d`` on
-    64x64x384 chunks, 2 workers at 1 GiB, went over its 414 MiB bound in 3 of 10 worker runs,
-    to 450 MiB: up to eight finished stage outputs waited on one worker.)
+    64x64x384 chunks, 2 workers at 1 GiB, went over its bound, 438 MiB against 415 MiB
+    (``scripts/results/bench_pipeline_runs_before_queues.md``), with up to eight finished stage
+    outputs waiting on one worker (``scripts/run_trace.py``).)
 
     (``g`` over stages: a fan-out's branches share one input).  Each ``P_s`` is the
     member's task bound at ``1 - (1 - c) / S`` (Bonferroni over the ``S`` stage terms), so
@@ -1377,7 +1378,7 @@ def plan_staged_chunks(
     shape, halo_max, whole, limit_bytes, threads = _checked_plan_arguments(
         shape, halo_max, whole_axes, limit_bytes, pause_fraction=pause_fraction, confidence=confidence,
         threads_per_worker=threads_per_worker, min_chunk=min_chunk, workers=workers, baseline_bytes=baseline_bytes)
-    ndim, workers, baseline_bytes = len(shape), int(workers), int(baseline_bytes)
+    workers, baseline_bytes = int(workers), int(baseline_bytes)
     slots = workers * threads
     budget = math.floor(pause_fraction * limit_bytes)
     nothing = functools.partial(worker_footprint, threads_per_worker=threads, baseline_bytes=0)

@@ -263,10 +263,9 @@ class ObservationPlugin(WorkerPlugin):
         """The task's compute seconds as its worker recorded them (the last ``compute`` of its
         ``startstops``, which distributed keeps free of the thread pool's and the event loop's
         latency), else ``measured`` (this plugin's interval, from the transition to executing
-        to the one out of it).  The interval also holds the event loop's latency: about 1 ms a
-        task, which on the ~10 overlap slices around each small operator task was half of the
-        seconds a probe charged it (envelope,gaussian on 24x24x128 chunks: 10 ms of the other
-        tasks' intervals per operator task where their compute was 1-2 ms)."""
+        to the one out of it).  The interval also holds the event loop's latency, about a
+        millisecond a task when this was measured here, which on the ~10 overlap slices around a
+        small operator task made most of what a probe charged it for them."""
         ts = self.worker.state.tasks.get(key)
         for step in reversed(getattr(ts, "startstops", None) or ()):
             if step.get("action") == "compute":
