@@ -11,7 +11,7 @@ machine's (``explorer.recommend.local_worker_baseline``).
 
 Probe blocks: ``n`` cubes of edge ``e_j``, log-spaced from :data:`MIN_PROBE_EDGE` (at least
 ``3 h + 1``, so that two chunks of ``e - h`` fit ``map_overlap``) up to the **plan-scale
-cube**: the largest cube whose one-thread worker footprint (the isolated 99% bound, the
+cube**, each edge a regular (5-smooth) length unless the operator pads to a grid (:func:`_lengths`): the largest cube whose one-thread worker footprint (the isolated 99% bound, the
 measured baseline, the probe grid's held chunks) fits the pause threshold of the target
 memory, which is the block a plan at that memory runs (without a target memory: the largest
 cube the exact isolated profiles reached).  Tasks on equal blocks differ from one another, more
@@ -115,7 +115,7 @@ def probe_blocks(op, max_volume: float, seconds_per_voxel: float | None, n: int 
         return voxels * seconds_per_voxel * IN_WORKER_TIME_FACTOR / workers
 
     while True:
-        edges = np.unique(_on_grid(op, np.rint(np.geomspace(smallest, largest, n)).astype(int)))
+        edges = _lengths(op, np.rint(np.geomspace(smallest, largest, n)).astype(int), smallest, largest)
         if seconds(edges) <= budget_seconds or largest <= smallest + n:
             break
         largest = int(largest * 0.9)
@@ -129,6 +129,48 @@ def probe_blocks(op, max_volume: float, seconds_per_voxel: float | None, n: int 
         extra = [e for e in first + step * np.arange(2 * needed) if e not in edges][:needed - len(edges)]
         edges = np.unique(np.concatenate([edges, extra]).astype(int))
     return [(int(e),) * 3 for e in edges]
+
+
+def _lengths(op, edges: np.ndarray, smallest: int, largest: int) -> np.ndarray:
+    """The probe edges a block is really run at, distinct and increasing: on the operator's
+    grid when it pads its blocks to a multiple (:func:`_on_grid`), else each the nearest (in
+    log) 5-smooth length ``2^a 3^b 5^c`` between ``smallest`` and ``largest``.
+
+    An FFT's speed depends on its length's factors (pocketfft has fast paths for small primes,
+    a prime length goes through Bluestein's algorithm at several times the cost), and
+    envelope, instantaneous_phase and instantaneous_frequency transform their whole samples
+    axis, which a probe's cube gives the probe's edge.  Probes at arbitrary edges (24, 37, 58,
+    89, 139, 215: three prime) gave envelope a clock whose cost per voxel rose and fell with
+    their factors, and the planner preferred the block volumes that happened to probe fast.
+    On regular lengths the clock follows the block's volume; a survey's own samples length then
+    changes the speed of every chunking of it alike (an axis such an operator needs whole is
+    the survey's whole length in every plan), so it does not change which one is fastest."""
+    if max(int(x) for x in op.block_multiple) > 1:
+        return np.unique(_on_grid(op, edges))
+    lo = _regular_at_least(smallest)
+    regular = np.array([r for r in _REGULAR if lo <= r <= max(largest, lo)], dtype=np.int64)
+    nearest = np.abs(np.log(regular)[None, :] - np.log(np.asarray(edges, dtype=np.float64))[:, None]).argmin(axis=1)
+    return np.unique(regular[nearest])
+
+
+def _regular_numbers(limit: int) -> tuple[int, ...]:
+    """The 5-smooth numbers ``2^a 3^b 5^c <= limit``, increasing."""
+    out = {1}
+    for prime in (2, 3, 5):
+        for value in sorted(out):
+            value *= prime
+            while value <= limit:
+                out.add(value)
+                value *= prime
+    return tuple(sorted(out))
+
+
+#: 5-smooth lengths up to twice the largest plan-scale edge :func:`plan_scale_edge` tries.
+_REGULAR = _regular_numbers(4096)
+
+
+def _regular_at_least(n: int) -> int:
+    return next(r for r in _REGULAR if r >= n)
 
 
 def _on_grid(op, edges: np.ndarray) -> np.ndarray:

@@ -386,7 +386,7 @@ def test_the_top_probe_is_the_block_a_plan_at_the_target_memory_runs(gst3d_model
     threshold: the next edge does not; the probes reach it (when their seconds allow)."""
     import operators
     from explorer.chunking import neighbour_chunks_held, worker_footprint, worker_pause_fraction
-    from explorer.probes import _probe_volume, plan_scale_edge, probe_blocks
+    from explorer.probes import _REGULAR, _probe_volume, plan_scale_edge, probe_blocks
 
     op = operators.get("gst3d")
     limit, baseline = 2**30, 100 * 2**20
@@ -401,9 +401,10 @@ def test_the_top_probe_is_the_block_a_plan_at_the_target_memory_runs(gst3d_model
     pause = worker_pause_fraction() * limit
     assert total(edge) <= pause < total(edge + 1)
     blocks = probe_blocks(op, 50.0**3, seconds_per_voxel=None, plan_edge=edge)
-    assert blocks[-1] == (edge,) * 3 and len(blocks) == 6
+    top = max(r for r in _REGULAR if r <= edge)  # the plan-scale edge, on a regular (5-smooth) length
+    assert blocks[-1] == (top,) * 3 and top > 0.85 * edge and len(blocks) == 6
     # isolated profiles that reached far larger blocks do not push the probes past the plans' blocks
-    assert probe_blocks(op, (4 * edge) ** 3, seconds_per_voxel=None, plan_edge=edge)[-1] == (edge,) * 3
+    assert probe_blocks(op, (4 * edge) ** 3, seconds_per_voxel=None, plan_edge=edge)[-1] == (top,) * 3
     assert plan_scale_edge(op, gst3d_model, 120 * 2**20, baseline) is None  # nothing fits: no plan-scale probe
 
 
@@ -423,6 +424,30 @@ def test_probes_keep_enough_distinct_blocks_to_identify_the_excess():
     assert edges[0] >= 3 * max(unet.halo) + 1
     gst3d = probe_blocks(operators.get("gst3d"), 300.0**3, seconds_per_voxel=2e-7, plan_edge=200)
     assert len(gst3d) == 6 and gst3d[-1] == (200,) * 3
+
+
+def test_probe_edges_are_regular_lengths_so_an_ffts_factors_do_not_shape_the_clock():
+    """An operator that does not pad its blocks probes at 5-smooth edges (a prime length's FFT
+    runs several times slower), spread as before from its smallest block to the plan-scale one;
+    one that pads keeps the edges of its grid."""
+    import operators
+    from explorer.probes import probe_blocks
+
+    def smooth(n):
+        for p in (2, 3, 5):
+            while n % p == 0:
+                n //= p
+        return n == 1
+
+    for name, edge in [("envelope", 215), ("gaussian", 300), ("instantaneous_frequency", 97)]:
+        op = operators.get(name)
+        edges = [b[0] for b in probe_blocks(op, 400.0**3, seconds_per_voxel=None, plan_edge=edge)]
+        assert all(smooth(e) for e in edges) and edges == sorted(set(edges)), (name, edges)
+        assert edges[0] >= max(24, 3 * max(op.halo) + 1) and 0.85 * edge < edges[-1] <= edge
+        assert len(edges) == 6
+    unet = operators.get("unet3d")
+    edges = [b[0] for b in probe_blocks(unet, 300.0**3, seconds_per_voxel=None, plan_edge=230)]
+    assert all((e - max(unet.halo)) % 8 == 0 for e in edges)  # its grid, not regular lengths
 
 
 def test_the_memoised_student_t_quantiles_are_stdtrits_values(monkeypatch):
