@@ -11,7 +11,8 @@ machine's (``explorer.recommend.local_worker_baseline``).
 
 Probe blocks: ``n`` cubes of edge ``e_j``, log-spaced from :data:`MIN_PROBE_EDGE` (at least
 ``3 h + 1``, so that two chunks of ``e - h`` fit ``map_overlap``) up to the **plan-scale
-cube**, each edge a regular (5-smooth) length unless the operator pads to a grid (:func:`_lengths`): the largest cube whose one-thread worker footprint (the isolated 99% bound, the
+cube**, each edge a regular length (5-smooth, at most 2^3 in it) unless the operator pads to a grid
+(:func:`_lengths`): the largest cube whose one-thread worker footprint (the isolated 99% bound, the
 measured baseline, the probe grid's held chunks) fits the pause threshold of the target
 memory, which is the block a plan at that memory runs (without a target memory: the largest
 cube the exact isolated profiles reached).  Tasks on equal blocks differ from one another, more
@@ -134,17 +135,18 @@ def probe_blocks(op, max_volume: float, seconds_per_voxel: float | None, n: int 
 def _lengths(op, edges: np.ndarray, smallest: int, largest: int) -> np.ndarray:
     """The probe edges a block is really run at, distinct and increasing: on the operator's
     grid when it pads its blocks to a multiple (:func:`_on_grid`), else each the nearest (in
-    log) 5-smooth length ``2^a 3^b 5^c`` between ``smallest`` and ``largest``.
+    log) *regular* length between ``smallest`` and ``largest``: ``2^a 3^b 5^c`` with ``a <= 3``.
 
-    An FFT's speed depends on its length's factors (pocketfft has fast paths for small primes,
-    a prime length goes through Bluestein's algorithm at several times the cost), and
-    envelope, instantaneous_phase and instantaneous_frequency transform their whole samples
-    axis, which a probe's cube gives the probe's edge.  Probes at arbitrary edges (24, 37, 58,
-    89, 139, 215: three prime) gave envelope a clock whose cost per voxel rose and fell with
-    their factors, and the planner preferred the block volumes that happened to probe fast.
-    On regular lengths the clock follows the block's volume; a survey's own samples length then
-    changes the speed of every chunking of it alike (an axis such an operator needs whole is
-    the survey's whole length in every plan), so it does not change which one is fastest."""
+    A block's speed per voxel depends on its edges' factors at both ends.  An FFT's on a prime
+    length goes through Bluestein's algorithm at several times the cost (pocketfft has fast
+    paths for small primes), and envelope, instantaneous_phase and instantaneous_frequency
+    transform their whole samples axis, which a probe's cube gives the probe's edge: probes at
+    24, 38, 60, 96, 151 and 240 gave envelope a clock whose cost per voxel rose and fell with
+    their factors, and the planner chased the volumes that happened to probe fast.  A stride of
+    a large power of two aliases in the caches: with 5-smooth edges semblance's 128^3 probe ran
+    slower per voxel than its 90^3 and 200^3 neighbours (79.8 ns against 68.0 and 50.7), and
+    the planner went from cubes to slabs.  Between the two, the clock follows the block's
+    volume; a survey's own lengths then change the speed of its chunkings, not the probes'."""
     if max(int(x) for x in op.block_multiple) > 1:
         return np.unique(_on_grid(op, edges))
     lo = _regular_at_least(smallest)
@@ -153,19 +155,19 @@ def _lengths(op, edges: np.ndarray, smallest: int, largest: int) -> np.ndarray:
     return np.unique(regular[nearest])
 
 
-def _regular_numbers(limit: int) -> tuple[int, ...]:
-    """The 5-smooth numbers ``2^a 3^b 5^c <= limit``, increasing."""
+def _regular_numbers(limit: int, max_twos: int = 3) -> tuple[int, ...]:
+    """The numbers ``2^a 3^b 5^c <= limit`` with ``a <= max_twos``, increasing."""
     out = {1}
-    for prime in (2, 3, 5):
+    for prime in (3, 5):
         for value in sorted(out):
             value *= prime
             while value <= limit:
                 out.add(value)
                 value *= prime
-    return tuple(sorted(out))
+    return tuple(sorted({v * 2**a for v in out for a in range(max_twos + 1) if v * 2**a <= limit}))
 
 
-#: 5-smooth lengths up to twice the largest plan-scale edge :func:`plan_scale_edge` tries.
+#: Regular lengths (:func:`_lengths`) up to twice the largest plan-scale edge :func:`plan_scale_edge` tries.
 _REGULAR = _regular_numbers(4096)
 
 
