@@ -320,10 +320,11 @@ def _print_probes(probes: dict | None) -> None:
           f"(residual sd {format_bytes(excess['residual_sd'])}, {excess['method']} quantile)"
           + _within_text(cal.get("within")) + f"; idle worker {format_bytes(probes['baseline_bytes'])}")
     if timing.get("seconds_per_voxel") is not None:
-        g = timing.get("graph_task_seconds")
+        g, fixed = timing.get("graph_task_seconds"), timing.get("run_fixed_seconds")
         print(f"in-worker time: {timing['operator_seconds_per_voxel'] * 1e9:.0f} ns/voxel in the operator, "
               f"{timing['io_seconds_per_voxel'] * 1e9:.0f} ns/voxel around it"
-              + (f", {g * 1e3:.1f} ms per graph task" if g is not None else ""))
+              + (f", {g * 1e3:.1f} ms per graph task" if g is not None else "")
+              + (f", {fixed:.2f} s per run" if fixed is not None else ""))
 
 
 def _within_text(within: dict | None) -> str:

@@ -456,7 +456,7 @@ def test_recommend_weighs_fused_against_staged_by_predicted_time_among_plans_tha
         recommend_chunks(spec, (300, 300, 300), "1GiB", strategy="both", **kwargs)
 
 
-def test_explore_calibrate_probes_a_composed_model_in_workers_so_auto_weighs_fused_by_time(tmp_path):
+def test_explore_calibrate_probes_a_composed_model_in_workers_so_auto_weighs_fused_by_time(tmp_path, capsys):
     """Real models of envelope and gaussian, no profile of ``envelope,gaussian``: before, the
     fused plan from the composed model lacks its in-worker term (a warning naming
     ``explore calibrate``); ``explore calibrate`` runs real probes of the fused pipeline on a
@@ -484,6 +484,11 @@ def test_explore_calibrate_probes_a_composed_model_in_workers_so_auto_weighs_fus
     assert result["calibration"]["excess"] is not None and result["calibration"]["n_probe_groups"] >= 4
     assert result["calibration"]["timing"]["run_fixed_seconds"] is not None
     assert "[probe 4/4]" in out.stderr
+    from explorer.cli import _print_probes
+
+    _print_probes(result)  # what the command prints without --json: the learnt time terms too
+    printed = capsys.readouterr().out
+    assert "in-worker probes: 4 in" in printed and "ms per graph task" in printed and "s per run" in printed
 
     after = recommend_chunks(spec, (256, 256, 256), "512MiB", **kwargs)
     assert after.considered["fused"]["in_worker_calibrated"] is True
