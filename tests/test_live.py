@@ -99,6 +99,29 @@ def test_observations_are_stored_at_once_with_blocks_peaks_and_context(client, s
     assert observer.tasks_over_bound == 0  # no model given: nothing to compare
 
 
+def test_a_tasks_seconds_are_its_compute_as_the_worker_records_it(client, segy, tmp_path):
+    """``task_seconds`` is the compute interval distributed records for the task (its task
+    stream's ``compute``), not the plugin's interval between transitions, which holds the
+    event loop's latency; the other tasks' seconds are theirs, likewise."""
+    store = Store(tmp_path)
+    with distributed.get_task_stream(client) as stream:
+        with live.observe(client, OPERATOR, store=store) as observer:
+            compute(segy, tmp_path / "out.zarr", observer)
+    compute_seconds = {}
+    for task in stream.data:
+        for step in task["startstops"]:
+            if step["action"] == "compute":
+                compute_seconds[str(task["key"])] = step["stop"] - step["start"]
+    observed = observer.observations
+    assert len(observed) == 4
+    for o in observed:
+        assert o.seconds == pytest.approx(compute_seconds[o.key], abs=1e-9)
+        assert 0 < o.extra["run_seconds"] <= o.seconds
+    others = sum(o.extra["other_seconds"] for o in observed)
+    other_compute = sum(v for k, v in compute_seconds.items() if k not in {o.key for o in observed})
+    assert others <= other_compute + 1e-9  # reported with the next operator task: none after the last
+
+
 def test_in_worker_peak_is_plausible_against_the_isolated_profile(client, segy, tmp_path):
     from explorer.profiling import profile
 
