@@ -1187,12 +1187,13 @@ def _torch_modules():
 _STARTS = ((0.5, 0.005, 0.001), (2.0, 0.03, 0.001))
 
 
-def _fit_hyperparameters(dims, y_s, fixed_var_s, features, amp_floor, *, y_ref=None):
+def _fit_hyperparameters(dims, y_s, fixed_var_s, features, amp_floor, *, y_ref=None, optimizer_options=None):
     """Maximise the restricted marginal likelihood (+ priors) with ``fit_gpytorch_mll``.
 
     ``y_s``: the targets (the peaks less the prior mean ``H b_0``); ``y_ref``: the peaks the
     relative nugget scales with (``y_s`` by default).  Runs from each of ``_STARTS`` and keeps
-    the best; returns ``(hyperparameters, value)``.
+    the one of highest value; returns ``(hyperparameters, value)``.  ``optimizer_options``:
+    SciPy L-BFGS-B options (default SciPy's).
     """
     t = _torch_modules()
     torch = t.torch
@@ -1201,22 +1202,33 @@ def _fit_hyperparameters(dims, y_s, fixed_var_s, features, amp_floor, *, y_ref=N
     y_ref = y if y_ref is None else torch.as_tensor(y_ref, dtype=torch.float64)
     fixed = torch.as_tensor(fixed_var_s, dtype=torch.float64)
     best = None
+    failures = []
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny matrices: threads only add overhead
     try:
         for start in _STARTS:
-            fitted = _fit_from_start(t, x, y, y_ref, fixed, features, amp_floor, *start)
-            if fitted is not None and (best is None or fitted[0] > best[0]):
+            fitted = _fit_from_start(t, x, y, y_ref, fixed, features, amp_floor, *start,
+                                     optimizer_options=optimizer_options)
+            if isinstance(fitted, str):
+                failures.append(fitted)
+            elif best is None or fitted[0] > best[0]:
                 best = fitted
     finally:
         torch.set_num_threads(threads)
     if best is None:
-        raise RuntimeError("fitting the surrogate's hyperparameters failed from every start")
+        raise RuntimeError(f"fitting the surrogate's hyperparameters failed from every start "
+                           f"({len(y_s)} profiles): " + "; ".join(failures))
     return best[1], best[0]
 
 
-def _fit_from_start(t, x, y, y_ref, fixed, features, amp_floor, lengthscale, residual_sd, nugget_sd):
-    """One ML-II run: ``(restricted log-likelihood + log priors, hyperparameters)``, None on failure."""
+def _fit_from_start(t, x, y, y_ref, fixed, features, amp_floor, lengthscale, residual_sd, nugget_sd, *,
+                    optimizer_options=None):
+    """One ML-II run: ``(restricted log-likelihood + log priors, hyperparameters)``, or why it failed.
+
+    Where L-BFGS-B stopped is kept even when SciPy flags the stop (an abnormal line search
+    ends at a point no worse than the start): BoTorch's default would discard it and, with
+    one attempt, the whole start; the caller compares the starts by their value instead.
+    """
     import warnings
 
     from botorch.fit import fit_gpytorch_mll
@@ -1229,16 +1241,18 @@ def _fit_from_start(t, x, y, y_ref, fixed, features, amp_floor, lengthscale, res
     gp.covar_module.scaled.outputscale = torch.tensor(residual_sd**2, dtype=torch.float64)
     likelihood.noise_covar._set_nugget(nugget_sd**2)
     mll = t.RestrictedMarginalLogLikelihood(likelihood, gp)
+    optimizer_kwargs = None if optimizer_options is None else {"options": dict(optimizer_options)}
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            fit_gpytorch_mll(mll, max_attempts=1)
+            fit_gpytorch_mll(mll, max_attempts=1, warning_handler=lambda w: True,
+                             optimizer_kwargs=optimizer_kwargs)
         with torch.no_grad():
             value = float(mll.restricted_log_likelihood()) * y.shape[0]
-    except Exception:  # a failed start (e.g. not PSD): the caller tries the next one
-        return None
+    except Exception as e:  # e.g. not PSD at every point tried: the caller tries the next start
+        return f"start {(lengthscale, residual_sd, nugget_sd)}: {type(e).__name__}: {e}".splitlines()[0]
     if not math.isfinite(value):
-        return None
+        return f"start {(lengthscale, residual_sd, nugget_sd)}: restricted log-likelihood {value}"
     scaled = gp.covar_module.scaled
     return value, {
         "lengthscale": scaled.base_kernel.lengthscale.detach().reshape(-1).numpy().copy(),
