@@ -1221,6 +1221,17 @@ def _fit_hyperparameters(dims, y_s, fixed_var_s, features, amp_floor, *, y_ref=N
     return best[1], best[0]
 
 
+def _start_mll(t, x, y, y_ref, fixed, features, amp_floor, lengthscale, residual_sd, nugget_sd):
+    """The restricted marginal likelihood of the surrogate at one of :data:`_STARTS`."""
+    torch = t.torch
+    likelihood = t.RelativeNuggetLikelihood(fixed, y_ref)
+    gp = t.ExplicitBasisGP(x, y, likelihood, t.FeatureMap(features, amp_floor))
+    gp.covar_module.scaled.base_kernel.lengthscale = torch.full((1, 3), lengthscale, dtype=torch.float64)
+    gp.covar_module.scaled.outputscale = torch.tensor(residual_sd**2, dtype=torch.float64)
+    likelihood.noise_covar._set_nugget(nugget_sd**2)
+    return t.RestrictedMarginalLogLikelihood(likelihood, gp)
+
+
 def _fit_from_start(t, x, y, y_ref, fixed, features, amp_floor, lengthscale, residual_sd, nugget_sd, *,
                     optimizer_options=None):
     """One ML-II run: ``(restricted log-likelihood + log priors, hyperparameters)``, or why it failed.
@@ -1234,13 +1245,8 @@ def _fit_from_start(t, x, y, y_ref, fixed, features, amp_floor, lengthscale, res
     from botorch.fit import fit_gpytorch_mll
 
     torch = t.torch
-    feature_map = t.FeatureMap(features, amp_floor)
-    likelihood = t.RelativeNuggetLikelihood(fixed, y_ref)
-    gp = t.ExplicitBasisGP(x, y, likelihood, feature_map)
-    gp.covar_module.scaled.base_kernel.lengthscale = torch.full((1, 3), lengthscale, dtype=torch.float64)
-    gp.covar_module.scaled.outputscale = torch.tensor(residual_sd**2, dtype=torch.float64)
-    likelihood.noise_covar._set_nugget(nugget_sd**2)
-    mll = t.RestrictedMarginalLogLikelihood(likelihood, gp)
+    mll = _start_mll(t, x, y, y_ref, fixed, features, amp_floor, lengthscale, residual_sd, nugget_sd)
+    gp, likelihood = mll.model, mll.likelihood
     optimizer_kwargs = None if optimizer_options is None else {"options": dict(optimizer_options)}
     try:
         with warnings.catch_warnings():

@@ -462,15 +462,8 @@ def test_a_start_whose_line_search_stops_abnormally_keeps_where_it_stopped(monke
     starved = {"maxls": 1}
 
     t = surrogate._torch_modules()
-    torch = t.torch
-    x, y = torch.as_tensor(dims), torch.as_tensor(y_s)
-    likelihood = t.RelativeNuggetLikelihood(torch.as_tensor(fixed_s), torch.as_tensor(y_ref))
-    gp = t.ExplicitBasisGP(x, y, likelihood, t.FeatureMap(features, amp_floor))
-    lengthscale, residual_sd, nugget_sd = surrogate._STARTS[0]
-    gp.covar_module.scaled.base_kernel.lengthscale = torch.full((1, 3), lengthscale, dtype=torch.float64)
-    gp.covar_module.scaled.outputscale = torch.tensor(residual_sd**2, dtype=torch.float64)
-    likelihood.noise_covar._set_nugget(nugget_sd**2)
-    mll = t.RestrictedMarginalLogLikelihood(likelihood, gp)
+    tensors = [t.torch.as_tensor(a) for a in (dims, y_s, y_ref, fixed_s)]
+    mll = surrogate._start_mll(t, *tensors, features, amp_floor, *surrogate._STARTS[0])
     with pytest.raises(ModelFittingError), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         fit_gpytorch_mll(mll, max_attempts=1, optimizer_kwargs={"options": starved})
