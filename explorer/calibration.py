@@ -9,8 +9,8 @@ run by ``explorer.probes`` before any production run) and production tasks
 Memory: the in-worker excess
 ----------------------------
 A task on a block ``b`` inside a worker holds, besides what the operator itself needs
-(the isolated ``peak_bytes`` ``P(b)``), the block concatenated from its overlap pieces,
-the trimmed output copied for the store, the store's encode buffers and the task's own
+(the isolated ``peak_bytes`` ``P(b)``), the block it reads from the file (or
+concatenates from overlap pieces), the trimmed output copied for the store, the store's encode buffers and the task's own
 overhead; reused free heap can also make it smaller.  The excess is affine in the
 block's voxels ``V`` (measured: about 4 bytes per voxel for gst3d, 10 for gaussian)::
 

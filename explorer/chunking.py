@@ -16,10 +16,10 @@ one; never more than ``N``)::
           + T * held_output_bytes_per_thread             #   ... outputs not yet released ...
           + neighbour_chunk_bytes                        #   ... and chunks kept for halos
 
-    input_block_bytes               = prod(b) * itemsize          (float32 input: 4)
+    input_block_bytes               = prod(b) * itemsize          (float32 input: 4), or 0
     task_peak_bytes                 = the in-worker task peak at b (mean, or its upper bound on
                                       the largest of the plan's n tasks: Predictor)
-    waiting_input_bytes_per_thread  = WAITING_INPUTS_PER_THREAD * prod(b) * itemsize
+    waiting_input_bytes_per_thread  = WAITING_INPUTS_PER_THREAD * prod(b) * itemsize, or 0
     held_output_bytes_per_thread    = HELD_OUTPUTS_PER_THREAD  * prod(b) * output_itemsize
 
 ``baseline_bytes`` is the resident memory of an idle worker with the operator loaded,
@@ -28,27 +28,38 @@ constant: a user's workers (preloads, plugins, other versions) differ from ours 
 hundreds of MiB.  ``task_peak_bytes`` is the in-worker task peak of
 ``docs/definitions.md``: the isolated ``peak_bytes(b)`` (the highest RSS while
 ``operator.run(x)`` executes minus the RSS just before, with ``x`` resident) plus what
-the task needs around ``run`` inside a worker (the concatenated block, the store's
-copies; ``explorer.calibration``), so the task's own output is inside it while it runs.
-Held blocks are counted per thread because the scheduler keeps each thread fed:
+the task needs around ``run`` inside a worker (reading or concatenating its block, the
+store's copies; ``explorer.calibration``), so the task's own output is inside it while it runs.
 
-* one waiting input block of ``b``: the next task's block (its chunk and the
-  neighbour slices ``map_overlap`` gathers, then concatenates) is resident before
-  a thread frees up;
-* one finished output per thread, sized ``b`` and not ``c``: ``map_overlap``'s trim
-  is a slice, a *view* whose base is the operator's whole ``b``-shaped result
-  (checked with dask 2026.8), so a finished output keeps ``prod(b) * output_itemsize``
-  alive until its consumer releases it;
-* the input chunks kept for their neighbours' halos (:func:`neighbour_chunks_held`):
-  with a halo along an axis of several chunks, a chunk read from the file stays
-  resident until every neighbouring block has sliced its halo from it, about two
-  layers of the chunk grid across the ``W`` workers::
+A run reads its input file in **windows** (``operators.windowed_map``): each task reads
+its own block (its chunk and the halo), runs and trims it, so no input is resident
+before a task starts (``input_block_bytes`` and the waiting inputs are 0, ``windowed``
+in :func:`worker_footprint`: the block it reads is inside its task peak) and no chunk is
+kept for a neighbour.  ``map_overlap`` on a chunked Dask array instead slices every chunk
+into pieces its neighbours gather: a chunk stays resident until its last neighbour has
+run, and a worker that reads ahead of its slow tasks holds many.  The frontier count of
+:func:`neighbour_chunks_held` (two layers of the grid split over the workers) was the
+model of that; the first-run benchmark's survey (2 workers, a 7x4x2 grid of gst3d) held
+about 15 chunks' worth on one worker against its 8, 1.09x its bound
+(``scripts/results/run_trace_survey.md``): the count depends on how far the scheduler
+reads ahead, which no count of the grid gives.  It remains the count for a staged
+pipeline's later stages, whose inputs are intermediates in the workers (their producers
+are slow tasks, not reads).  Held blocks are counted per thread because the scheduler
+keeps each thread fed:
+
+* one waiting input block of ``b`` (a ``map_overlap`` stage only): the next task's block
+  (its chunk and the neighbour slices it gathers) is resident before a thread frees up;
+* one finished output per thread, sized ``b`` and not ``c``: the trim is a slice, a
+  *view* whose base is the operator's whole ``b``-shaped result (checked with dask
+  2026.8), so a finished output keeps ``prod(b) * output_itemsize`` alive until its
+  consumer releases it;
+* a ``map_overlap`` stage's input chunks kept for their neighbours' halos
+  (:func:`neighbour_chunks_held`)::
 
       neighbour_chunk_bytes = ceil(min(n, 2 prod(k_i, i > a)) / W) * prod(c) * itemsize
 
   (``n`` chunks, ``k_i`` per axis, ``a`` the first axis with a halo and more than one
-  chunk; 0 without such an axis).  Measured in ``scripts/bench_chunks.py``: without
-  it, gaussian on 2^3 chunks of 160^3 reached 1.24x the bound (292 MiB against 237).
+  chunk; 0 without such an axis).
 
 The same function gives the mean footprint (``task_peak_bytes`` = model mean) and
 the bound (= model upper bound at the requested confidence); only that term differs.
@@ -243,11 +254,12 @@ class WorkerFootprint:
     threads_per_worker: int
     #: The worker process itself: interpreter, dask/distributed, operator modules.
     baseline_bytes: int
-    #: One running task's input block: ``prod(b) * itemsize``.
+    #: One running task's input block: ``prod(b) * itemsize`` (0 when the task reads it: ``windowed``).
     input_block_bytes: int | np.ndarray
     #: One running task's ``peak_bytes(b)`` (model mean or upper bound).
     task_peak_bytes: int | np.ndarray
-    #: Blocks gathered for the next tasks: ``T * WAITING_INPUTS_PER_THREAD * prod(b) * itemsize``.
+    #: Blocks gathered for the next tasks: ``T * WAITING_INPUTS_PER_THREAD * prod(b) * itemsize``
+    #: (0 when each task reads its own: ``windowed``).
     waiting_input_bytes: int | np.ndarray
     #: Finished outputs not yet released: ``T * HELD_OUTPUTS_PER_THREAD * prod(b) * output_itemsize``.
     held_output_bytes: int | np.ndarray
@@ -291,6 +303,7 @@ def worker_footprint(
     held_outputs_per_thread: int = HELD_OUTPUTS_PER_THREAD,
     chunk_shapes=None,
     neighbour_chunks=0,
+    windowed: bool = False,
 ) -> WorkerFootprint:
     """The worker footprint of tasks on blocks ``b`` (see the module docstring).
 
@@ -298,7 +311,10 @@ def worker_footprint(
     ``task_peak_bytes`` the matching ``peak_bytes(b)`` (scalar or ``(m,)``), rounded up
     to whole bytes and clipped at 0.  ``neighbour_chunks`` (scalar or ``(m,)``, from
     :func:`neighbour_chunks_held`) chunks of ``chunk_shapes`` are kept for halos; without
-    ``chunk_shapes`` that term is 0.  Scalar inputs give int terms, arrays int64 arrays.
+    ``chunk_shapes`` that term is 0.  ``windowed``: each task reads its own block
+    (``operators.windowed_map``), so no input is resident before a task starts: the
+    input-block and waiting-input terms are 0, the block it reads being inside its task
+    peak.  Scalar inputs give int terms, arrays int64 arrays.
     """
     threads = int(threads_per_worker)
     if threads < 1:
@@ -306,7 +322,7 @@ def worker_footprint(
     blocks = np.asarray(block_shapes, dtype=np.int64)
     block_samples = _samples(blocks)
     peak = np.ceil(np.maximum(np.asarray(task_peak_bytes, dtype=np.float64), 0.0)).astype(np.int64)
-    block_input_bytes = block_samples * int(itemsize)
+    block_input_bytes = block_samples * (0 if windowed else int(itemsize))
     block_output_bytes = block_samples * int(output_itemsize)
     if chunk_shapes is None:
         neighbour_bytes = np.zeros_like(block_samples)
@@ -611,13 +627,16 @@ def composed_clock(clocks, shared_seconds_per_voxel: float = 0.0) -> TaskClock:
                      spread_volumes=spread_volumes, spreads=spreads)
 
 
-def _fused_seconds(shape, halo, axis_chunks, grid, blocks, n_tasks, *, slots: int, seconds_per_voxel,
+def _fused_seconds(shape, axis_chunks, grid, blocks, n_tasks, *, slots: int, seconds_per_voxel,
                    graph_task_seconds: float, task_clock: TaskClock | None = None,
                    run_fixed_seconds: float = 0.0) -> np.ndarray:
     """:func:`plan_seconds` of one task per block (an operator's plan, a pipeline's fused one) for
     candidates on a sub-grid of per-axis chunk lengths (:class:`Candidates`): with the learnt
     ``task_clock`` its seconds per voxel and spread at each block's volume, else the given
-    ``seconds_per_voxel`` and Graham's bound."""
+    ``seconds_per_voxel`` and Graham's bound.  A fused task's block is one windowed read of
+    the file (``operators.windowed_map``): no halo is exchanged between chunks, so its graph
+    tasks are :func:`graph_tasks_per_chunk` with none."""
+    halo = (0,) * len(shape)
     volumes = _samples(blocks)
     spread = None
     if task_clock is not None:
@@ -639,7 +658,7 @@ def _staged_seconds(shape, stages, axis_chunks, grid, chunk_samples, n_tasks, *,
                      axis=1)  # per axis, then gathered: the candidates are a sub-grid of the axes' lengths
         blocks.append(b)
         volumes = _samples(b).astype(np.float64)
-        chunk_seconds += graph_task_seconds * _grid_graph_tasks(shape, stage.halo, axis_chunks, grid)
+        chunk_seconds += graph_task_seconds * _grid_graph_tasks(shape, exchanged_halo(stage), axis_chunks, grid)
         clock = stage.task_clock
         if clock is not None:
             chunk_seconds += clock.seconds_per_voxel_at(volumes) * volumes
@@ -680,7 +699,7 @@ def fused_seconds(shape, halo, chunks, *, slots: int, seconds_per_voxel=DEFAULT_
     axis_chunks, grid, n_tasks, _ = chunk_grid(shape, chunks)
     blocks = np.stack([axis_blocks(shape[a], axis_chunks[a], int(halo[a]))[grid[a]] for a in range(len(shape))],
                       axis=1)
-    return _fused_seconds(tuple(shape), halo, axis_chunks, grid, blocks, n_tasks, slots=slots,
+    return _fused_seconds(tuple(shape), axis_chunks, grid, blocks, n_tasks, slots=slots,
                           seconds_per_voxel=seconds_per_voxel, graph_task_seconds=graph_task_seconds,
                           task_clock=task_clock, run_fixed_seconds=run_fixed_seconds)
 
@@ -964,11 +983,14 @@ def chunk_candidates(shape, halo, whole, *, footprint, budget: int, min_chunk: i
     chunks = np.stack([c[g] for c, g in zip(axis_chunks, grid)], axis=1)
     blocks = np.stack([b[g] for b, g in zip(axis_block, grid)], axis=1)
     counts = -(-np.asarray(shape) // chunks)
-    seconds = _fused_seconds(shape, halo, axis_chunks, grid, blocks, n_tasks[keep], slots=slots,
+    # A fused task's block is one windowed read of the file (operators.windowed_map): no
+    # halo is exchanged between chunks, so no chunk is kept for a neighbour.
+    exchanged = (0,) * ndim
+    seconds = _fused_seconds(shape, axis_chunks, grid, blocks, n_tasks[keep], slots=slots,
                              seconds_per_voxel=seconds_per_voxel, graph_task_seconds=graph_task_seconds,
                              task_clock=task_clock, run_fixed_seconds=run_fixed_seconds)
     return Candidates(axis_chunks=axis_chunks, grid=grid, chunks=chunks, blocks=blocks, n_tasks=n_tasks[keep],
-                      neighbours=neighbour_chunks_held(counts, halo, workers), seconds=seconds)
+                      neighbours=neighbour_chunks_held(counts, exchanged, workers), seconds=seconds)
 
 
 def _first_key(c: Candidates, slots: int) -> tuple[np.ndarray, float]:
@@ -1105,7 +1127,7 @@ def plan_chunks(
     slots = int(workers) * threads
     budget = math.floor(pause_fraction * limit_bytes)
     footprint = functools.partial(worker_footprint, threads_per_worker=threads, itemsize=itemsize,
-                                  output_itemsize=output_itemsize, baseline_bytes=baseline_bytes)
+                                  output_itemsize=output_itemsize, baseline_bytes=baseline_bytes, windowed=True)
     candidates = chunk_candidates(shape, halo, whole, footprint=footprint, budget=budget, min_chunk=int(min_chunk),
                                   workers=int(workers), slots=slots, seconds_per_voxel=seconds_per_voxel,
                                   graph_task_seconds=graph_task_seconds, block_multiple=block_multiple,
@@ -1306,6 +1328,13 @@ class PlanStage:
     task_clock: TaskClock | None = None
 
 
+def exchanged_halo(stage: PlanStage) -> tuple[int, ...]:
+    """The halo a stage's Dask form exchanges between chunks: none for the first stage (group
+    0), whose blocks are windowed reads of the file (``operators.windowed_map``); a later
+    stage's own, which its ``map_overlap`` slices from the intermediate's chunks."""
+    return tuple(stage.halo) if stage.group > 0 else (0,) * len(stage.halo)
+
+
 def plan_staged_chunks(
     shape,
     whole_axes,
@@ -1399,12 +1428,12 @@ def plan_staged_chunks(
     held_bytes = np.zeros(m, dtype=np.int64)
     for group in sorted({s.group for s in stages}):
         members = [s for s in stages if s.group == group]
-        kept = neighbour_chunks_held(counts, np.max([s.halo for s in members], axis=0), workers)
+        kept = neighbour_chunks_held(counts, np.max([exchanged_halo(s) for s in members], axis=0), workers)
         held_chunks += kept
         held_bytes += kept * chunk_samples * int(members[0].itemsize)
     # Every stage's map_overlap keeps its own gathered inputs and finished outputs, whichever runs.
     idle = [worker_footprint(b, 0, threads_per_worker=threads, baseline_bytes=0, itemsize=s.itemsize,
-                             output_itemsize=s.output_itemsize) for s, b in zip(stages, blocks)]
+                             output_itemsize=s.output_itemsize, windowed=s.group == 0) for s, b in zip(stages, blocks)]
     waiting = np.sum([f.waiting_input_bytes for f in idle], axis=0)
     finished = np.sum([f.held_output_bytes for f in idle], axis=0)
     resident = held_bytes + waiting + finished  # between tasks, whichever stage runs
@@ -1435,7 +1464,8 @@ def plan_staged_chunks(
                                              _takes_tasks(stage.predict))
             predicted[0] += len(alive)
             terms = functools.partial(worker_footprint, b, threads_per_worker=threads, baseline_bytes=0,
-                                      itemsize=stage.itemsize, output_itemsize=stage.output_itemsize)
+                                      itemsize=stage.itemsize, output_itemsize=stage.output_itemsize,
+                                      windowed=stage.group == 0)
             finite = np.isfinite(upper)
             running_upper[alive, i] = np.where(finite, terms(np.where(finite, upper, 0.0)).task_bytes, worst)
             means[alive, i], uppers[alive, i] = mean, upper
@@ -1462,11 +1492,12 @@ def plan_staged_chunks(
     chunk = tuple(int(x) for x in c.chunks[index])
     stage_j = stages[j]
     running_mean = [worker_footprint(tuple(blocks[i][index]), float(means[index, i]), threads_per_worker=threads,
-                                     baseline_bytes=0, itemsize=s.itemsize, output_itemsize=s.output_itemsize).task_bytes
+                                     baseline_bytes=0, itemsize=s.itemsize, output_itemsize=s.output_itemsize,
+                                     windowed=s.group == 0).task_bytes
                     for i, s in enumerate(stages)]
     bound = worker_footprint(tuple(blocks[j][index]), float(uppers[index, j]), threads_per_worker=threads,
                              baseline_bytes=baseline_bytes, itemsize=stage_j.itemsize,
-                             output_itemsize=stage_j.output_itemsize)
+                             output_itemsize=stage_j.output_itemsize, windowed=stage_j.group == 0)
     bound = dataclasses.replace(bound, waiting_input_bytes=int(waiting[index]), held_output_bytes=int(finished[index]),
                                 neighbour_chunk_bytes=int(held_bytes[index]))
     table = tuple({"operator": s.name, "halo": list(s.halo), "block": [int(x) for x in blocks[i][index]],
@@ -1503,7 +1534,7 @@ def plan_fits(plan: ChunkPlan, predict: Predictor) -> bool:
     total = worker_footprint(plan.block, float(np.asarray(upper)[0]), threads_per_worker=plan.threads_per_worker,
                              itemsize=plan.itemsize, output_itemsize=plan.output_itemsize,
                              baseline_bytes=plan.footprint.baseline_bytes, chunk_shapes=plan.chunks,
-                             neighbour_chunks=plan.neighbour_chunks).total
+                             neighbour_chunks=plan.neighbour_chunks, windowed=plan.strategy != "staged").total
     return total <= plan.budget_bytes
 
 

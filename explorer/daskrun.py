@@ -803,11 +803,12 @@ def _store(ctx: RunContext, partial: Path, interrupt: _Interrupt):
 
     import operators
 
-    x = operators.read_segy(ctx.input, chunks=ctx.chunk)
+    # Every block is one windowed read of the file: no chunk is kept for a neighbour's halo.
+    x = operators.segy_volume(ctx.input)
     if ctx.result.strategy == "staged":
-        y = ctx.operator.dask(x, strategy="staged")
+        y = ctx.operator.dask(x, strategy="staged", chunks=ctx.chunk)
     else:
-        y = ctx.operator.dask(x, wrap=ctx.observer.wrap if ctx.observer is not None else None)
+        y = ctx.operator.dask(x, wrap=ctx.observer.wrap if ctx.observer is not None else None, chunks=ctx.chunk)
     arrays = y if isinstance(y, dict) else {None: y}  # a fan-out: one array per branch
     for name, a in arrays.items():
         if not _regular(a.chunks):  # zarr chunks must not be shared by two tasks
@@ -994,9 +995,21 @@ def _close_observer(ctx: RunContext) -> None:
         result.warnings.append(f"calibration not updated: {_one_line(exc)}")
 
 
+def _tasks_per_chunk(ctx: RunContext, counts) -> float:
+    """The run's graph tasks per chunk as the time model counts them: a fused run's blocks are
+    windowed reads (no halo exchanged); a staged one adds each later stage's ``map_overlap``
+    (``explorer.chunking.exchanged_halo``)."""
+    from explorer.chunking import graph_tasks_per_chunk
+
+    ndim = len(counts)
+    if ctx.result.strategy != "staged":
+        return float(graph_tasks_per_chunk(counts, (0,) * ndim))
+    return float(sum(graph_tasks_per_chunk(counts, member.halo if index else (0,) * ndim)
+                     for index, stage in enumerate(ctx.operator.stages) for member in stage))
+
+
 def _record_run(ctx: RunContext) -> None:
     """One ``source="run"`` record: what the time model and the footprint check learn from."""
-    from explorer.chunking import graph_tasks_per_chunk
     from explorer.store import SOURCE_RUN
 
     result = ctx.result
@@ -1012,7 +1025,7 @@ def _record_run(ctx: RunContext) -> None:
         context={"run": result.run_id, "seconds": result.seconds, "n_tasks": result.n_tasks,
                  "slots": (result.n_workers or 1) * ctx.threads, "workers": result.n_workers,
                  "threads_per_worker": ctx.threads,
-                 "tasks_per_chunk": float(graph_tasks_per_chunk(counts, ctx.operator.halo)),
+                 "tasks_per_chunk": _tasks_per_chunk(ctx, counts),
                  "volume_shape": list(ctx.shape), "memory_limit_bytes": ctx.limit,
                  "baseline_bytes": ctx.baseline.bytes, "worker_hwm_bytes": result.worker_hwm_bytes,
                  "plan_upper_bytes": ctx.plan.upper_bytes if ctx.plan is not None else None,

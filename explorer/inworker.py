@@ -16,9 +16,10 @@ Task peaks (definitions in ``docs/definitions.md``), with the kernel high-water 
 
 * ``peak_bytes``: the highest resident set size of the worker process while the *task*
   executes, minus its resident set size when the task starts executing, with the task's
-  inputs already resident.  The task is what Dask runs: with blockwise fusion (dask
-  2026.8) the task that calls ``operator.run`` also concatenates the overlap pieces
-  before it and trims and stores after it.  This is the in-worker task peak that
+  inputs already resident.  The task is what Dask runs: the task that calls
+  ``operator.run`` also reads its block before it (``operators.windowed_map``; from a Dask
+  array, ``map_overlap``'s task concatenates the overlap pieces instead) and, with
+  blockwise fusion (dask 2026.8), trims and stores after it.  This is the in-worker task peak that
   ``explorer.calibration`` models and ``worker_footprint`` counts per thread.
 * ``run_peak_bytes``: the same around ``operator.run(block)`` only (the isolated
   definition, in a worker), measured by :func:`measured_run`.

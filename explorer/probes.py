@@ -1,7 +1,7 @@
 """In-worker probes: what the operator's tasks cost inside a real Dask worker, before production.
 
 ``explore`` ends here.  The isolated profiles measure ``operator.run`` alone; a task in a
-Dask worker also concatenates its block from the overlap pieces and copies its output
+Dask worker also reads its block from the file (a windowed read) and copies its output
 for the store (``explorer.calibration``).  Each probe is a real production run
 (``explorer.daskrun.run``, the same graph, observation and store) of the operator on a
 synthetic SEG-Y, on a local cluster of one-thread workers (exact task figures), recorded
@@ -10,10 +10,10 @@ runs of this environment) and saved, and the workers' measured baseline is saved
 machine's (``explorer.recommend.local_worker_baseline``).
 
 Probe blocks: ``n`` cubes of edge ``e_j``, log-spaced from :data:`MIN_PROBE_EDGE` (at least
-``3 h + 1``, so that two chunks of ``e - h`` fit ``map_overlap``) up to the **plan-scale
+``3 h + 1``, so that two chunks of ``e - h`` are each longer than the halo) up to the **plan-scale
 cube**, each edge a regular length (5-smooth, at most 2^3 in it) unless the operator pads to a grid
 (:func:`_lengths`): the largest cube whose one-thread worker footprint (the isolated 99% bound, the
-measured baseline, the probe grid's held chunks) fits the pause threshold of the target
+measured baseline) fits the pause threshold of the target
 memory, which is the block a plan at that memory runs (without a target memory: the largest
 cube the exact isolated profiles reached).  Tasks on equal blocks differ from one another, more
 on larger blocks (gst3d's probes: sd 0.5 MiB at 110^3, 19 MiB at 182^3, 155 MiB at 303^3;
@@ -21,8 +21,8 @@ on larger blocks (gst3d's probes: sd 0.5 MiB at 110^3, 19 MiB at 182^3, 155 MiB 
 fit :data:`PROBE_SECONDS_BUDGET`, but never below the three distinct blocks that identify
 the excess's line (the smallest on the operator's grid, even past the budget).  A probe's volume has two chunks
 along every axis the operator splits (``e - h`` each with a halo ``h``, ``e`` without),
-so all its tasks run on blocks of exactly ``e`` per axis, with the neighbour gathering
-and concatenation of a real plan; an axis the operator needs whole is ``e`` long.  Then the
+so all its tasks run on blocks of exactly ``e`` per axis, each a windowed read of the file as
+in a real plan (``operators.windowed_map``); an axis the operator needs whole is ``e`` long.  Then the
 smallest block runs once more with four chunks per split axis: eight times the graph tasks per
 worker for about the same work per task, so that the runs' wall times tell a run's fixed
 seconds apart from the overhead per graph task (``explorer.calibration.fit_run_overheads``;
@@ -55,8 +55,8 @@ MIN_PROBE_EDGE = 24
 #: safety term: fewer seconds means smaller probes and a longer extrapolation of the
 #: excess's line, whose bound then widens with its leverage.
 PROBE_SECONDS_BUDGET = 90.0
-#: A task in a worker takes about this many times the operator's own seconds (reading,
-#: concatenating and storing around ``run``); only used to size the probes.
+#: A task in a worker takes about this many times the operator's own seconds (reading
+#: and storing around ``run``); only used to size the probes.
 IN_WORKER_TIME_FACTOR = 2.0
 #: Workers of the probe cluster (one thread each: exact task figures).
 PROBE_WORKERS = 2
@@ -189,21 +189,18 @@ def plan_scale_edge(op, model, memory_limit: int, baseline_bytes: int, confidenc
                     max_edge: int = 2048) -> int | None:
     """The largest cube edge ``e`` whose probe task fits a one-thread worker of
     ``memory_limit`` under its pause threshold: ``worker_footprint`` of the block ``e^3``
-    with the isolated model's upper bound, ``baseline_bytes``, and the chunks the probe's
-    2-per-axis grid keeps for halos.  None when not even the smallest probe fits."""
-    from explorer.chunking import neighbour_chunks_held, worker_footprint, worker_pause_fraction
+    with the isolated model's upper bound and ``baseline_bytes`` (a block is a windowed read:
+    no chunk is kept for a neighbour).  None when not even the smallest probe fits."""
+    from explorer.chunking import worker_footprint, worker_pause_fraction
     from explorer.recommend import fused_output_itemsize
 
     budget = worker_pause_fraction() * float(memory_limit)
-    counts = tuple(1 if axis in op.whole_axes else 2 for axis in range(3))
-    held = int(neighbour_chunks_held(counts, op.halo, workers=PROBE_WORKERS))
 
     def fits(e: int) -> bool:
         block = (e, e, e)
-        chunk = _probe_volume(op, block)[1]
         _, upper = model.predict(block, confidence)
-        total = worker_footprint(block, upper, baseline_bytes=baseline_bytes, chunk_shapes=chunk,
-                                 output_itemsize=fused_output_itemsize(op), neighbour_chunks=held).total
+        total = worker_footprint(block, upper, baseline_bytes=baseline_bytes,
+                                 output_itemsize=fused_output_itemsize(op), windowed=True).total
         return total <= budget
 
     lo = max(MIN_PROBE_EDGE, 3 * max(op.halo) + 1)

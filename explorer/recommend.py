@@ -315,8 +315,8 @@ def choose_strategy(considered: dict) -> str:
     """The strategy ``auto`` takes among plans that fit (``{name: ChunkPlan.summary() +
     in_worker_calibrated}``): least predicted seconds among those whose task models all have
     their in-worker calibration, else among all; fused on a tie.  A bound without the
-    in-worker term omits what a task needs around its run in a worker (the concatenated
-    block, a fan-out's stacked outputs, the store's copies), so it is not a bound that fits
+    in-worker term omits what a task needs around its run in a worker (the block it
+    reads, a fan-out's stacked outputs, the store's copies), so it is not a bound that fits
     the way a complete one does."""
     return min(considered, key=lambda name: (not considered[name]["in_worker_calibrated"],
                                              considered[name]["predicted_seconds"], name != "fused"))

@@ -177,8 +177,8 @@ with no flat direction left ``nu = nu_0 + n``.  The loop then learns only what t
 say differs from the prior: with the composed model near the truth, a handful of profiles
 make the bound tight.
 
-*In a Dask worker* a task needs more than its isolated peak (the block concatenated
-from its overlap pieces, the copies of the store): ``explorer.calibration`` models that
+*In a Dask worker* a task needs more than its isolated peak (the block it reads,
+the copies of the store): ``explorer.calibration`` models that
 excess on top of this model.
 
 *Lower bounds* (profiles that exceeded the memory cap: the true peak of that run is at

@@ -3,11 +3,11 @@
 Knows nothing about ``explorer``.
 """
 
-from operators.base import RESERVED_NAMES, Operator, SpecError, get, names, register
+from operators.base import RESERVED_NAMES, Operator, SpecError, get, names, register, windowed_map
 from operators import seismic as _seismic  # noqa: F401  (registers the operators)
 from operators import unet as _unet  # noqa: F401  (registers unet3d; torch is imported by its first run)
 from operators.synthetic import synthetic_volume
-from operators.segy import SegyGeometryError, read_segy, write_segy, write_segy_like
+from operators.segy import SegyGeometryError, read_segy, segy_volume, write_segy, write_segy_like
 
 __all__ = [
     "Operator",
@@ -18,7 +18,9 @@ __all__ = [
     "names",
     "read_segy",
     "register",
+    "segy_volume",
     "synthetic_volume",
+    "windowed_map",
     "write_segy",
     "write_segy_like",
 ]

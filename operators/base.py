@@ -4,10 +4,11 @@ An operator is a block-wise computation on a 3D volume with axes
 (inline, crossline, samples).  It has two forms that must agree exactly:
 
 * ``run(block)``: the NumPy form on one in-memory block;
-* ``dask(array)``: the Dask form, built with ``map_overlap`` (or
-  ``map_blocks`` when the halo is zero) after rechunking the axes that must
-  stay whole, so that the chunked result equals ``run`` on the whole volume,
-  seams included.
+* ``dask(array)``: the Dask form, each task's block overlapping its neighbours
+  by the halo (``map_overlap``'s pieces from a Dask array, or one windowed read
+  per task from a source: :func:`windowed_map`) after making the axes that
+  must stay whole one chunk, so that the chunked result equals ``run`` on the
+  whole volume, seams included.
 
 ``halo[i]`` is the number of neighbour samples along axis ``i`` that one
 output sample depends on.  A Dask task on a chunk ``c`` therefore sees a
@@ -100,29 +101,65 @@ class Operator:
     def output_shape(self, shape: Shape) -> Shape:
         return tuple(int(n) for n in shape)
 
-    def dask(self, array, *, wrap=None):
-        """The Dask form: equal to ``run(array.compute())``, seams included.
+    def dask(self, array, *, wrap=None, chunks=None):
+        """The Dask form: equal to ``run`` on the whole volume, seams included.
 
-        Axes in ``whole_axes``, and axes no longer than their halo, are
-        rechunked to a single chunk first; the other axes exchange ``halo``
-        samples with their neighbours when they have several chunks.  Chunks
-        smaller than the halo are merged by Dask's ``map_overlap``.
+        ``array`` is a Dask array (its chunks are the tasks' chunks), or any source that
+        slices like a NumPy array (``shape``, ``dtype``, ``source[i0:i1, j0:j1, k0:k1]``:
+        a :class:`operators.segy.SegyVolume`, a zarr or NumPy array) with ``chunks``.
+
+        Axes in ``whole_axes``, and axes no longer than their halo, are made one chunk
+        first; the other axes see ``halo`` samples of their neighbours when they have
+        several chunks.  From a Dask array that is ``map_overlap``: each chunk is sliced
+        into pieces that its neighbours gather, so a chunk stays resident until its last
+        neighbour has run.  From a source, each task reads its block (its chunk and the
+        halo, not past the volume's edges), runs and trims it (:func:`windowed_map`): no
+        chunk is kept for a neighbour, at the price of reading the halos twice.
 
         ``wrap(run, block)``, when given, is called instead of ``run(block)`` for
         every block, with this operator's bound ``run``: a hook that must return
         ``run(block)`` (e.g. a measuring one, which then travels with the graph).
         """
-        import dask.array as da
-
         block_function = self.run if wrap is None else functools.partial(wrap, self.run)
+        return self.blockwise(block_function, array, chunks, dtype=self.output_dtype)
+
+    def blockwise(self, function, array, chunks=None, *, dtype, leading: tuple[int, ...] = ()):
+        """``function`` on every block of ``array`` (a Dask array, or a source read in windows on
+        ``chunks``: :meth:`dask`), its result trimmed by the depth back to the chunk.
+        ``leading``: lengths of axes ``function`` puts before the volume's (one chunk each)."""
+        import dask.array as da
+        from dask.array.overlap import overlap, trim_internal
+
+        meta = np.empty((0,) * (len(leading) + array.ndim), dtype=dtype)
+        if not isinstance(array, da.Array):
+            if chunks is None:
+                raise ValueError("the Dask form of a source that is not a Dask array needs its chunks")
+            layout, depth = self.windowed_layout(array.shape, chunks)
+            return windowed_map(array, layout, depth, function, dtype=dtype, leading=leading)
+        if chunks is not None:
+            array = array.rechunk(chunks)
         array, depth = self.overlap_depth(array)
+        # boundary="none": blocks at the volume's edges are not padded, so run() applies its
+        # own edge handling exactly as on the whole volume.
+        extended = overlap(array, depth=depth, boundary="none") if any(depth.values()) else array
+        new_axis = list(range(len(leading))) or None
+        out = extended.map_blocks(function, dtype=dtype, meta=meta, new_axis=new_axis,
+                                  chunks=tuple((n,) for n in leading) + extended.chunks)
         if not any(depth.values()):
-            return array.map_blocks(block_function, dtype=self.output_dtype)
-        # boundary="none": blocks at the volume's edges are not padded, so run()
-        # applies its own edge handling exactly as on the whole volume.
-        return da.map_overlap(
-            block_function, array, depth=depth, boundary="none", dtype=self.output_dtype, trim=True
-        )
+            return out
+        return trim_internal(out, {**{a: 0 for a in range(len(leading))},
+                                   **{a + len(leading): d for a, d in depth.items()}}, boundary="none")
+
+    def windowed_layout(self, shape, chunks) -> tuple[tuple, dict]:
+        """``(chunks, depth)`` of the windowed form on a volume of ``shape``: :meth:`overlap_depth`'s
+        (whole axes one chunk), and, as ``overlap`` does, a chunk shorter than the depth merged
+        with its neighbour, so that a window never reaches past the next chunk."""
+        import dask.array as da
+        from dask.array.overlap import ensure_minimum_chunksize
+
+        layout, depth = self.overlap_depth(da.empty(shape, chunks=chunks, dtype=np.uint8))
+        return tuple(ensure_minimum_chunksize(depth[a], c) if depth[a] else c
+                     for a, c in enumerate(layout.chunks)), depth
 
     def overlap_depth(self, array):
         """``(array, depth)``: ``array`` rechunked so that the axes that must be whole are,
@@ -138,6 +175,54 @@ class Operator:
 
     def __repr__(self) -> str:
         return f"<operator {self.name} halo={self.halo} whole_axes={self.whole_axes}>"
+
+
+def windowed_map(source, chunks, depth, function, *, dtype, leading: tuple[int, ...] = (), name: str | None = None):
+    """A Dask array of ``function`` on ``source``'s blocks, each read, computed and trimmed in one task.
+
+    The chunk grid is ``chunks`` (per-axis lengths, Dask's normal form).  Along an axis of
+    ``k`` chunks with depth ``d``, block ``j`` is the window ``[start_j - d [j > 0], stop_j +
+    d [j < k - 1])`` of ``source``: the block ``dask.array.overlap.overlap(x, depth,
+    boundary="none")`` gives the same task.  The task reads it (``source[window]``), applies
+    ``function`` and trims the depth off the block's inner sides (a view of the result, as
+    ``map_overlap``'s trim is).  ``overlap`` instead slices every chunk into pieces that its
+    neighbours gather, so a chunk read from the file stays resident until its last neighbour
+    has run, and a worker that reads ahead of its slow tasks holds many
+    (``scripts/results/run_trace_survey.md``: one worker held about 15 chunks' worth of
+    pieces).  Here a task depends on the source alone: nothing is kept for a neighbour, and a
+    task not yet started holds nothing.  ``source`` slices like a NumPy array (``shape``,
+    ``dtype``, basic slices); ``depth`` per axis (a dict); ``leading``: lengths of axes
+    ``function`` puts before the volume's.
+    """
+    import itertools
+
+    from dask.array.core import Array
+    from dask.base import tokenize
+    from dask.highlevelgraph import HighLevelGraph
+
+    ndim = len(chunks)
+    depth = [int(depth.get(a, 0)) for a in range(ndim)]
+    windows, trims = [], []
+    for lengths, d in zip(chunks, depth):
+        edges = np.concatenate([[0], np.cumsum(lengths)]).astype(int).tolist()
+        k = len(lengths)
+        windows.append([(edges[j] - (d if j > 0 else 0), edges[j + 1] + (d if j < k - 1 else 0)) for j in range(k)])
+        trims.append([(d if j > 0 else 0, int(lengths[j])) for j in range(k)])
+    name = name or f"windowed-{tokenize(source, tuple(map(tuple, chunks)), tuple(depth), function, leading)}"
+    original = f"source-{name}"
+    graph = {original: source}
+    lead = (0,) * len(leading)
+    for index in itertools.product(*(range(len(w)) for w in windows)):
+        window = tuple(slice(*windows[a][j]) for a, j in enumerate(index))
+        trim = (Ellipsis,) + tuple(slice(t[j][0], t[j][0] + t[j][1]) for t, j in zip(trims, index))
+        graph[(name, *lead, *index)] = (_windowed_task, original, window, function, trim)
+    meta = np.empty((0,) * (len(leading) + ndim), dtype=dtype)
+    out_chunks = tuple((int(n),) for n in leading) + tuple(tuple(int(c) for c in axis) for axis in chunks)
+    return Array(HighLevelGraph.from_collections(name, graph, dependencies=()), name, out_chunks, meta=meta)
+
+
+def _windowed_task(source, window, function, trim) -> np.ndarray:
+    return function(np.asarray(source[window]))[trim]
 
 
 _REGISTRY: dict[str, Callable[[], Operator]] = {}

@@ -22,15 +22,16 @@ The composed operator (:class:`Pipeline`)::
 
 Its Dask form takes one of two strategies (:data:`STRATEGIES`):
 
-* ``fused`` (the base class's form): one ``map_overlap`` with the pipeline's halo, every
+* ``fused`` (the base class's form): one overlapped block per task with the pipeline's
+  halo (``map_overlap`` on a Dask array, one windowed read from a source), every
   task running all stages, halo regions recomputed, no intermediate leaving the task.
   Stage ``s``'s values are exact at least ``sum_{t <= s} halo_t`` from a block's inner
   edges, so after the trim by the whole halo the result equals the NumPy composition on
   the whole volume, seams included; at the volume's edges the blocks are not padded and
   each stage's own edge handling applies as on the whole volume.
-* ``staged``: each stage's own Dask form (its ``map_overlap`` with its own halo) on the
-  previous stage's output, a fan-out's branches each on the prefix's output: every
-  intermediate is a Dask array held by the workers until its neighbours have sliced their
+* ``staged``: each stage's own Dask form (its own halo) on the previous stage's output
+  (the first stage's on the input: windowed reads from a source), a fan-out's branches
+  each on the prefix's output: every intermediate is a Dask array held by the workers until its neighbours have sliced their
   halos.  Each stage's form equals its NumPy form on the whole volume, so their
   composition equals the pipeline's.
 """
@@ -258,36 +259,32 @@ class Pipeline(Operator):
             shape = stage[0].output_shape(shape)
         return tuple(int(n) for n in shape)
 
-    def dask(self, array, *, wrap=None, strategy: str = "fused"):
+    def dask(self, array, *, wrap=None, strategy: str = "fused", chunks=None):
         """The pipeline's Dask form in ``strategy`` (module docstring).  A chain: one array.
         A fan-out: a dict of one Dask array per branch (``branches`` order).
 
-        ``fused`` runs every stage in one task per block: a chain is the base class's
-        ``map_overlap``; a fan-out stacks the branches' outputs of each block (one graph, the
-        shared stages run once per block), then trims by the halo and splits.  ``staged``
-        chains the members' own Dask forms.  ``wrap`` (a measuring hook around each task's
-        ``run``) applies to fused tasks, which are the pipeline's; a staged graph's tasks
-        are its members', so it takes none."""
+        ``array`` and ``chunks`` as :meth:`Operator.dask`: from a source (a SEG-Y volume) the
+        blocks that read it are windowed reads, nothing kept for a neighbour.  ``fused`` runs
+        every stage in one task per block: a chain is the base class's form; a fan-out stacks
+        the branches' outputs of each block (one graph, the shared stages run once per block),
+        then trims by the halo and splits.  ``staged`` chains the members' own Dask forms (the
+        first reads the source, the later ones ``map_overlap`` the intermediates).  ``wrap`` (a
+        measuring hook around each task's ``run``) applies to fused tasks, which are the
+        pipeline's; a staged graph's tasks are its members', so it takes none."""
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {strategy!r}: one of {', '.join(STRATEGIES)}")
         if strategy == "staged":
             if wrap is not None:
                 raise ValueError("a staged pipeline's tasks are its members': no hook wraps them")
-            x = array
+            x, first = array, chunks
             for stage in self.stages[:-1]:
-                x = stage[0].dask(x)
+                x, first = stage[0].dask(x, chunks=first), None
             if not self.branches:
-                return self.stages[-1][0].dask(x)
-            return {op.name: op.dask(x) for op in self.stages[-1]}
+                return self.stages[-1][0].dask(x, chunks=first)
+            return {op.name: op.dask(x, chunks=first) for op in self.stages[-1]}
         if not self.branches:
-            return super().dask(array, wrap=wrap)
-        from dask.array.overlap import overlap, trim_internal
-
+            return super().dask(array, wrap=wrap, chunks=chunks)
         run = self.run if wrap is None else functools.partial(wrap, self.run)
-        array, depth = self.overlap_depth(array)
-        extended = overlap(array, depth=depth, boundary="none") if any(depth.values()) else array
-        stacked = extended.map_blocks(_stacked, run, new_axis=0, chunks=((len(self.branches),),) + extended.chunks,
-                                      dtype=self.output_dtype, meta=np.empty((0, 0, 0, 0), self.output_dtype))
-        if any(depth.values()):
-            stacked = trim_internal(stacked, {0: 0, **{a + 1: d for a, d in depth.items()}}, boundary="none")
+        stacked = self.blockwise(functools.partial(_stacked, run=run), array, chunks, dtype=self.output_dtype,
+                                 leading=(len(self.branches),))
         return {name: stacked[i] for i, name in enumerate(self.branches)}

@@ -233,6 +233,13 @@ class SegyVolume:
                     out[:, n] = traces[:, samples]
 
 
+def segy_volume(path, *, iline: int = INLINE_BYTE, xline: int = CROSSLINE_BYTE) -> SegyVolume:
+    """The SEG-Y file at ``path`` as a :class:`SegyVolume` (its trace headers read to check
+    the geometry): a source an operator's Dask form reads in windows,
+    ``operator.dask(segy_volume(path), chunks=...)`` (``operators.base.windowed_map``)."""
+    return SegyVolume(path, segy_geometry(path, iline=iline, xline=xline))
+
+
 def read_segy(path, chunks="auto", *, iline: int = INLINE_BYTE, xline: int = CROSSLINE_BYTE):
     """A lazy ``dask.array`` (inline, crossline, samples) over the SEG-Y file at ``path``.
 
@@ -245,8 +252,8 @@ def read_segy(path, chunks="auto", *, iline: int = INLINE_BYTE, xline: int = CRO
     import dask.array as da
     from dask.base import tokenize
 
-    geometry = segy_geometry(path, iline=iline, xline=xline)
-    volume = SegyVolume(path, geometry)
+    volume = segy_volume(path, iline=iline, xline=xline)
+    geometry = volume.geometry
     if isinstance(chunks, str) and chunks == "auto":
         chunks = {0: "auto", 1: "auto", 2: -1}
     name = f"read-segy-{tokenize(volume, chunks)}"

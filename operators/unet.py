@@ -161,8 +161,8 @@ class UNet3D(Operator):
     #: not see operators/unet_net.py).
     version = "2"
 
-    def dask(self, array, *, wrap=None):
-        """The inherited ``map_overlap`` form on chunks aligned to the pooling grid.
+    def overlap_depth(self, array):
+        """The inherited depths on chunks aligned to the pooling grid.
 
         Chunks whose inner boundaries are multiples of 8 and are at least the halo long
         are used as given (the plain inherited form); others are first rechunked by
@@ -175,7 +175,7 @@ class UNet3D(Operator):
         chunks = tuple(aligned_chunks(c, h) for c, h in zip(array.chunks, self.halo))
         if chunks != tuple(array.chunks):
             array = array.rechunk(chunks)
-        return super().dask(array, wrap=wrap)
+        return super().overlap_depth(array)
 
     def run(self, block: np.ndarray) -> np.ndarray:
         from operators import unet_net  # torch: imported here, on first use, never by `import operators`

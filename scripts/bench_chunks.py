@@ -628,7 +628,8 @@ def timed_plans(records: list[dict]) -> list[TimedPlan]:
                      else runs[0].get("learnt_seconds_per_voxel") or constant)
         spread = None if clock is None or clock.spread_at(volume) is None else float(clock.spread_at(volume))
         out.append(TimedPlan(op_name, name, chunks, math.prod(counts), volume,
-                             float(graph_tasks_per_chunk(counts, halo)), statistics.median(r["seconds"] for r in runs),
+                             float(graph_tasks_per_chunk(counts, (0,) * len(shape))),  # windowed: no halo exchanged
+                             statistics.median(r["seconds"] for r in runs),
                              per_voxel, DEFAULT_GRAPH_TASK_SECONDS if learnt_g is None else learnt_g, spread,
                              constant))
     return out
@@ -717,13 +718,13 @@ def print_footprint_check(outcomes: list[Outcome]) -> None:
 
     The bound is ``explorer.chunking.worker_footprint`` of the shape's block and chunks
     with the scenario's in-worker task model's 99% upper bound
-    (``explorer.calibration.TaskModel``), the chunks kept for halos
-    (``neighbour_chunks_held``, 2 workers) and the largest baseline the runs measured:
-    what ``recommend_chunks`` would promise for that shape.  HWM: the highest
+    (``explorer.calibration.TaskModel``), each task reading its own block (``windowed``: every
+    method's run reads the file in windows, so no chunk is kept for a neighbour) and the largest
+    baseline the runs measured: what ``recommend_chunks`` would promise for that shape.  HWM: the highest
     ``worker_hwm_bytes`` over its runs.
     """
     from explorer.calibration import task_model
-    from explorer.chunking import axis_blocks, neighbour_chunks_held, worker_footprint
+    from explorer.chunking import axis_blocks, worker_footprint
 
     rows = []
     for o in outcomes:
@@ -735,29 +736,24 @@ def print_footprint_check(outcomes: list[Outcome]) -> None:
             if m.same_as or not m.runs or m is o.ours_refine or not all(r.ok for r in m.runs) or m.hwm is None:
                 continue
             chunks = tuple(int(c) for c in m.runs[0].result.chunks)
-            counts = [-(-n // c) for n, c in zip(sc.shape, chunks)]
             block = tuple(int(axis_blocks(n, [c], h)[0]) for n, c, h in zip(sc.shape, chunks, op.halo))
             upper = model.predict(block, 0.99)[1]
-            held = int(neighbour_chunks_held(counts, op.halo, WORKERS))
             baseline = max(r.result.worker_baseline_bytes for r in m.runs)
-            bound = worker_footprint(block, upper, threads_per_worker=THREADS, chunk_shapes=chunks,
-                                     neighbour_chunks=held, output_itemsize=np.dtype(op.output_dtype).itemsize,
-                                     baseline_bytes=baseline)
-            rows.append((sc, m, chunks, held, bound, m.hwm))
+            bound = worker_footprint(block, upper, threads_per_worker=THREADS, windowed=True,
+                                     output_itemsize=np.dtype(op.output_dtype).itemsize, baseline_bytes=baseline)
+            rows.append((sc, m, chunks, bound, m.hwm))
     if not rows:
         return
     p = print
     p("\n### Worker footprint bound against the measured high-water mark\n")
-    p("Per shape: `worker_footprint` with the in-worker task model's 99% bound, the chunks kept for halos "
-      f"(`neighbour_chunks_held`, {WORKERS} workers) and the baseline measured on the workers, against the highest "
+    p("Per shape: `worker_footprint` with the in-worker task model's 99% bound, each task reading its own block "
+      "(`windowed`: nothing kept for a neighbour) and the baseline measured on the workers, against the highest "
       "`worker_hwm_bytes` of its runs.\n")
-    p("| scenario | method | chunks | kept chunks | bound | of which baseline | of which kept chunks | HWM | "
-      "HWM / bound |")
-    p("|---|---|---|---|---|---|---|---|---|")
-    for sc, m, chunks, held, bound, hwm in rows:
-        p(f"| {sc.name} | {m.name} | {format_shape(chunks)} | {held} | {mib(bound.total)} | "
-          f"{mib(bound.baseline_bytes)} | {mib(bound.neighbour_chunk_bytes)} | {mib(hwm)} | "
-          f"{hwm / bound.total:.2f} |")
+    p("| scenario | method | chunks | bound | of which baseline | HWM | HWM / bound |")
+    p("|---|---|---|---|---|---|---|")
+    for sc, m, chunks, bound, hwm in rows:
+        p(f"| {sc.name} | {m.name} | {format_shape(chunks)} | {mib(bound.total)} | "
+          f"{mib(bound.baseline_bytes)} | {mib(hwm)} | {hwm / bound.total:.2f} |")
     over = [r for r in rows if r[5] > r[4].total]
     p(f"\nShapes whose HWM exceeded the bound: {len(over)} of {len(rows)}"
       + (": " + ", ".join(f"{r[0].op} {format_shape(r[2])} ({r[5] / r[4].total:.2f})" for r in over) if over else "")

@@ -32,8 +32,9 @@ For each pipeline spec (default: the four of issue 14), on a synthetic SEG-Y vol
    recommended chunks (``explore run MEMBER``), one after the other through SEG-Y
    intermediates (a fan-out's branches one by one on the prefix's output); its seconds are
    the sum of the runs'.
-5. **auto**: Dask's ``chunks="auto"`` (sized by input bytes only) with one ``map_overlap``
-   per stage, as a user chaining Dask operators writes it (``strategy="staged"``).
+5. **auto**: Dask's ``chunks="auto"`` (sized by input bytes only) with one Dask form per
+   stage, as a user chaining Dask operators writes it (``strategy="staged"``; the first
+   stage reads the file in windows, the later ones ``map_overlap`` the intermediates).
 
 Every run's output is compared with the NumPy composition on the whole volume
 (``Pipeline.run``): ``max |error|`` over every branch.  Seconds are ``RunResult.seconds``

@@ -80,8 +80,8 @@ def fixed_block_bound(op, plan, runs_dir, baseline_bytes: int) -> tuple[float, f
 
     mean, upper = task_model(op.name, runs_dir).predict(tuple(plan.block), CONFIDENCE)
     total = worker_footprint(plan.block, float(upper), threads_per_worker=THREADS,
-                             output_itemsize=np.dtype(op.output_dtype).itemsize, chunk_shapes=plan.chunks,
-                             neighbour_chunks=plan.neighbour_chunks, baseline_bytes=baseline_bytes).total
+                             output_itemsize=np.dtype(op.output_dtype).itemsize, windowed=True,
+                             baseline_bytes=baseline_bytes).total
     return float(mean), float(upper), int(total)
 
 

@@ -52,7 +52,27 @@ def held_data(dask_worker):
             name = str(key[0] if isinstance(key, tuple) else key).rsplit("-", 1)[0][:40]
             count[name] += 1
             nbytes[name] += ts.nbytes or 0
-    return psutil.Process().memory_info().rss, int(state.nbytes), dict(nbytes), dict(count)
+    return psutil.Process().memory_info().rss, int(state.nbytes), dict(nbytes), dict(count), pinned_bytes(dask_worker)
+
+
+def pinned_bytes(dask_worker) -> int:
+    """The memory the worker's held arrays really keep alive: each distinct buffer once.
+
+    Dask counts a view (``map_overlap``'s halo slices are ``getitem`` views) by its own
+    ``nbytes``; the whole base it slices stays resident until the last view is released.
+    """
+    import numpy as np
+
+    roots = {}
+    data = getattr(dask_worker.data, "fast", dask_worker.data)  # in memory only: never unspill
+    for value in list(data.values()):
+        if not isinstance(value, np.ndarray):
+            continue
+        root = value
+        while isinstance(root.base, np.ndarray):
+            root = root.base
+        roots[id(root)] = root.nbytes if root.base is None else value.nbytes
+    return int(sum(roots.values()))
 
 
 def prefix(key) -> str:
@@ -95,9 +115,9 @@ def trace(spec, strategy, chunks, source, work, args, limit):
                 transfer += seconds
     largest = {}
     for sample in samples:
-        for worker, (rss, managed, nbytes, count) in sample.items():
+        for worker, (rss, managed, nbytes, count, pinned) in sample.items():
             if rss > largest.get(worker, (0,))[0]:
-                largest[worker] = (rss, managed, nbytes, count)
+                largest[worker] = (rss, managed, nbytes, count, pinned)
     return result, dict(busy), dict(compute), transfer, largest
 
 
@@ -147,10 +167,10 @@ def main() -> None:
                               "| at the largest sampled RSS: RSS, held data (largest holders) |")
                         print("|---|---|---:|---|---:|---|---|")
                     held = "; ".join(
-                        f"{format_bytes(rss)}, {format_bytes(managed)} ("
+                        f"{format_bytes(rss)}, {format_bytes(managed)} held, {format_bytes(pinned)} pinned ("
                         + ", ".join(f"{count[k]} {k} {format_bytes(nbytes[k])}"
                                     for k in sorted(nbytes, key=lambda k: -nbytes[k])[:3]) + ")"
-                        for rss, managed, nbytes, count in largest.values())
+                        for rss, managed, nbytes, count, pinned in largest.values())
                     rows.append(result)
                     print(f"| {repeat + 1} | {result.status} | {result.seconds or 0:.2f} | "
                           + ", ".join(f"{b:.2f}" for b in busy.values()) + f" | {transfer:.2f} | "

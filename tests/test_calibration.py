@@ -385,18 +385,18 @@ def test_the_top_probe_is_the_block_a_plan_at_the_target_memory_runs(gst3d_model
     """The plan-scale edge is the largest cube whose one-thread footprint fits the pause
     threshold: the next edge does not; the probes reach it (when their seconds allow)."""
     import operators
-    from explorer.chunking import neighbour_chunks_held, worker_footprint, worker_pause_fraction
-    from explorer.probes import _REGULAR, _probe_volume, plan_scale_edge, probe_blocks
+    from explorer.chunking import worker_pause_fraction
+    from explorer.probes import _REGULAR, plan_scale_edge, probe_blocks
 
     op = operators.get("gst3d")
     limit, baseline = 2**30, 100 * 2**20
     edge = plan_scale_edge(op, gst3d_model, limit, baseline)
-    held = int(neighbour_chunks_held((2, 2, 2), op.halo, workers=2))
 
     def total(e):
+        # by hand: the task reads its block in one windowed read (inside its peak), so no input
+        # block waits and no chunk is kept for a neighbour: baseline + peak + its float32 output
         _, upper = gst3d_model.predict((e, e, e))
-        return worker_footprint((e, e, e), upper, baseline_bytes=baseline, chunk_shapes=_probe_volume(op, (e,) * 3)[1],
-                                neighbour_chunks=held).total
+        return baseline + math.ceil(float(np.asarray(upper).reshape(-1)[0])) + 4 * e**3
 
     pause = worker_pause_fraction() * limit
     assert total(edge) <= pause < total(edge + 1)

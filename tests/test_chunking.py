@@ -56,12 +56,15 @@ def predict(blocks, confidence=0.99):
     return analytic_peak(blocks)
 
 
-def expected_total(block, threads=1, baseline=BASELINE, itemsize=4, output_itemsize=4, chunk=None, held_chunks=0):
-    """The footprint bound written out by hand: baseline + T (in + peak) + T in + T out + held chunks."""
+def expected_total(block, threads=1, baseline=BASELINE, itemsize=4, output_itemsize=4, chunk=None, held_chunks=0,
+                   windowed=False):
+    """The footprint bound written out by hand: baseline + T (in + peak) + T in + T out + held chunks;
+    a windowed task reads its block itself: baseline + T peak + T out."""
     samples = math.prod(block)
     peak = math.ceil(UPPER_FACTOR * (BYTES_PER_SAMPLE * samples + FIXED_BYTES))
-    running = threads * (samples * itemsize + peak)
-    waiting = threads * samples * itemsize
+    block_in = 0 if windowed else samples * itemsize
+    running = threads * (block_in + peak)
+    waiting = threads * block_in
     outputs = threads * samples * output_itemsize
     neighbours = held_chunks * math.prod(chunk) * itemsize if chunk is not None else 0
     return baseline + running + waiting + outputs + neighbours
@@ -78,9 +81,9 @@ def expected_held_chunks(shape, chunk, halo, workers=1):
 
 
 def hand_total(shape, chunk, halo, threads=1, workers=1, whole_axes=()):
-    """``expected_total`` of the block and held chunks a chunking implies."""
-    return expected_total(expected_block(shape, chunk, halo, whole_axes), threads, chunk=chunk,
-                          held_chunks=expected_held_chunks(shape, chunk, halo, workers))
+    """``expected_total`` of the block a chunking implies, its tasks reading their blocks in
+    windows (a plan's form): no input waits, no chunk is kept for a neighbour."""
+    return expected_total(expected_block(shape, chunk, halo, whole_axes), threads, windowed=True)
 
 
 def expected_block(shape, chunk, halo, whole_axes=()):
@@ -205,7 +208,7 @@ def test_plan_fits_under_pause_and_is_no_smaller_than_needed():
     assert plan.budget_bytes == budget
     block = expected_block(SHAPE, plan.chunks, HALO)
     assert plan.block == block
-    assert plan.neighbour_chunks == expected_held_chunks(SHAPE, plan.chunks, HALO) > 0
+    assert plan.neighbour_chunks == 0  # windowed reads: no chunk is kept for a neighbour
     assert plan.upper_bytes == hand_total(SHAPE, plan.chunks, HALO) <= budget
     # No chunking with fewer tasks fits (checked by brute force with the formula by hand) ...
     assert plan.n_tasks == brute_force_fewest_tasks(SHAPE, HALO, (), budget)
@@ -222,7 +225,7 @@ def test_plan_fits_under_pause_and_is_no_smaller_than_needed():
 def test_plan_mean_and_bound_come_from_the_same_footprint():
     plan = plan_chunks(SHAPE, HALO, (), predict, LIMIT, threads_per_worker=2, baseline_bytes=BASELINE)
     mean, upper = analytic_peak([plan.block])
-    kept = {"chunk_shapes": plan.chunks, "neighbour_chunks": plan.neighbour_chunks}
+    kept = {"chunk_shapes": plan.chunks, "neighbour_chunks": plan.neighbour_chunks, "windowed": True}
     assert plan.predicted_bytes == worker_footprint(plan.block, mean[0], threads_per_worker=2, **kept, baseline_bytes=BASELINE).total
     assert plan.upper_bytes == plan.footprint.total == worker_footprint(plan.block, upper[0], threads_per_worker=2,
                                                                         **kept, baseline_bytes=BASELINE).total
@@ -238,10 +241,17 @@ def test_whole_axes_are_kept_whole():
 
 
 def test_halo_is_accounted_larger_halo_smaller_chunks():
+    """A task's block is its chunk and the halo (one windowed read): the halo's samples are in
+    its footprint, so where the halo-free plan's chunks no longer fit with the halo around
+    them, the plan takes smaller chunks."""
+    halo = (16, 16, 16)
     no_halo = plan_chunks(SHAPE, (0, 0, 0), (), predict, LIMIT, baseline_bytes=BASELINE)
-    with_halo = plan_chunks(SHAPE, (12, 12, 12), (), predict, LIMIT, baseline_bytes=BASELINE)
+    with_halo = plan_chunks(SHAPE, halo, (), predict, LIMIT, baseline_bytes=BASELINE)
+    assert hand_total(SHAPE, no_halo.chunks, (0, 0, 0)) <= math.floor(0.8 * LIMIT) \
+        < hand_total(SHAPE, no_halo.chunks, halo)  # the scenario: the halo alone makes them too large
     assert no_halo.block == no_halo.chunks
-    assert with_halo.block == expected_block(SHAPE, with_halo.chunks, (12, 12, 12))
+    assert with_halo.block == expected_block(SHAPE, with_halo.chunks, halo)
+    assert with_halo.upper_bytes == hand_total(SHAPE, with_halo.chunks, halo)
     assert math.prod(with_halo.block) > math.prod(with_halo.chunks)
     assert with_halo.n_tasks > no_halo.n_tasks
     assert math.prod(with_halo.chunks) < math.prod(no_halo.chunks)
@@ -316,15 +326,20 @@ def test_min_chunk_is_respected():
 
 
 def test_too_small_limit_raises_a_one_line_message():
+    limit = 195 * MiB
+    # the scenario: the baseline fits under the pause threshold, the smallest chunks
+    # (ceil(N / (N // 16)) per axis) do not
+    assert BASELINE < math.floor(0.8 * limit) < hand_total(SHAPE, (17, 16, 17), HALO)
     with pytest.raises(ChunkPlanError) as error:
-        plan_chunks(SHAPE, HALO, (), predict, 200 * MiB, baseline_bytes=BASELINE)
+        plan_chunks(SHAPE, HALO, (), predict, limit, baseline_bytes=BASELINE)
     message = str(error.value)
     assert "\n" not in message
-    assert "200.00 MiB" in message and "raise the memory limit" in message
+    assert "195.00 MiB" in message and "raise the memory limit" in message
+    assert "smallest worker footprint" in message
     assert "fewer threads" not in message
     assert isinstance(error.value, ValueError)
     with pytest.raises(ChunkPlanError, match="fewer threads per worker \\(now 4\\)"):
-        plan_chunks(SHAPE, HALO, (), predict, 200 * MiB, threads_per_worker=4, baseline_bytes=BASELINE)
+        plan_chunks(SHAPE, HALO, (), predict, limit, threads_per_worker=4, baseline_bytes=BASELINE)
 
 
 def test_confidence_and_int_blocks_are_passed_to_every_predict_call():
@@ -473,9 +488,8 @@ def test_with_several_slots_heavy_work_gets_more_chunks_and_light_work_fewer():
     assert light.n_tasks < heavy.n_tasks
     for p in (heavy, light):
         assert p.slots == 2
-        expected = chunking.plan_seconds(p.n_tasks, math.prod(p.block), 2,
-                                         tasks_per_chunk=chunking.graph_tasks_per_chunk(
-                                             [len(c) for c in p.dask_chunks], halo),
+        # a task reads its block in one window: read, operator, store per chunk, no halo pieces
+        expected = chunking.plan_seconds(p.n_tasks, math.prod(p.block), 2, tasks_per_chunk=3.0,
                                          seconds_per_voxel=p.seconds_per_voxel)
         assert p.predicted_seconds == pytest.approx(float(expected))
         assert p.to_dict()["predicted_seconds"] == p.predicted_seconds
@@ -496,12 +510,11 @@ def test_the_fastest_plan_is_the_exhaustive_optimum():
         best = math.inf
         for chunk in itertools.product(*cands):
             counts = [-(-n // c) for n, c in zip(shape, chunk)]
-            block = [int(chunking.axis_blocks(n, [c], h)[0]) for n, c, h in zip(shape, chunk, halo)]
-            held = chunking.neighbour_chunks_held(counts, halo, workers)
-            if worker_footprint(block, analytic_peak(block)[1], chunk_shapes=chunk, neighbour_chunks=held, baseline_bytes=BASELINE).total > budget:
+            block = expected_block(shape, chunk, halo)
+            if expected_total(block, windowed=True) > budget:  # windowed reads: no input waits, no chunk kept
                 continue
             t = float(chunking.plan_seconds(math.prod(counts), math.prod(block), workers,
-                                            tasks_per_chunk=chunking.graph_tasks_per_chunk(counts, halo),
+                                            tasks_per_chunk=3.0,  # read, operator, store: no halo pieces
                                             seconds_per_voxel=s))
             best = min(best, t)
         assert best < math.inf
@@ -558,7 +571,7 @@ def test_a_large_baseline_leaves_less_room_and_the_error_names_it():
 
 def test_the_three_stages_compose_into_the_plan():
     budget = math.floor(0.8 * LIMIT)
-    footprint = functools.partial(worker_footprint, baseline_bytes=BASELINE)
+    footprint = functools.partial(worker_footprint, baseline_bytes=BASELINE, windowed=True)  # a plan's tasks read windows
     candidates = chunking.chunk_candidates(SHAPE, HALO, (), footprint=footprint, budget=budget, min_chunk=16,
                                            workers=2, slots=2, seconds_per_voxel=1e-7, graph_task_seconds=0.002)
     assert len(candidates.chunks) == len(candidates.blocks) == len(candidates.seconds) > 100
@@ -662,8 +675,7 @@ def test_a_plan_pays_what_its_block_costs_per_voxel():
     assert math.prod(steep.block) <= 4e6 < math.prod(flat.block)
     assert steep.seconds_per_voxel == pytest.approx(2e-7) and steep.task_spread == pytest.approx(0.02)
     expected = chunking.plan_seconds(steep.n_tasks, math.prod(steep.block), 2, seconds_per_voxel=2e-7,
-                                     tasks_per_chunk=chunking.graph_tasks_per_chunk(
-                                         [len(c) for c in steep.dask_chunks], halo),
+                                     tasks_per_chunk=3.0,  # read, operator, store: a windowed read, no halo pieces
                                      graph_task_seconds=0.002, spread=0.02)
     assert steep.predicted_seconds == pytest.approx(float(expected))
     assert steep.to_dict()["task_spread"] == steep.task_spread
@@ -756,20 +768,23 @@ def staged_stages(halos=((4, 4, 4), (6, 6, 6)), bytes_per_sample=(20.0, 200.0), 
 
 def by_hand_staged_total(plan, stages, shape, workers, threads=1, baseline=BASELINE):
     """The staged bound at the plan's chunks, written out: the largest running stage, every
-    stage's queue (a waiting input and a finished output per thread), and every stage group's
-    input chunks held for neighbours."""
-    chunks = np.asarray(plan.chunks)
-    counts = -(-np.asarray(shape) // chunks)
+    stage's queue, and every later stage group's input chunks held for neighbours.  A first
+    stage (group 0) reads its blocks from the file in windows: its running task is its peak
+    alone, its queue a finished output per thread, and it keeps no chunk for a neighbour.  A
+    later stage gathers its block from the intermediate: its running task holds its input
+    block too, its queue is a waiting input and a finished output per thread, and its group
+    keeps the intermediate's chunks for its neighbours' halos (the group's largest halo)."""
     running, queues = [], 0
     for s in stages:
-        block = [int(chunking.axis_blocks(n, [c], h)[0]) for n, c, h in zip(shape, plan.chunks, s.halo)]
-        upper = UPPER_FACTOR * s.predict.a * math.prod(block)
-        running.append(threads * (4 * math.prod(block) + math.ceil(upper)))  # T (in + peak), float32 in
-        queues += 2 * threads * 4 * math.prod(block)  # T waiting input + T held output, float32 in and out
+        samples = math.prod(expected_block(shape, plan.chunks, s.halo))
+        peak = math.ceil(UPPER_FACTOR * s.predict.a * samples)
+        block_in = 0 if s.group == 0 else 4 * samples  # float32 input; none resident for a windowed read
+        running.append(threads * (block_in + peak))  # T (in + peak)
+        queues += threads * block_in + threads * 4 * samples  # T waiting input + T held output (float32 out)
     held = 0
-    for g in sorted({s.group for s in stages}):
-        halo = np.max([s.halo for s in stages if s.group == g], axis=0)
-        held += int(chunking.neighbour_chunks_held(counts, halo, workers)) * math.prod(plan.chunks) * 4
+    for g in sorted({s.group for s in stages} - {0}):
+        halo = tuple(max(h) for h in zip(*[s.halo for s in stages if s.group == g]))
+        held += expected_held_chunks(shape, plan.chunks, halo, workers) * math.prod(plan.chunks) * 4
     return baseline + max(running) + queues + held
 
 
@@ -782,6 +797,8 @@ def test_a_staged_plans_bound_is_its_largest_stage_plus_every_stages_queue_and_h
     assert plan.strategy == "staged" and plan.upper_bytes <= plan.budget_bytes
     assert plan.upper_bytes == by_hand_staged_total(plan, stages, shape, workers)
     assert plan.footprint.total == plan.upper_bytes
+    # only the later stage keeps chunks (of the intermediate) for its neighbours' halos
+    assert plan.neighbour_chunks == expected_held_chunks(shape, plan.chunks, (6, 6, 6), workers) > 0
     # each stage's bound at the Bonferroni confidence, so that the largest holds with 99%
     asked = [c for s in stages for c in s.predict.asked]
     assert asked and all(c == pytest.approx(1 - 0.01 / 2) for c in asked)
@@ -796,6 +813,8 @@ def test_a_fan_outs_branches_keep_their_shared_input_once():
     plan = chunking.plan_staged_chunks(shape, (), fan, 1 * GiB, baseline_bytes=BASELINE, workers=2)
     assert plan.upper_bytes == by_hand_staged_total(plan, fan, shape, 2)
     assert len(plan.stages) == 3
+    # the branches' shared intermediate keeps its chunks once, for the larger of their halos
+    assert plan.neighbour_chunks == expected_held_chunks(shape, plan.chunks, (6, 6, 6), 2) > 0
 
 
 def test_a_staged_plans_time_charges_every_stages_tasks_and_block_and_the_transfers():
@@ -807,7 +826,9 @@ def test_a_staged_plans_time_charges_every_stages_tasks_and_block_and_the_transf
     chunk_seconds = 0.0
     for i, s in enumerate(stages):
         block = [int(chunking.axis_blocks(n, [c], h)[0]) for n, c, h in zip(shape, plan.chunks, s.halo)]
-        chunk_seconds += 0.002 * float(chunking.graph_tasks_per_chunk(counts, s.halo)) + s.seconds_per_voxel * math.prod(block)
+        # the first stage reads its blocks in windows: read, operator, store, no halo pieces
+        graph_tasks = 3.0 if i == 0 else float(chunking.graph_tasks_per_chunk(counts, s.halo))
+        chunk_seconds += 0.002 * graph_tasks + s.seconds_per_voxel * math.prod(block)
         chunk_seconds += 5e-8 * (math.prod(block) if i == 0 else (math.prod(block) - math.prod(plan.chunks)) / 2)
     waves = plan.n_tasks / 2 + 1 - 1 / 2  # Graham's bound on two slots
     assert plan.predicted_seconds == pytest.approx(waves * chunk_seconds)
@@ -848,7 +869,9 @@ def test_a_staged_plan_with_the_members_clocks_pays_their_tasks_and_their_spread
     chunk_seconds = 0.0
     for i, (s, clock) in enumerate(zip(stages, clocks)):
         v = math.prod(int(chunking.axis_blocks(n, [c], h)[0]) for n, c, h in zip(shape, plan.chunks, s.halo))
-        chunk_seconds += 0.002 * float(chunking.graph_tasks_per_chunk(counts, s.halo)) + clock.seconds_per_voxel_at(v) * v
+        # the first stage reads its blocks in windows: read, operator, store, no halo pieces
+        graph_tasks = 3.0 if i == 0 else float(chunking.graph_tasks_per_chunk(counts, s.halo))
+        chunk_seconds += 0.002 * graph_tasks + clock.seconds_per_voxel_at(v) * v
         # a later stage reads its input from, and leaves its output in, the workers: no read, no store
         chunk_seconds += 0.0 if i == 0 else 5e-8 * (v - math.prod(plan.chunks)) / 2 - 5e-8 * math.prod(plan.chunks)
     # the larger of the two spreads; the scheduler balances the 2 n stage tasks, not n chunks
@@ -874,16 +897,22 @@ def test_a_staged_plans_probe_pruning_gives_the_exhaustive_answer(monkeypatch, w
 
 def test_a_staged_no_fit_names_the_smallest_complete_footprint_as_an_unpruned_search_would():
     """Pruning stops predicting a candidate once it is over the budget; when nothing fits, the
-    message still names the smallest footprint of an exhaustive evaluation."""
+    message still names the smallest footprint of an exhaustive evaluation.  (At 260 MiB the
+    smallest candidates fit with every task peak at 0, so they are predicted, and pruned, stage
+    by stage; none fits once predicted.)"""
     stages = staged_stages(halos=((4, 4, 4), (6, 6, 6), (3, 3, 3)), bytes_per_sample=(20.0, 200.0, 50.0),
                            groups=[0, 1, 1])
+    limit = 260 * MiB
     with pytest.raises(ChunkPlanError) as info:
-        chunking.plan_staged_chunks((1200, 1000, 900), (), stages, 300 * MiB, baseline_bytes=BASELINE, workers=2)
+        chunking.plan_staged_chunks((1200, 1000, 900), (), stages, limit, baseline_bytes=BASELINE, workers=2)
     c = chunking.chunk_candidates((1200, 1000, 900), (6, 6, 6), (), footprint=functools.partial(
         worker_footprint, threads_per_worker=1, baseline_bytes=0), budget=2**62, min_chunk=chunking.DEFAULT_MIN_CHUNK,
         workers=2, slots=2, seconds_per_voxel=1e-7, graph_task_seconds=0.002)
-    smallest = min(by_hand_staged_total(type("P", (), {"chunks": tuple(int(x) for x in row)}), stages,
-                                        (1200, 1000, 900), 2) for row in c.chunks)
+    rows = [type("P", (), {"chunks": tuple(int(x) for x in row)}) for row in c.chunks]
+    smallest = min(by_hand_staged_total(row, stages, (1200, 1000, 900), 2) for row in rows)
+    idle = [dataclasses.replace(s, predict=StagePredictor(0.0)) for s in stages]  # every task peak at 0
+    least_floor = min(by_hand_staged_total(row, idle, (1200, 1000, 900), 2) for row in rows)
+    assert least_floor <= math.floor(0.8 * limit) < smallest  # predicted, and pruned, yet nothing fits
     assert chunking.format_bytes(smallest) in str(info.value)
 
 

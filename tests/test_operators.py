@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import dask.array as da
@@ -471,3 +472,40 @@ def test_a_pipeline_keeps_axes_alike_only_where_every_member_and_halo_does():
     assert get("first_derivative").axis_classes == (0, 0, 0)
     assert get("first_derivative,gst3d").axis_classes == (0, 0, 1)
     assert get("gaussian(sigma=1x2x2)").axis_classes == (0, 1, 1)
+
+
+# --------------------------------------------------------------------------- windowed reads
+
+
+@pytest.mark.parametrize("chunks", [(13, 11, 20), (4, 30, 64), (33, 30, 29)])
+@pytest.mark.parametrize("name", ["gst3d", "gaussian", "envelope", "semblance"])
+def test_the_windowed_form_equals_map_overlap_and_the_whole_volume(name, chunks):
+    """From a source (here a NumPy array; a run's is the SEG-Y file) each task reads its own
+    block, runs and trims it: the same result as map_overlap and as ``run`` on the whole
+    volume, bit for bit, also with chunks shorter than the halo (4, and a last chunk of 6 < 7)."""
+    op = get(name)
+    x = operators.synthetic_volume((40, 36, 64), seed=7)
+    windowed = op.dask(x, chunks=chunks)
+    overlapped = op.dask(da.from_array(x, chunks=chunks))
+    assert windowed.chunks == overlapped.chunks
+    got = windowed.compute(scheduler="synchronous")
+    np.testing.assert_array_equal(got, overlapped.compute(scheduler="synchronous"))
+    np.testing.assert_array_equal(got, op.run(x))
+
+
+def test_a_windowed_task_depends_on_the_source_alone_and_keeps_nothing_for_a_neighbour():
+    """One task per block and the source: no piece of one chunk goes to another's task, so no
+    chunk stays resident for a neighbour (map_overlap's graph has many tasks per block)."""
+    op = get("gst3d")
+    x = operators.synthetic_volume((40, 36, 64), seed=7)
+    windowed = op.dask(x, chunks=(10, 12, 64))
+    graph = dict(windowed.__dask_graph__())
+    n_blocks = math.prod(windowed.numblocks)
+    assert n_blocks == 12 and len(graph) == n_blocks + 1
+    overlapped = dict(op.dask(da.from_array(x, chunks=(10, 12, 64))).__dask_graph__())
+    assert len(overlapped) > 3 * n_blocks
+
+
+def test_a_source_without_chunks_is_refused():
+    with pytest.raises(ValueError, match="needs its chunks"):
+        get("gaussian").dask(np.zeros((8, 8, 8), np.float32))

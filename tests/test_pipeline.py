@@ -6,6 +6,7 @@ commands taking a spec (real profiling children, a real LocalCluster, a real SEG
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 
@@ -121,6 +122,25 @@ def test_both_dask_forms_equal_the_numpy_composition_seams_included(spec, strate
     with dask.config.set(scheduler="synchronous"):
         got = lazy.compute()
     np.testing.assert_allclose(got, op.run(x), rtol=0, atol=2e-6)
+
+
+@pytest.mark.parametrize("strategy", ["fused", "staged"])
+@pytest.mark.parametrize("spec", ISSUE_PIPELINES + ["gaussian,envelope+gst3d"])
+def test_from_a_source_both_forms_read_windows_and_equal_the_numpy_composition(spec, strategy):
+    """A run's form: the pipeline reads its input in windows (``chunks`` given with a source);
+    fused, one task per block and nothing else per block; equal to ``run`` on the whole volume."""
+    op = operators.get(spec)
+    x = volume((72, 64, 70), seed=1)
+    chunks = tuple(max(h + 4, n // 3) for h, n in zip(op.halo, x.shape))
+    lazy = op.dask(x, chunks=chunks, strategy=strategy)
+    arrays = lazy if isinstance(lazy, dict) else {None: lazy}
+    if strategy == "fused" and not op.branches:
+        assert len(dict(lazy.__dask_graph__())) == math.prod(lazy.numblocks) + 1
+    expected = op.run(x)
+    expected = dict(zip(op.branches, expected)) if op.branches else {None: expected}
+    with dask.config.set(scheduler="synchronous"):
+        for name, a in arrays.items():
+            np.testing.assert_allclose(a.compute(), expected[name], rtol=0, atol=2e-6)
 
 
 @pytest.mark.parametrize("strategy", ["fused", "staged"])
