@@ -9,7 +9,8 @@ For each ``STRATEGY:CHUNKS`` asked, on a synthetic SEG-Y volume (``--shape``) an
 * a **memory sampler** (``client.run`` every ~30 ms): each worker's resident set and the task
   data it holds (``WorkerState.nbytes``) by key prefix, kept at the sample of its largest
   resident set;
-* the run's own figures: seconds, each worker's kernel high-water mark, the measured baseline;
+* the run's own figures: seconds, each worker's kernel high-water mark, the baseline measured
+  before it, and each worker's resident set once it is over (idle);
 * the plan ``recommend_chunks`` would promise for these chunks and strategy: its upper
   footprint (``explorer.recommend.plan_for_chunks``) and predicted seconds.
 
@@ -163,18 +164,24 @@ def main() -> None:
                               f"baseline {format_bytes(result.worker_baseline_bytes)}): upper footprint "
                               f"{format_bytes(plan.upper_bytes)}, mean {format_bytes(plan.predicted_bytes)}, "
                               f"predicted {plan.predicted_seconds:.2f} s.\n")
-                        print("| run | status | seconds | busy per worker (s) | transfers (s) | HWM per worker "
-                              "| at the largest sampled RSS: RSS, held data (largest holders) |")
-                        print("|---|---|---:|---|---:|---|---|")
+                        print("| run | status | seconds | busy per worker (s) | transfers (s) | baseline measured "
+                              "before | HWM per worker | idle RSS after | at the largest sampled RSS: RSS, held data "
+                              "(largest holders) |")
+                        print("|---|---|---:|---|---:|---|---|---|---|")
                     held = "; ".join(
                         f"{format_bytes(rss)}, {format_bytes(managed)} held, {format_bytes(pinned)} pinned ("
                         + ", ".join(f"{count[k]} {k} {format_bytes(nbytes[k])}"
                                     for k in sorted(nbytes, key=lambda k: -nbytes[k])[:3]) + ")"
                         for rss, managed, nbytes, count, pinned in largest.values())
                     rows.append(result)
+                    from explorer.inworker import resident_bytes
+
+                    idle = client.run(resident_bytes)  # what the workers keep once the run is over
                     print(f"| {repeat + 1} | {result.status} | {result.seconds or 0:.2f} | "
                           + ", ".join(f"{b:.2f}" for b in busy.values()) + f" | {transfer:.2f} | "
-                          + ", ".join(format_bytes(h) for h in result.worker_hwm_bytes if h) + f" | {held} |")
+                          + format_bytes(result.worker_baseline_bytes or 0) + " | "
+                          + ", ".join(format_bytes(h) for h in result.worker_hwm_bytes if h) + " | "
+                          + ", ".join(format_bytes(v) for v in idle.values()) + f" | {held} |")
                 print("\nCompute by task prefix, last run: " + "; ".join(
                     f"{name} {n} tasks {seconds:.2f} s" for name, (n, seconds) in
                     sorted(compute.items(), key=lambda kv: -kv[1][1])[:6]) + ".\n")
