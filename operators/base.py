@@ -189,8 +189,8 @@ def windowed_map(source, chunks, depth, function, *, dtype, leading: tuple[int, 
     neighbours gather, so a chunk read from the file stays resident until its last neighbour
     has run, and a worker that reads ahead of its slow tasks holds many
     (``scripts/results/run_trace_survey.md``: one worker held about 15 chunks' worth of
-    pieces).  Here a task depends on the source alone: nothing is kept for a neighbour, and a
-    task not yet started holds nothing.  ``source`` slices like a NumPy array (``shape``,
+    pieces).  Here a task depends on nothing (the source travels in it, unless it is a NumPy
+    array): nothing is kept for a neighbour, and a task not yet started holds nothing.  ``source`` slices like a NumPy array (``shape``,
     ``dtype``, basic slices); ``depth`` per axis (a dict); ``leading``: lengths of axes
     ``function`` puts before the volume's.
     """
@@ -209,8 +209,15 @@ def windowed_map(source, chunks, depth, function, *, dtype, leading: tuple[int, 
         windows.append([(edges[j] - (d if j > 0 else 0), edges[j + 1] + (d if j < k - 1 else 0)) for j in range(k)])
         trims.append([(d if j > 0 else 0, int(lengths[j])) for j in range(k)])
     name = name or f"windowed-{tokenize(source, tuple(map(tuple, chunks)), tuple(depth), function, leading)}"
-    original = f"source-{name}"
-    graph = {original: source}
+    # A reader of a file (a few KiB pickled) travels inside every task, so that a task depends
+    # on nothing and the scheduler spreads the tasks over the workers: as a key of its own it
+    # would live on one worker, which Dask then favours for every task that needs it (4 tasks
+    # of gst3d on 2 workers ran 3 + 1).  An array in memory is kept once, as a key.
+    graph = {}
+    original = source
+    if isinstance(source, np.ndarray):
+        original = f"source-{name}"
+        graph[original] = source
     lead = (0,) * len(leading)
     for index in itertools.product(*(range(len(w)) for w in windows)):
         window = tuple(slice(*windows[a][j]) for a, j in enumerate(index))

@@ -27,8 +27,10 @@ fresh ``LocalCluster``, with ``refine=False`` unless said otherwise.  Per scenar
   ``(ceil(N/4), N, N)``; a shape equal (after whole axes) to auto's or the prototype's
   is not run again, its row says so.  Every grid shape runs once; those that ended ok
   without a restart in at most 1.5x the fastest one's time (at most three) are the oracle
-  candidates and run again up to ``--repeat`` times, interleaved with ours; the **oracle**
-  is the candidate with the lowest median ``seconds`` (all candidates have as many runs).
+  candidates and run ``--repeat`` more times in rounds with ours (each once per round, the
+  order alternating); the **oracle** is the candidate with the lowest median ``seconds`` over
+  its rounds.  The screening run that selected a candidate, and ours' first run, are left out
+  of the medians (shown apart): the least of several noisy single runs is low by selection.
 * **ours**: ``chunks="model"``: ``recommend_chunks(op, shape, L, workers=2)`` (with the
   workers' measured baseline) on the model and in-worker calibration of
   ``explore(op, budget=--budget, memory_limit=L)`` (isolated profiles, then explore's
@@ -183,14 +185,22 @@ class Method:
     runs: list[Run] = field(default_factory=list)
     same_as: str | None = None  # not run: same chunks as that method
     note: str = ""
+    #: Runs before the interleaved rounds (a candidate's screening run, ours' first): left out of
+    #: ``seconds`` once the rounds have run, since the screening run is the one that selected it.
+    screened: int = 0
 
     @property
     def ok(self) -> bool:
         return bool(self.runs) and all(r.ok for r in self.runs)
 
     @property
+    def timed_runs(self) -> list[Run]:
+        """The runs ``seconds`` is the median of: the rounds' once there are any."""
+        return self.runs[self.screened:] if len(self.runs) > self.screened else self.runs
+
+    @property
     def seconds(self) -> float | None:
-        values = [r.result.seconds for r in self.runs if r.result.seconds is not None]
+        values = [r.result.seconds for r in self.timed_runs if r.result.seconds is not None]
         return statistics.median(values) if values else None
 
     @property
@@ -413,7 +423,12 @@ def run_scenario(sc: Scenario, args, cache: Path, tmp: Path, profiles: Prototype
     for m in survived:
         if m not in candidates:
             m.note = f"first run > {ORACLE_WINDOW:g} x the fastest: not an oracle candidate"
-    for rep in range(1, args.repeat):
+    # Rounds: each of them and ours once per round, the order alternating; the screening runs
+    # (the one that selected a candidate, ours' first) are left out of the medians, since the
+    # least of several noisy single runs is low by selection.
+    for method in [ours] + candidates:
+        method.screened = len(method.runs)
+    for rep in range(args.repeat):
         order = [ours] + candidates if rep % 2 else candidates + [ours]
         for method in order:
             go(method, runs=runs_dir if method is ours else None)
@@ -443,9 +458,9 @@ def verdicts_for(sc: Scenario, ours: Method, ours_refine: Method | None, oracle:
     else:
         ratio = ours.seconds / oracle.seconds
         out.append((f"ours wall <= {WALL_TARGET:.2f} x oracle", ratio <= WALL_TARGET,
-                    f"ours {ours.seconds:.2f} s (median of {len(ours.runs)}) / oracle {oracle.name} "
+                    f"ours {ours.seconds:.2f} s (median of {len(ours.timed_runs)}) / oracle {oracle.name} "
                     f"{format_shape(oracle.runs[0].result.chunks)} {oracle.seconds:.2f} s (median of "
-                    f"{len(oracle.runs)}) = {ratio:.3f}"))
+                    f"{len(oracle.timed_runs)}) = {ratio:.3f}"))
     peaks = [max(v for v in (r.peak, r.hwm) if v is not None) for r in mine if r.peak is not None or r.hwm is not None]
     top = max(peaks, default=None)
     out.append(("ours worker peak <= limit", top is not None and top <= sc.limit,
@@ -480,8 +495,13 @@ def print_outcome(o: Outcome) -> None:
         secs = m.seconds
         seconds = "—" if secs is None else f"{secs:.2f}"
         if len(m.runs) > 1:
-            seconds += " (n=" + str(len(m.runs)) + ": " + ", ".join(f"{r.result.seconds:.2f}" for r in m.runs
-                                                                     if r.result.seconds is not None) + ")"
+            timed = m.timed_runs
+            seconds += " (n=" + str(len(timed)) + ": " + ", ".join(f"{r.result.seconds:.2f}" for r in timed
+                                                                   if r.result.seconds is not None)
+            if m.screened and len(m.runs) > m.screened:
+                seconds += "; screening " + ", ".join(f"{r.result.seconds:.2f}" for r in m.runs[:m.screened]
+                                                      if r.result.seconds is not None)
+            seconds += ")"
         if m.status != "ok":
             seconds += " until failure"
         top = max((v for v in (m.peak, m.hwm) if v is not None), default=None)

@@ -494,8 +494,9 @@ def test_the_windowed_form_equals_map_overlap_and_the_whole_volume(name, chunks)
 
 
 def test_a_windowed_task_depends_on_the_source_alone_and_keeps_nothing_for_a_neighbour():
-    """One task per block and the source: no piece of one chunk goes to another's task, so no
-    chunk stays resident for a neighbour (map_overlap's graph has many tasks per block)."""
+    """One task per block and the source (a NumPy array, kept once as a key): no piece of one
+    chunk goes to another's task, so no chunk stays resident for a neighbour (map_overlap's
+    graph has many tasks per block)."""
     op = get("gst3d")
     x = operators.synthetic_volume((40, 36, 64), seed=7)
     windowed = op.dask(x, chunks=(10, 12, 64))
@@ -509,3 +510,19 @@ def test_a_windowed_task_depends_on_the_source_alone_and_keeps_nothing_for_a_nei
 def test_a_source_without_chunks_is_refused():
     with pytest.raises(ValueError, match="needs its chunks"):
         get("gaussian").dask(np.zeros((8, 8, 8), np.float32))
+
+
+def test_a_file_source_travels_in_each_task_so_no_task_depends_on_another_key(tmp_path):
+    """A SEG-Y reader is pickled into every task: the tasks have no dependencies, so the
+    scheduler spreads them over the workers (as a key of its own the reader would live on one
+    worker, which Dask favours for every task needing it: 4 tasks on 2 workers ran 3 + 1)."""
+    from dask.core import get_dependencies
+
+    x = operators.synthetic_volume((40, 36, 64), seed=7)
+    path = tmp_path / "x.sgy"
+    operators.write_segy(path, x)
+    lazy = get("gst3d").dask(operators.segy_volume(path), chunks=(20, 18, 64))
+    graph = dict(lazy.__dask_graph__())
+    assert len(graph) == math.prod(lazy.numblocks) == 4
+    assert all(not get_dependencies(graph, key) for key in graph)
+    np.testing.assert_array_equal(lazy.compute(scheduler="synchronous"), get("gst3d").run(x))
