@@ -774,9 +774,10 @@ def print_footprint_check(outcomes: list[Outcome]) -> None:
     for sc, m, chunks, bound, hwm in rows:
         p(f"| {sc.name} | {m.name} | {format_shape(chunks)} | {mib(bound.total)} | "
           f"{mib(bound.baseline_bytes)} | {mib(hwm)} | {hwm / bound.total:.2f} |")
-    over = [r for r in rows if r[5] > r[4].total]
+    over = [(sc, chunks, bound, hwm) for sc, _, chunks, bound, hwm in rows if hwm > bound.total]
     p(f"\nShapes whose HWM exceeded the bound: {len(over)} of {len(rows)}"
-      + (": " + ", ".join(f"{r[0].op} {format_shape(r[2])} ({r[5] / r[4].total:.2f})" for r in over) if over else "")
+      + (": " + ", ".join(f"{sc.op} {format_shape(chunks)} ({hwm / bound.total:.2f})"
+                          for sc, chunks, bound, hwm in over) if over else "")
       + ".")
 
 

@@ -349,7 +349,7 @@ def bench_pipeline(spec: str, args, limit: int) -> dict:
     oracle = min(finalists, key=lambda a: a.median) if finalists else None
     if oracle is not None:
         oracle.name = "oracle"
-    auto = Arm("auto", "Dask's chunks, one map_overlap per stage")
+    auto = Arm("auto", "Dask's chunks, one Dask form per stage")
     run_arm(auto, spec, source, out_dir, limit, args, reference, args.auto_repeats, chunks="auto",
             strategy="staged")
     chain = chained(spec, source, out_dir, limit, args, reference)

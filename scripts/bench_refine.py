@@ -184,7 +184,7 @@ def main() -> None:
           f"{mib(plan.get('upper_bytes'))} | {mib(plan.get('budget_bytes'))} | {mib(bounds[i][1])} | "
           f"{mib(bounds[i][2])} | {mib(max(r.worker_peak_bytes, default=None))} | {mib(max(hwm, default=None))} | "
           f"{r.workers_restarted} | {r.memory_kills} | {loads[i - 1]:.1f} | {'; '.join(notes)} |")
-    p("\nPlan predicted/upper: the worker footprint (measured baseline + input block + task peak + held blocks) "
+    p("\nPlan predicted/upper: the worker footprint (measured baseline + task peak + held outputs; each task reads its own block) "
       "with the in-worker task model's mean / 99% bound, as calibrated when the run planned; the run's tasks are "
       "counted over the same bound.  Fixed block: the first plan's block, bound under the calibration saved after "
       "the run.\n")
