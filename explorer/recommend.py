@@ -246,7 +246,10 @@ def recommend_chunks(
     model plus its in-worker calibration (``explorer.calibration.TaskModel``); the pause
     fraction from Dask's config; the time model's terms from the calibration's learnt
     timings, else from the operator's profiled speed.  The plan's ``warnings`` say what
-    the bound does not know (a stale model, no calibration).
+    the bound does not know (a stale model, no calibration).  The footprint is that of the
+    form ``explore run`` uses, each task reading its own block from the file
+    (``operator.dask(operators.segy_volume(path), chunks=plan.chunks)``): a ``map_overlap``
+    on a chunked Dask array also keeps its chunks for their neighbours, which it does not count.
 
     ``strategy`` (a pipeline's; :data:`STRATEGY_CHOICES`): ``"fused"`` plans one task per
     block for all stages (the pipeline's own model, or the one composed from its members');
