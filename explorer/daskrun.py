@@ -786,7 +786,7 @@ def _start_observing(ctx: RunContext, interrupt: _Interrupt):
         ctx.client, ctx.operator.name, store=store, model=ctx.model, confidence=ctx.confidence, source=ctx.source,
         context={"cluster": ctx.cluster_kind, "n_workers": result.n_workers, "chunks": list(ctx.chunk),
                  "volume_shape": list(ctx.shape), "output": ctx.kind, **ctx.context},
-        on_over_bound=replanner.on_over_bound if replanner else None, warn=False,
+        on_over_bound=replanner.on_over_bound if replanner else None, warn=False, windowed=True,
     ).start()
     result.run_id = ctx.observer.run_id
     if replanner is not None:

@@ -20,7 +20,9 @@ in :mod:`explorer.inworker`'s docstring.
 Bound checks: an exact observation (one thread per worker) is over its bound when its
 ``peak_bytes`` exceeds the model's upper bound at its block.  With ``T > 1`` threads a
 figure is the process's growth while ``T`` tasks ran, so it is compared with the
-footprint's task term for ``T`` tasks, ``T (input_block_bytes + upper)``.
+footprint's task term for ``T`` tasks, ``T (input_block_bytes + upper)``, or ``T upper``
+when each task reads its own block (``windowed``: ``explorer.daskrun``'s runs, whose reads
+are inside the tasks' peaks).
 
 Cost: on the worker, about 0.1 ms per task (reads of ``/proc/self/status`` and writes
 to ``clear_refs`` at task start, ``run`` start, ``run`` end and task end) and one small
@@ -71,6 +73,8 @@ class Observation:
     upper_bytes: float | None = None
     over_bound: bool = False
     extra: dict = field(default_factory=dict)
+    #: The task read its own block (``operators.windowed_map``): no input was resident before it.
+    windowed: bool = False
 
     @property
     def bound_bytes(self) -> float | None:
@@ -80,7 +84,8 @@ class Observation:
             return None
         if self.exact:
             return self.upper_bytes
-        return self.threads * (self.upper_bytes + _INPUT_ITEMSIZE * math.prod(self.shape))
+        block_in = 0 if self.windowed else _INPUT_ITEMSIZE * math.prod(self.shape)
+        return self.threads * (self.upper_bytes + block_in)
 
 
 class Observer:
@@ -96,9 +101,10 @@ class Observer:
 
     def __init__(self, client, operator: str, *, store=None, runs_dir=None, storage=None, model=None,
                  confidence: float = 0.99, context: dict | None = None, on_over_bound=None,
-                 warn: bool = True, source: str = "production"):
+                 warn: bool = True, source: str = "production", windowed: bool = False):
         from explorer.inworker import measured_run
 
+        self.windowed = bool(windowed)
         self.client = client
         self.operator = operator
         self.model = model
@@ -207,6 +213,7 @@ class Observer:
                 extra={k: msg[k] for k in ("run_seconds", "other_seconds", "other_tasks", "n_runs",
                                            "rss_before_bytes", "process_peak_bytes", "environment",
                                            "managed_before_bytes", "managed_after_bytes") if k in msg},
+                windowed=self.windowed,
             )
             self.observations.append(observation)
         self._queue.put(observation)
@@ -292,7 +299,7 @@ def _lower_this_threads_priority() -> None:
 
 def observe(client, operator, *, store=None, model=None, confidence: float = 0.99, context: dict | None = None,
             runs_dir=None, storage=None, on_over_bound=None, warn: bool = True,
-            source: str = "production") -> Observer:
+            source: str = "production", windowed: bool = False) -> Observer:
     """Observe the tasks of ``operator`` on ``client``'s cluster; use as a context manager.
 
     ``operator`` is a name or an ``Operator``; the observed graph must be built with
@@ -305,12 +312,14 @@ def observe(client, operator, *, store=None, model=None, confidence: float = 0.9
     computation failed.  When ``model`` is given (a ``TaskModel`` or any object with
     ``predict(shape, confidence) -> (mean, upper)``), each is compared with its bound
     (module docstring): tasks over it are counted (``tasks_over_bound``), warned about,
-    and passed to ``on_over_bound``.  One observer per operator and cluster at a time.
+    and passed to ``on_over_bound``.  ``windowed``: the graph's tasks read their own blocks
+    (``operator.dask(source, chunks=...)``), which a ``T > 1`` figure's bound then does not
+    add again.  One observer per operator and cluster at a time.
     """
     name = operator if isinstance(operator, str) else operator.name
     return Observer(client, name, store=store, runs_dir=runs_dir, storage=storage, model=model,
                     confidence=confidence, context=context, on_over_bound=on_over_bound, warn=warn,
-                    source=source)
+                    source=source, windowed=windowed)
 
 
 def _cluster_kind(client) -> str:

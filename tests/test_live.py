@@ -266,3 +266,16 @@ def test_observations_arrive_from_a_thread_pool_worker_with_two_threads(segy, tm
     records = store.records(OPERATOR, source="production")
     assert all(r.context["threads_per_worker"] == 2 for r in records)
     assert any(r.context["exact"] is False for r in records)
+
+
+def test_a_concurrent_figure_is_bounded_by_the_task_term_of_its_form():
+    """With T > 1 threads a figure is the process's growth while T tasks ran: against
+    ``T (input block + upper)`` when the inputs were resident before the tasks (map_overlap),
+    ``T upper`` when each task read its own block (windowed: the read is inside its peak)."""
+    shape, upper = (10, 20, 30), 5_000_000.0
+    common = dict(operator="gst3d", shape=shape, peak_bytes=0, run_peak_bytes=0, seconds=1.0, exact=False,
+                  worker="w", threads=2, memory_limit=2**30, key="k", upper_bytes=upper)
+    assert live.Observation(**common).bound_bytes == 2 * (upper + 4 * math.prod(shape))
+    assert live.Observation(**common, windowed=True).bound_bytes == 2 * upper
+    exact = dict(common, exact=True)
+    assert live.Observation(**exact).bound_bytes == live.Observation(**exact, windowed=True).bound_bytes == upper
