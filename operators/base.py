@@ -190,9 +190,10 @@ def windowed_map(source, chunks, depth, function, *, dtype, leading: tuple[int, 
     has run, and a worker that reads ahead of its slow tasks holds many
     (``scripts/results/run_trace_survey.md``: one worker held about 15 chunks' worth of
     pieces).  Here a task depends on nothing (the source travels in it, unless it is a NumPy
-    array): nothing is kept for a neighbour, and a task not yet started holds nothing.  ``source`` slices like a NumPy array (``shape``,
-    ``dtype``, basic slices); ``depth`` per axis (a dict); ``leading``: lengths of axes
-    ``function`` puts before the volume's.
+    array): nothing is kept for a neighbour, and a task not yet started holds nothing.
+    ``source`` slices like a NumPy array (``shape``, ``dtype``, basic slices) and is cheap to
+    pickle unless it is a NumPy array; ``depth`` per axis (a dict); ``leading``: lengths of
+    axes ``function`` puts before the volume's.
     """
     import itertools
 
