@@ -668,7 +668,7 @@ def _staged_seconds(shape, stages, axis_chunks, grid, chunk_samples, n_tasks, *,
             chunk_seconds += stage.seconds_per_voxel * volumes + (io_seconds_per_voxel * volumes
                                                                   if stage is stages[0] else 0.0)
         spreads.append(None if clock is None else clock.spread_at(volumes))
-        if stage.group > 0:
+        if not stage.windowed:  # its halo slices come from the intermediate's chunks, some on other workers
             chunk_seconds += io_seconds_per_voxel * (workers - 1) / workers * (volumes - chunk_samples)
     spread = None if any(x is None for x in spreads) else np.max(spreads, axis=0)
     return blocks, makespan_seconds(n_tasks, slots, chunk_seconds, spread=spread, fixed_seconds=run_fixed_seconds,
@@ -1327,12 +1327,19 @@ class PlanStage:
     seconds_per_voxel: float = DEFAULT_SECONDS_PER_VOXEL - RUN_IO_SECONDS_PER_VOXEL
     task_clock: TaskClock | None = None
 
+    @property
+    def windowed(self) -> bool:
+        """The stage's tasks read their blocks from the file (``operators.windowed_map``): the
+        first stage's (group 0); a later stage's ``map_overlap`` gathers them from the previous
+        stage's chunks."""
+        return self.group == 0
+
 
 def exchanged_halo(stage: PlanStage) -> tuple[int, ...]:
     """The halo a stage's Dask form exchanges between chunks: none for the first stage (group
     0), whose blocks are windowed reads of the file (``operators.windowed_map``); a later
     stage's own, which its ``map_overlap`` slices from the intermediate's chunks."""
-    return tuple(stage.halo) if stage.group > 0 else (0,) * len(stage.halo)
+    return (0,) * len(stage.halo) if stage.windowed else tuple(stage.halo)
 
 
 def plan_staged_chunks(
@@ -1433,7 +1440,7 @@ def plan_staged_chunks(
         held_bytes += kept * chunk_samples * int(members[0].itemsize)
     # Every stage's map_overlap keeps its own gathered inputs and finished outputs, whichever runs.
     idle = [worker_footprint(b, 0, threads_per_worker=threads, baseline_bytes=0, itemsize=s.itemsize,
-                             output_itemsize=s.output_itemsize, windowed=s.group == 0) for s, b in zip(stages, blocks)]
+                             output_itemsize=s.output_itemsize, windowed=s.windowed) for s, b in zip(stages, blocks)]
     waiting = np.sum([f.waiting_input_bytes for f in idle], axis=0)
     finished = np.sum([f.held_output_bytes for f in idle], axis=0)
     resident = held_bytes + waiting + finished  # between tasks, whichever stage runs
@@ -1465,7 +1472,7 @@ def plan_staged_chunks(
             predicted[0] += len(alive)
             terms = functools.partial(worker_footprint, b, threads_per_worker=threads, baseline_bytes=0,
                                       itemsize=stage.itemsize, output_itemsize=stage.output_itemsize,
-                                      windowed=stage.group == 0)
+                                      windowed=stage.windowed)
             finite = np.isfinite(upper)
             running_upper[alive, i] = np.where(finite, terms(np.where(finite, upper, 0.0)).task_bytes, worst)
             means[alive, i], uppers[alive, i] = mean, upper
@@ -1493,11 +1500,11 @@ def plan_staged_chunks(
     stage_j = stages[j]
     running_mean = [worker_footprint(tuple(blocks[i][index]), float(means[index, i]), threads_per_worker=threads,
                                      baseline_bytes=0, itemsize=s.itemsize, output_itemsize=s.output_itemsize,
-                                     windowed=s.group == 0).task_bytes
+                                     windowed=s.windowed).task_bytes
                     for i, s in enumerate(stages)]
     bound = worker_footprint(tuple(blocks[j][index]), float(uppers[index, j]), threads_per_worker=threads,
                              baseline_bytes=baseline_bytes, itemsize=stage_j.itemsize,
-                             output_itemsize=stage_j.output_itemsize, windowed=stage_j.group == 0)
+                             output_itemsize=stage_j.output_itemsize, windowed=stage_j.windowed)
     bound = dataclasses.replace(bound, waiting_input_bytes=int(waiting[index]), held_output_bytes=int(finished[index]),
                                 neighbour_chunk_bytes=int(held_bytes[index]))
     table = tuple({"operator": s.name, "halo": list(s.halo), "block": [int(x) for x in blocks[i][index]],
