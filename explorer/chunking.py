@@ -658,7 +658,8 @@ def _staged_seconds(shape, stages, axis_chunks, grid, chunk_samples, n_tasks, *,
                      axis=1)  # per axis, then gathered: the candidates are a sub-grid of the axes' lengths
         blocks.append(b)
         volumes = _samples(b).astype(np.float64)
-        chunk_seconds += graph_task_seconds * _grid_graph_tasks(shape, exchanged_halo(stage), axis_chunks, grid)
+        exchanged = exchanged_halo(stage.halo, stage.group)
+        chunk_seconds += graph_task_seconds * _grid_graph_tasks(shape, exchanged, axis_chunks, grid)
         clock = stage.task_clock
         if clock is not None:
             chunk_seconds += clock.seconds_per_voxel_at(volumes) * volumes
@@ -982,15 +983,12 @@ def chunk_candidates(shape, halo, whole, *, footprint, budget: int, min_chunk: i
     grid = np.unravel_index(keep, [len(c) for c in axis_chunks])
     chunks = np.stack([c[g] for c, g in zip(axis_chunks, grid)], axis=1)
     blocks = np.stack([b[g] for b, g in zip(axis_block, grid)], axis=1)
-    counts = -(-np.asarray(shape) // chunks)
-    # A fused task's block is one windowed read of the file (operators.windowed_map): no
-    # halo is exchanged between chunks, so no chunk is kept for a neighbour.
-    exchanged = (0,) * ndim
     seconds = _fused_seconds(shape, axis_chunks, grid, blocks, n_tasks[keep], slots=slots,
                              seconds_per_voxel=seconds_per_voxel, graph_task_seconds=graph_task_seconds,
                              task_clock=task_clock, run_fixed_seconds=run_fixed_seconds)
     return Candidates(axis_chunks=axis_chunks, grid=grid, chunks=chunks, blocks=blocks, n_tasks=n_tasks[keep],
-                      neighbours=neighbour_chunks_held(counts, exchanged, workers), seconds=seconds)
+                      # a fused task reads its own block (operators.windowed_map): nothing kept for a neighbour
+                      neighbours=np.zeros(len(keep), dtype=np.int64), seconds=seconds)
 
 
 def _first_key(c: Candidates, slots: int) -> tuple[np.ndarray, float]:
@@ -1332,14 +1330,22 @@ class PlanStage:
         """The stage's tasks read their blocks from the file (``operators.windowed_map``): the
         first stage's (group 0); a later stage's ``map_overlap`` gathers them from the previous
         stage's chunks."""
-        return self.group == 0
+        return reads_file(self.group)
 
 
-def exchanged_halo(stage: PlanStage) -> tuple[int, ...]:
-    """The halo a stage's Dask form exchanges between chunks: none for the first stage (group
-    0), whose blocks are windowed reads of the file (``operators.windowed_map``); a later
-    stage's own, which its ``map_overlap`` slices from the intermediate's chunks."""
-    return (0,) * len(stage.halo) if stage.windowed else tuple(stage.halo)
+def reads_file(group: int) -> bool:
+    """Whether pipeline stage ``group`` (its index) reads its blocks from the file in windows
+    (``operators.windowed_map``): the first does; a later one ``map_overlap`` s the previous
+    stage's output (``operators.pipeline.Pipeline.dask``)."""
+    return group == 0
+
+
+def exchanged_halo(halo, group: int) -> tuple[int, ...]:
+    """The halo a pipeline stage's Dask form exchanges between chunks, ``group`` its index: none
+    for the first stage (group 0), whose blocks are windowed reads of the file
+    (``operators.windowed_map``); a later stage's own, which its ``map_overlap`` slices from the
+    intermediate's chunks."""
+    return (0,) * len(halo) if reads_file(group) else tuple(int(h) for h in halo)
 
 
 def plan_staged_chunks(
@@ -1435,7 +1441,8 @@ def plan_staged_chunks(
     held_bytes = np.zeros(m, dtype=np.int64)
     for group in sorted({s.group for s in stages}):
         members = [s for s in stages if s.group == group]
-        kept = neighbour_chunks_held(counts, np.max([exchanged_halo(s) for s in members], axis=0), workers)
+        exchanged = np.max([exchanged_halo(s.halo, s.group) for s in members], axis=0)
+        kept = neighbour_chunks_held(counts, exchanged, workers)
         held_chunks += kept
         held_bytes += kept * chunk_samples * int(members[0].itemsize)
     # Every stage's map_overlap keeps its own gathered inputs and finished outputs, whichever runs.

@@ -999,12 +999,11 @@ def _tasks_per_chunk(ctx: RunContext, counts) -> float:
     """The run's graph tasks per chunk as the time model counts them: a fused run's blocks are
     windowed reads (no halo exchanged); a staged one adds each later stage's ``map_overlap``
     (``explorer.chunking.exchanged_halo``)."""
-    from explorer.chunking import graph_tasks_per_chunk
+    from explorer.chunking import exchanged_halo, graph_tasks_per_chunk
 
-    ndim = len(counts)
     if ctx.result.strategy != "staged":
-        return float(graph_tasks_per_chunk(counts, (0,) * ndim))
-    return float(sum(graph_tasks_per_chunk(counts, member.halo if index else (0,) * ndim)
+        return float(graph_tasks_per_chunk(counts, (0,) * len(counts)))
+    return float(sum(graph_tasks_per_chunk(counts, exchanged_halo(member.halo, index))
                      for index, stage in enumerate(ctx.operator.stages) for member in stage))
 
 

@@ -31,8 +31,8 @@ Its Dask form takes one of two strategies (:data:`STRATEGIES`):
   each stage's own edge handling applies as on the whole volume.
 * ``staged``: each stage's own Dask form (its own halo) on the previous stage's output
   (the first stage's on the input: windowed reads from a source), a fan-out's branches
-  each on the prefix's output: every intermediate is a Dask array held by the workers until its neighbours have sliced their
-  halos.  Each stage's form equals its NumPy form on the whole volume, so their
+  each on the prefix's output: every intermediate is a Dask array held by the workers
+  until its neighbours have sliced their halos.  Each stage's form equals its NumPy form on the whole volume, so their
   composition equals the pipeline's.
 """
 
