@@ -458,27 +458,50 @@ def _slope_through(volume: np.ndarray, seconds: np.ndarray) -> tuple[float, floa
 
 def fit_clock(rows) -> TaskClock | None:
     """The :class:`~explorer.chunking.TaskClock` of in-worker tasks ``(run, shape, seconds,
-    own_seconds)`` (module docstring): ``seconds`` what the worker spent for the task (its own
-    seconds and the other tasks' since its previous report), ``own_seconds`` the task's own.
+    own_seconds[, worker])`` in the order the workers reported them (module docstring):
+    ``seconds`` what the worker spent for the task (its own seconds and the other tasks'
+    since its previous report), ``own_seconds`` the task's own.
+
+    A worker's first task of a run is slower than its later ones: it faults in the fresh
+    pages its arrays need, which the later ones find in the process's heap (gst3d's 150^3
+    probes: 0.72 and 0.80 s first on each worker, 0.42-0.47 s after).  A run of many waves
+    is made of the later ones, so per volume (and shape) the figure is the median of the
+    tasks that were not their worker's first in their run, where there are any (rows
+    without a worker all count as such).
 
     Per block volume the seconds per voxel are the tasks' total over their voxels: the other
     tasks' seconds (reads, overlap slices) go to whichever operator task reports next, often
     the first of a run on each worker, so only their sum means anything (a median per task
     left most of the reading out: gaussian(sigma=1),semblance,gaussian's 195^3 probes, 0.50 s
-    against a mean of 0.65 s).  The spread is, per volume, the median over groups of three or
+    against a mean of 0.65 s).  The same figure per exact block shape makes the clock's
+    shape table (:class:`~explorer.chunking.TaskClock`).  The spread is, per volume, the median over groups of three or
     more equal tasks (one run, one shape) of the coefficient of variation of the tasks' *own*
     seconds, for the same reason (with the reads attributed, 0.42-0.84; without, 0.06-0.45)."""
-    own_by_volume: dict[int, list[float]] = {}
+    own_by_volume: dict[int, tuple[list, list]] = {}
     other_by_volume: dict[int, list[float]] = {}
+    own_by_shape: dict[tuple, tuple[list, list]] = {}
+    other_by_shape: dict[tuple, list[float]] = {}
     groups: dict[tuple, list[float]] = {}
-    for run, shape, seconds, own in rows:
+    started: set = set()
+    for row in rows:
+        run, shape, seconds, own = row[:4]
+        worker = row[4] if len(row) > 4 else None
+        shape = tuple(int(n) for n in shape)
         volume = math.prod(shape)
-        own_by_volume.setdefault(volume, []).append(own / volume)
+        warm = worker is None or (run, worker) in started
+        started.add((run, worker))
+        own_by_volume.setdefault(volume, ([], []))[warm].append(own / volume)
         other_by_volume.setdefault(volume, []).append((seconds - own) / volume)
-        groups.setdefault((run, tuple(shape)), []).append(own)
+        own_by_shape.setdefault(shape, ([], []))[warm].append(own / volume)
+        other_by_shape.setdefault(shape, []).append((seconds - own) / volume)
+        groups.setdefault((run, shape), []).append(own)
     by_volume = own_by_volume
     if not by_volume:
         return None
+
+    def typical(cold_and_warm) -> float:
+        cold, warm = cold_and_warm
+        return float(np.median(warm if warm else cold))
     spread_by_volume: dict[int, list[float]] = {}
     for (_run, shape), seconds in groups.items():
         s = np.asarray(seconds)
@@ -486,11 +509,15 @@ def fit_clock(rows) -> TaskClock | None:
             spread_by_volume.setdefault(math.prod(shape), []).append(float(s.std(ddof=1) / s.mean()))
     volumes = sorted(by_volume)
     spread_volumes = sorted(spread_by_volume)
+    shapes = sorted(own_by_shape)
     return TaskClock(volumes=tuple(float(v) for v in volumes),
-                     seconds_per_voxel=tuple(float(np.median(own_by_volume[v]) + np.mean(other_by_volume[v]))
+                     seconds_per_voxel=tuple(typical(own_by_volume[v]) + float(np.mean(other_by_volume[v]))
                                              for v in volumes),
                      spread_volumes=tuple(float(v) for v in spread_volumes),
-                     spreads=tuple(float(np.median(spread_by_volume[v])) for v in spread_volumes))
+                     spreads=tuple(float(np.median(spread_by_volume[v])) for v in spread_volumes),
+                     shapes=tuple(shapes),
+                     shape_seconds_per_voxel=tuple(typical(own_by_shape[b]) + float(np.mean(other_by_shape[b]))
+                                                   for b in shapes))
 
 
 def fit_timing(records, environment: str | None = None) -> TimingFit:
@@ -512,7 +539,7 @@ def fit_timing(records, environment: str | None = None) -> TimingFit:
         rows.append((float(math.prod(r.shape)), float(inside), max(0.0, float(task) - float(inside)) + other))
         runs.append(str(c.get("run", "")))
         own = max(float(task), float(inside))
-        clocked.append((runs[-1], tuple(r.shape), own + other, own))
+        clocked.append((runs[-1], tuple(r.shape), own + other, own, c.get("worker")))
     if not rows:
         return TimingFit(None, None, None, 0, 0)
     volume, inside, around = (np.asarray(col) for col in zip(*rows))

@@ -141,6 +141,7 @@ __all__ = [
     "schedule_waves",
     "expected_max_normal",
     "TaskClock",
+    "compact_neighbour",
     "composed_clock",
     "chunk_grid",
     "fused_seconds",
@@ -555,7 +556,7 @@ def schedule_waves(n_tasks, slots: int, spread=None, units: int = 1):
 
 @dataclass(frozen=True)
 class TaskClock:
-    """A task's seconds as a function of its block's volume, learnt from workers' clocks
+    """A task's seconds as a function of its block, learnt from workers' clocks
     (``explorer.calibration.fit_timing``): the planner's time model where it has them.
 
     ``volumes`` (increasing) and ``seconds_per_voxel``: a task's median seconds per block
@@ -565,39 +566,69 @@ class TaskClock:
     fitted over all sizes charges small blocks' fixed costs to large ones).
     ``spread_volumes`` and ``spreads``: the coefficient of variation of the groups' task
     seconds (groups of at least three tasks), interpolated alike; empty when none.
+
+    ``shapes`` and ``shape_seconds_per_voxel``: the same figure per exact block shape that
+    workers ran.  A block of a clocked shape takes its own figure, any other the volume
+    curve.  Blocks of one volume need not cost alike: gst3d in one process ran 106 ns per
+    voxel on 133^3 and 162 ns on 133x133x256 (its cache misses grow with the planes its
+    filters stride across, ``scripts/shape_speed.py``), which no function of the volume
+    learnt from cubes can tell; a shape the workers timed (a probe, a trial of the plan's
+    block before a run: ``explorer.daskrun``, a production task) is known exactly.
     """
 
     volumes: tuple[float, ...]
     seconds_per_voxel: tuple[float, ...]
     spread_volumes: tuple[float, ...] = ()
     spreads: tuple[float, ...] = ()
+    shapes: tuple[tuple[int, ...], ...] = ()
+    shape_seconds_per_voxel: tuple[float, ...] = ()
 
     def __post_init__(self):
         if not self.volumes or len(self.volumes) != len(self.seconds_per_voxel) \
-                or len(self.spread_volumes) != len(self.spreads):
-            raise ValueError("a task clock needs one seconds per voxel (and one spread) per volume")
+                or len(self.spread_volumes) != len(self.spreads) \
+                or len(self.shapes) != len(self.shape_seconds_per_voxel):
+            raise ValueError("a task clock needs one seconds per voxel (and one spread) per volume and per shape")
         if any(v <= 0 for v in self.volumes + self.spread_volumes) \
-                or any(not s >= 0 for s in self.seconds_per_voxel + self.spreads):
-            raise ValueError("a task clock's volumes must be positive and its seconds and spreads non-negative")
+                or any(not s >= 0 for s in self.seconds_per_voxel + self.spreads + self.shape_seconds_per_voxel) \
+                or any(not all(int(n) >= 1 for n in shape) for shape in self.shapes):
+            raise ValueError("a task clock's volumes and shapes must be positive and its seconds and spreads "
+                             "non-negative")
 
     @staticmethod
     def _at(volumes, knots, values):
         return np.interp(np.log(np.maximum(np.asarray(volumes, dtype=np.float64), 1.0)), np.log(knots), values)
 
-    def seconds_per_voxel_at(self, volumes) -> np.ndarray:
-        return self._at(volumes, self.volumes, self.seconds_per_voxel)
+    def clocked(self, blocks) -> np.ndarray:
+        """Whether each block shape of ``blocks`` ``(m, ndim)`` (or one shape) was timed in workers."""
+        blocks = np.atleast_2d(np.asarray(blocks, dtype=np.int64))
+        known = {tuple(int(n) for n in shape) for shape in self.shapes}
+        return np.array([tuple(int(n) for n in b) in known for b in blocks], dtype=bool)
+
+    def seconds_per_voxel_at(self, volumes, blocks=None) -> np.ndarray:
+        """Seconds per voxel at ``volumes`` (the curve); given the ``blocks`` ``(m, ndim)``
+        those volumes are of, a clocked shape's own figure in its row."""
+        curve = self._at(volumes, self.volumes, self.seconds_per_voxel)
+        if blocks is None or not self.shapes:
+            return curve
+        blocks = np.atleast_2d(np.asarray(blocks, dtype=np.int64))
+        own = dict(zip((tuple(int(n) for n in shape) for shape in self.shapes), self.shape_seconds_per_voxel))
+        figures = np.array([own.get(tuple(int(n) for n in b), np.nan) for b in blocks], dtype=np.float64)
+        return np.where(np.isnan(figures), np.broadcast_to(curve, figures.shape), figures)
 
     def spread_at(self, volumes):
         """The coefficient of variation at ``volumes``, or None when no group had three tasks."""
         return self._at(volumes, self.spread_volumes, self.spreads) if self.spreads else None
 
     def to_dict(self) -> dict:
-        return {k: list(v) for k, v in asdict(self).items()}
+        data = {k: list(v) for k, v in asdict(self).items()}
+        data["shapes"] = [list(shape) for shape in self.shapes]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict) -> "TaskClock":
         return cls(**{k: tuple(float(x) for x in data.get(k) or ()) for k in
-                      ("volumes", "seconds_per_voxel", "spread_volumes", "spreads")})
+                      ("volumes", "seconds_per_voxel", "spread_volumes", "spreads", "shape_seconds_per_voxel")},
+                   shapes=tuple(tuple(int(n) for n in shape) for shape in data.get("shapes") or ()))
 
 
 def composed_clock(clocks, shared_seconds_per_voxel: float = 0.0) -> TaskClock:
@@ -610,6 +641,8 @@ def composed_clock(clocks, shared_seconds_per_voxel: float = 0.0) -> TaskClock:
 
         s(V)     = sum_s s_s(V) - (S - 1) * io          (at the union of the members' volumes)
         sigma(V) = max_s sigma_s(V)                     (none when a member has no spread)
+
+    and alike per block shape that every member clocked (:class:`TaskClock`).
     """
     clocks = list(clocks)
     if not clocks:
@@ -617,6 +650,12 @@ def composed_clock(clocks, shared_seconds_per_voxel: float = 0.0) -> TaskClock:
     volumes = np.unique(np.concatenate([np.asarray(c.volumes, dtype=np.float64) for c in clocks]))
     speed = sum(c.seconds_per_voxel_at(volumes) for c in clocks) - (len(clocks) - 1) * float(shared_seconds_per_voxel)
     floor = max(float(c.seconds_per_voxel_at(volumes).min()) for c in clocks)
+    shapes = sorted(set.intersection(*(set(c.shapes) for c in clocks)))  # clocked by every member
+    if shapes:
+        volumes_of = [float(math.prod(shape)) for shape in shapes]
+        own = (sum(c.seconds_per_voxel_at(volumes_of, shapes) for c in clocks)
+               - (len(clocks) - 1) * float(shared_seconds_per_voxel))
+        own = np.maximum(own, max(float(c.seconds_per_voxel_at(volumes_of, shapes).min()) for c in clocks))
     spread_volumes, spreads = (), ()
     if all(c.spreads for c in clocks):
         knots = np.unique(np.concatenate([np.asarray(c.spread_volumes, dtype=np.float64) for c in clocks]))
@@ -624,7 +663,8 @@ def composed_clock(clocks, shared_seconds_per_voxel: float = 0.0) -> TaskClock:
         spreads = tuple(float(x) for x in np.max([c.spread_at(knots) for c in clocks], axis=0))
     return TaskClock(volumes=tuple(float(v) for v in volumes),
                      seconds_per_voxel=tuple(float(x) for x in np.maximum(speed, floor)),
-                     spread_volumes=spread_volumes, spreads=spreads)
+                     spread_volumes=spread_volumes, spreads=spreads, shapes=tuple(shapes),
+                     shape_seconds_per_voxel=tuple(float(x) for x in own) if shapes else ())
 
 
 def _fused_seconds(shape, axis_chunks, grid, blocks, n_tasks, *, slots: int, seconds_per_voxel,
@@ -640,7 +680,7 @@ def _fused_seconds(shape, axis_chunks, grid, blocks, n_tasks, *, slots: int, sec
     volumes = _samples(blocks)
     spread = None
     if task_clock is not None:
-        seconds_per_voxel, spread = task_clock.seconds_per_voxel_at(volumes), task_clock.spread_at(volumes)
+        seconds_per_voxel, spread = task_clock.seconds_per_voxel_at(volumes, blocks), task_clock.spread_at(volumes)
     return plan_seconds(n_tasks, volumes, slots, tasks_per_chunk=_grid_graph_tasks(shape, halo, axis_chunks, grid),
                         seconds_per_voxel=seconds_per_voxel, graph_task_seconds=graph_task_seconds, spread=spread,
                         fixed_seconds=run_fixed_seconds)
@@ -756,6 +796,9 @@ class ChunkPlan:
     task_spread: float | None = None
     #: The learnt clocks the time model used (None: the constant ``seconds_per_voxel``).
     task_clock: TaskClock | None = field(default=None, repr=False)
+    #: Whether workers have timed the plan's block shape itself (:meth:`TaskClock.clocked`);
+    #: False: its seconds come from the clock's volume curve.
+    block_clocked: bool = False
     #: Input chunks a worker keeps for its neighbours' halos (:func:`neighbour_chunks_held`).
     neighbour_chunks: int = 0
     #: The workers the plan shares the work between.
@@ -823,6 +866,7 @@ class ChunkPlan:
             "predicted_seconds": self.predicted_seconds,
             "seconds_per_voxel": self.seconds_per_voxel,
             "task_spread": self.task_spread,
+            "block_clocked": self.block_clocked,
             "neighbour_chunks": self.neighbour_chunks,
             "workers": self.workers,
             "baseline_bytes": self.footprint.baseline_bytes,
@@ -880,6 +924,31 @@ def axis_chunk_candidates(length: int, halo: int, whole: bool, min_chunk: int, c
     n_chunks = -(-length // chunk)
     last = length - (n_chunks - 1) * chunk
     return chunk[(n_chunks == 1) | (last >= halo)]
+
+
+def compact_neighbour(plan: "ChunkPlan") -> tuple[int, ...] | None:
+    """The plan's chunks with its longest split axis cut in about twice as many chunks: the
+    largest of that axis's candidate lengths (:func:`axis_chunk_candidates`, as
+    :func:`plan_chunks` made them) at most half the plan's; None when no axis can be cut.
+
+    The time model ranks blocks it has no clock of by their volume alone, and a longer
+    block's extra cost per voxel (its cache misses) can outweigh the waves it saves: gst3d's
+    256^3 plan of 128x128x256 chunks ran 1.6x slower than 128^3.  ``explorer.daskrun`` times
+    this neighbour beside the plan before a run (its trials) so that the choice between them
+    is measured."""
+    whole = set(plan.whole_axes)
+    free = [axis for axis in range(len(plan.shape)) if axis not in whole and plan.chunks[axis] > 1]
+    cap = max(4, int(MAX_CANDIDATES ** (1.0 / max(1, len(plan.shape) - len(whole))) + 1e-9))
+    multiple = plan.block_multiple or (1,) * len(plan.shape)
+    for axis in sorted(free, key=lambda a: (-plan.chunks[a], -a)):
+        lengths = axis_chunk_candidates(plan.shape[axis], plan.halo[axis], False, plan.min_chunk, cap,
+                                        multiple[axis])
+        shorter = lengths[lengths <= plan.chunks[axis] // 2]
+        if shorter.size:
+            chunks = list(plan.chunks)
+            chunks[axis] = int(shorter.max())
+            return tuple(chunks)
+    return None
 
 
 def axis_blocks(length: int, chunks, halo: int) -> np.ndarray:
@@ -1164,7 +1233,8 @@ def plan_chunks(
         slots=slots,
         predicted_seconds=float(candidates.seconds[index]),
         seconds_per_voxel=float(seconds_per_voxel if task_clock is None
-                                else task_clock.seconds_per_voxel_at(math.prod(block))),
+                                else task_clock.seconds_per_voxel_at([math.prod(block)], [block])[0]),
+        block_clocked=task_clock is not None and bool(task_clock.clocked(block)[0]),
         task_spread=None if task_clock is None or task_clock.spread_at(math.prod(block)) is None
         else float(task_clock.spread_at(math.prod(block))),
         task_clock=task_clock,

@@ -225,6 +225,27 @@ def test_timings_are_learnt_from_the_workers_clocks_and_the_runs_wall_time():
     assert cal.fit_timing([]).seconds_per_voxel is None
 
 
+def test_the_clock_times_each_block_shape_by_the_tasks_after_each_workers_first():
+    """Two runs on two workers.  A worker's first task of a run takes twice its later ones
+    (fresh pages); the clock's figure per volume and per block shape is the later tasks'.  A
+    shape whose every task was a worker's first (or with no worker named) keeps them all."""
+    def task(shape, run, worker, seconds):
+        return record(shape, 1, run=run, worker=worker, task_seconds=seconds, run_seconds=seconds,
+                      other_seconds=0.0)
+
+    slab, cube, lone = (50, 50, 200), (80, 80, 78), (10, 10, 10)
+    rows = [task(slab, "a", w, s) for w, s in (("w1", 0.2), ("w2", 0.2), ("w1", 0.1), ("w2", 0.1), ("w1", 0.1))]
+    rows += [task(cube, "b", w, s) for w, s in (("w1", 0.8), ("w2", 0.8), ("w2", 0.05), ("w1", 0.05))]
+    rows += [task(lone, "c", "w1", 0.001), task(lone, "c", "w2", 0.003)]
+    clock = cal.fit_timing(rows).clock
+    assert clock.shapes == tuple(sorted((slab, cube, lone)))
+    figures = dict(zip(clock.shapes, clock.shape_seconds_per_voxel))
+    assert figures[slab] == pytest.approx(0.1 / math.prod(slab))
+    assert figures[cube] == pytest.approx(0.05 / math.prod(cube))
+    assert figures[lone] == pytest.approx(0.002 / 1000)  # both first on their worker: their median
+    assert clock.seconds_per_voxel_at([math.prod(cube)], [cube])[0] == pytest.approx(0.05 / math.prod(cube))
+
+
 def test_a_tasks_fixed_cost_stays_with_the_blocks_that_pay_it():
     """Tasks of 20 ms fixed plus 100 ns/voxel (operator) and 10 ms fixed plus 50 ns/voxel
     (around it).  The lines' slopes are the marginal costs; the planner's clock charges

@@ -681,6 +681,61 @@ def test_a_plan_pays_what_its_block_costs_per_voxel():
     assert steep.to_dict()["task_spread"] == steep.task_spread
 
 
+def test_a_clocked_block_shape_takes_its_own_figure_and_survives_a_round_trip():
+    clock = chunking.TaskClock(volumes=(1e6, 1e7), seconds_per_voxel=(2e-7, 2e-7),
+                               shapes=((100, 100, 400),), shape_seconds_per_voxel=(5e-7,))
+    blocks = np.array([[100, 100, 400], [200, 200, 100], [400, 100, 100]])
+    np.testing.assert_allclose(clock.seconds_per_voxel_at(np.prod(blocks, axis=1), blocks), [5e-7, 2e-7, 2e-7])
+    np.testing.assert_allclose(clock.seconds_per_voxel_at([4e6]), [2e-7])  # no blocks: the volume curve
+    assert clock.clocked(blocks).tolist() == [True, False, False] and clock.clocked((100, 100, 400))[0]
+    assert chunking.TaskClock.from_dict(json.loads(json.dumps(clock.to_dict()))) == clock
+    with pytest.raises(ValueError):
+        chunking.TaskClock(volumes=(1e6,), seconds_per_voxel=(1e-7,), shapes=((10, 10, 10),))
+    # a composed clock knows the shapes every member clocked, at the members' sum less the shared I/O
+    other = chunking.TaskClock(volumes=(1e6,), seconds_per_voxel=(1e-7,),
+                               shapes=((100, 100, 400), (50, 50, 50)), shape_seconds_per_voxel=(3e-7, 9e-7))
+    fused = chunking.composed_clock([clock, other], shared_seconds_per_voxel=5e-8)
+    assert fused.shapes == ((100, 100, 400),)
+    assert fused.seconds_per_voxel_at([4e6], [[100, 100, 400]])[0] == pytest.approx(5e-7 + 3e-7 - 5e-8)
+
+
+def test_a_plan_avoids_a_block_shape_the_workers_timed_slow_and_says_whether_its_block_was_timed():
+    """256^3, halo 5, two slots, 1.5 GiB: by one cost per voxel the two largest chunks that fit
+    are the fastest plan (one wave, least halo); once the workers timed their block at 1.6x that
+    cost per voxel, the plan takes another block, whose cost the clock knows only by volume."""
+    shape, halo = (256, 256, 256), (5, 5, 5)
+    predict = lambda blocks, confidence=0.99: (100.0 * np.prod(blocks, axis=1),) * 2  # noqa: E731
+
+    def plan(clock):
+        return plan_chunks(shape, halo, (), predict, 1536 * MiB, baseline_bytes=BASELINE, workers=2,
+                           graph_task_seconds=0.002, task_clock=clock)
+
+    curve = dict(volumes=(1e6, 1e8), seconds_per_voxel=(2e-7, 2e-7), spread_volumes=(1e6,), spreads=(0.02,))
+    by_volume = plan(chunking.TaskClock(**curve))
+    assert by_volume.n_tasks == 2 and not by_volume.block_clocked
+    slow = plan(chunking.TaskClock(**curve, shapes=(tuple(by_volume.block),), shape_seconds_per_voxel=(3.2e-7,)))
+    assert tuple(slow.block) != tuple(by_volume.block) and not slow.block_clocked
+    assert slow.predicted_seconds < float(chunking.fused_seconds(
+        shape, halo, [by_volume.chunks], slots=2, graph_task_seconds=0.002,
+        task_clock=chunking.TaskClock(**curve, shapes=(tuple(by_volume.block),), shape_seconds_per_voxel=(3.2e-7,))
+    )[0])
+    timed = plan(chunking.TaskClock(**curve, shapes=(tuple(by_volume.block), tuple(slow.block)),
+                                    shape_seconds_per_voxel=(3.2e-7, 2e-7)))
+    assert timed.block_clocked and timed.chunks == slow.chunks and timed.to_dict()["block_clocked"] is True
+
+
+def test_the_compact_neighbour_cuts_the_longest_split_axis_into_twice_the_chunks():
+    shape, halo = (256, 256, 256), (5, 5, 5)
+    predict = lambda blocks, confidence=0.99: (100.0 * np.prod(blocks, axis=1),) * 2  # noqa: E731
+    plan = plan_chunks(shape, halo, (), predict, 64 * GiB, baseline_bytes=BASELINE, chunks=(128, 128, 256))
+    assert chunking.compact_neighbour(plan) == (128, 128, 128)
+    whole = plan_chunks(shape, halo, (2,), predict, 64 * GiB, baseline_bytes=BASELINE, chunks=(128, 64, 256))
+    assert chunking.compact_neighbour(whole) == (64, 64, 256)  # the whole axis stays whole
+    smallest = plan_chunks((40, 40, 40), halo, (), predict, 64 * GiB, baseline_bytes=BASELINE, min_chunk=16,
+                           chunks=(20, 20, 20))
+    assert chunking.compact_neighbour(smallest) is None  # nothing shorter than 16 on any axis
+
+
 def scaled(factor):
     def prediction(blocks, confidence=0.99):
         mean, upper = analytic_peak(blocks)
