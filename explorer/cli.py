@@ -386,7 +386,10 @@ def _cmd_chunks(argv: list[str]) -> int:
     if plan.predicted_seconds is not None:
         spread = ("Graham's bound, no task clocks yet" if plan.task_spread is None
                   else f"equal tasks' spread {plan.task_spread:.0%}, from the workers' clocks")
-        speed = "" if plan.seconds_per_voxel is None else f"{plan.seconds_per_voxel * 1e9:.0f} ns/voxel, "
+        source = ("timed at this block by the workers" if plan.block_clocked
+                  else "the workers' clock at this block's volume" if plan.task_clock is not None
+                  else "from the profiles")
+        speed = "" if plan.seconds_per_voxel is None else f"{plan.seconds_per_voxel * 1e9:.0f} ns/voxel {source}, "
         print(f"time model      ~{plan.predicted_seconds:.3g} s on {plan.slots} slot(s) "
               f"({speed}{spread}; used to rank shapes, not a promise)")
     return 0
@@ -446,6 +449,9 @@ def _cmd_run(argv: list[str]) -> int:
     parser.add_argument("--confidence", type=_confidence, default=0.99, help="in (0.5, 1) (0.99)")
     parser.add_argument("--refine", action=argparse.BooleanOptionalAction, default=True,
                         help="observe every task's memory and refine the model (default: on)")
+    parser.add_argument("--trials", action=argparse.BooleanOptionalAction, default=True,
+                        help="before the run, time the plan's block on the workers when they never ran it, "
+                             "and the block of its compact neighbour, and plan again (default: on)")
     _add_strategy_option(parser)
     _add_store_options(parser, storage=True)
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
@@ -467,7 +473,7 @@ def _cmd_run(argv: list[str]) -> int:
                  threads_per_worker=args.threads, scheduler=args.scheduler, chunks=args.chunks,
                  runs_dir=args.runs_dir, storage=args.storage, confidence=args.confidence, refine=args.refine,
                  progress=progress, connect_timeout=args.connect_timeout, overwrite=args.overwrite,
-                 strategy=args.strategy)
+                 strategy=args.strategy, trials=args.trials)
     if result.status == "error":  # bad input, no model, no plan fits: one line, like any CLI error
         if args.json:
             print(json.dumps(result.to_dict()))
@@ -478,6 +484,12 @@ def _cmd_run(argv: list[str]) -> int:
         print(json.dumps(result.to_dict()))
     else:
         print(f"status           {result.status}" + (f" ({result.error})" if result.error else ""))
+        for trial in result.trials:
+            measured = trial.get("measured_seconds_per_voxel")
+            print(f"trial            chunks {format_shape(trial['chunks'])}: block {format_shape(trial['block'])} "
+                  + (f"{measured * 1e9:.0f} ns/voxel on the workers" if measured else trial["status"])
+                  + (f" (by volume {trial['predicted_seconds_per_voxel'] * 1e9:.0f})"
+                     if trial.get("predicted_seconds_per_voxel") else "") + f", {trial['seconds']:.1f} s")
         if result.chunks:
             print(f"chunks           {format_shape(result.chunks)} ({result.chunks_source}, {result.n_tasks} tasks)")
         if result.strategy and (result.plan or {}).get("considered"):

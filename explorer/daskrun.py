@@ -77,6 +77,23 @@ staged run's tasks are its members', so they are neither checked against a bound
 observed one by one (no ``production`` records, no recalibration, no re-planning): its
 ``run`` record (workers' peaks and seconds) is what refinement keeps of it.
 
+Trials (``trials=True``, default; ``chunks="model"``, a fused plan on several slots with the
+operator's own in-worker calibration): the time model knows a task's seconds per voxel at the
+block shapes workers have run (``explorer.chunking.TaskClock``) and elsewhere only as a
+function of the block's volume, which a block's shape can change by half or more (gst3d:
+106 ns per voxel on 133^3, 162 on 133x133x256).  So before the run, while the plan's block is
+a shape the workers never ran, that block and the block of its compact neighbour (the plan's
+longest split axis cut in twice as many chunks: ``explorer.chunking.compact_neighbour``) are
+tried on the run's own workers: each a run of two tasks per slot (where the block allows) of
+exactly that block on a synthetic volume (in a hidden directory beside the output, removed
+after), recorded as in-worker probes (``context["trial"]``); the calibration is refitted
+and the plan made again, at most :data:`MAX_TRIALS` trials in all.  Each trial is in
+``trials`` (chunks, block, its tasks and how many were over their bound, predicted and
+measured seconds per voxel, its wall seconds).
+Afterwards the workers' baseline is measured again (what the trials left resident counts)
+and the final plan made.  A plan whose block the workers have run costs no trial, so a
+shape is tried once per environment.
+
 Re-planning (``replan=True``, ``chunks="model"`` only, at most once): when a task exceeds
 its bound, a re-planning thread recalibrates from the observations so far and asks
 ``explorer.chunking.replan`` (planning policy: only early, only when the running plan no
@@ -87,6 +104,7 @@ into a fresh partial output.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -103,6 +121,9 @@ from explorer.units import format_bytes, format_shape, parse_shape
 __all__ = ["RunResult", "run"]
 
 OK, FAILED, ERROR = "ok", "failed", "error"
+#: Trials a run may make before it starts (module docstring, Trials): a cost control, not a
+#: safety term (a trial runs tasks of a block whose plan's bound fits the workers).
+MAX_TRIALS = 4
 #: Seconds between two samples of the workers' memory metrics (and stall checks).
 SAMPLE_SECONDS = 0.2
 #: Output suffixes.
@@ -164,6 +185,8 @@ class RunResult:
     branch_order: list[str] = field(default_factory=list)
     #: How the pipeline ran: ``"fused"`` or ``"staged"`` (module docstring, Strategy).
     strategy: str | None = None
+    #: The plan's blocks tried on the workers before the run (module docstring, Trials).
+    trials: list[dict] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         out = dict(self.__dict__)
@@ -215,6 +238,7 @@ class RunContext:
     calibrate: bool = True
     overwrite: bool = False
     strategy: str = "auto"
+    trials: bool = True
     #: A fan-out's branch order asked for a run without a model plan (None: the spec's).
     branch_order: tuple | None = None
     # learnt as the run goes
@@ -488,6 +512,7 @@ def run(
     overwrite: bool = False,
     strategy: str = "auto",
     branch_order=None,
+    trials: bool = True,
 ) -> RunResult:
     """Run ``operator`` on the SEG-Y at ``input_path`` into ``output_path`` on Dask.
 
@@ -504,7 +529,8 @@ def run(
     paused or absent.  ``strategy``: ``"auto"``, ``"fused"`` or ``"staged"`` (a pipeline's;
     module docstring).  ``branch_order``: a fan-out's branches in the order its tasks run
     them when the chunks are not the model's (a model plan brings its own order; default: as
-    written).  See the module docstring for every measured field; bad input and failures
+    written).  ``trials``: time the plan's block on the workers first when they never ran
+    it (module docstring, Trials).  See the module docstring for every measured field; bad input and failures
     come back as ``status`` ``"error"``/``"failed"`` with a one-line ``error``, not as
     exceptions.
     """
@@ -517,7 +543,7 @@ def run(
                      confidence=float(confidence), refine=bool(refine), replan=bool(replan), progress=progress,
                      allowed_failures=int(allowed_failures), stall_seconds=float(stall_seconds),
                      connect_timeout=float(connect_timeout), source=source, context=dict(context or {}),
-                     calibrate=bool(calibrate), overwrite=bool(overwrite), strategy=strategy,
+                     calibrate=bool(calibrate), overwrite=bool(overwrite), strategy=strategy, trials=bool(trials),
                      branch_order=None if branch_order is None else tuple(branch_order))
     try:
         _prepare(ctx, memory_limit)
@@ -670,6 +696,7 @@ def _choose_chunks(ctx: RunContext) -> None:
     if isinstance(request, str) and request == "model":
         try:
             ctx.plan = _recommend(ctx)
+            _try_blocks(ctx)
         except (ChunkPlanError, ModelNotFoundError, ModelFileError, CalibrationFileError) as exc:
             raise _RunError(ERROR, str(exc)) from None
         result.plan, result.chunks_source = ctx.plan.to_dict(), "model"
@@ -715,6 +742,109 @@ def _choose_chunks(ctx: RunContext) -> None:
         ctx.model = None
         result.warnings.append(f"tasks not checked against a bound: {exc}")
     result.chunks = list(ctx.chunk)
+
+
+def _trial_volume(op, block, slots: int) -> tuple[tuple, tuple]:
+    """``(volume_shape, chunks)`` of a trial: every task sees exactly ``block`` (a windowed read
+    clips the halo at the volume's edge).  Two chunks of ``b - h`` (each with its neighbour's
+    halo on one side) along split axes longer than twice their halo, one at a time until every
+    one of the ``slots`` can run two tasks (a worker's first task of a run is slower than its
+    later ones: ``explorer.calibration.fit_clock`` times the later ones); one chunk of ``b``
+    along the others."""
+    volume, chunks, tasks = list(block), list(block), 1
+    for axis, (b, h) in enumerate(zip(block, op.halo)):
+        if tasks >= 2 * slots:
+            break
+        if axis not in op.whole_axes and b - h > h:
+            volume[axis], chunks[axis] = 2 * (b - h), b - h
+            tasks *= 2
+    return tuple(volume), tuple(chunks)
+
+
+def _try_blocks(ctx: RunContext) -> None:
+    """Trials on the run's workers of the plan's block and of its compact neighbour's until the
+    plan's block is one they ran (module docstring, Trials); then the baseline is measured
+    and the plan made again."""
+    import shutil
+    import tempfile
+
+    from explorer.calibration import load_calibration
+    from explorer.surrogate import load_model
+
+    plan, op = ctx.plan, ctx.operator
+    if not (ctx.trials and plan.strategy == "fused" and plan.slots > 1 and plan.task_clock is not None
+            and not plan.block_clocked):
+        return
+    own = load_calibration(op.name, ctx.runs_dir, ctx.baseline.environment)
+    if own is None or own.excess is None or own.timing.clock is None:
+        return  # a pipeline timed by its members' clocks: no calibration of its own to add a trial to
+    isolated = load_model(op.name, runs_dir=ctx.runs_dir)
+    out_dir = os.path.dirname(os.path.abspath(ctx.output)) or "."
+    tmp = Path(tempfile.mkdtemp(prefix=".explorer-trial-", dir=out_dir))  # the workers can write there
+    try:
+        while len(ctx.result.trials) < MAX_TRIALS and ctx.plan.strategy == "fused" and not ctx.plan.block_clocked:
+            for candidate in _trial_candidates(ctx)[:MAX_TRIALS - len(ctx.result.trials)]:
+                if not _trial(ctx, candidate, tmp, isolated):
+                    return
+            ctx.plan = _recommend(ctx)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if ctx.result.trials:
+            _measure_workers(ctx)  # what the trials left in the workers is part of the baseline now
+            ctx.plan = _recommend(ctx)
+
+
+def _trial_candidates(ctx: RunContext) -> list:
+    """The plans to try: the plan, and the plan of its compact neighbour's chunks
+    (``explorer.chunking.compact_neighbour``) when that fits; those whose block is timed left out."""
+    from explorer.chunking import ChunkPlanError, compact_neighbour
+    from explorer.recommend import plan_for_chunks
+
+    plans = [ctx.plan]
+    neighbour = compact_neighbour(ctx.plan)
+    if neighbour is not None:
+        try:
+            plans.append(plan_for_chunks(ctx.operator.name, ctx.shape, neighbour, ctx.limit,
+                                         threads_per_worker=ctx.threads, confidence=ctx.confidence,
+                                         runs_dir=ctx.runs_dir, workers=ctx.result.n_workers or 1,
+                                         baseline_bytes=ctx.baseline))
+        except ChunkPlanError:
+            pass
+    return [p for p in plans if not p.block_clocked]
+
+
+def _trial(ctx: RunContext, plan, tmp: Path, isolated) -> bool:
+    """One trial of ``plan``'s block (module docstring, Trials), recorded in ``ctx.result.trials``
+    and in the recalibrated clock; False when it did not end ok (the run goes on untried)."""
+    import operators
+    from explorer.calibration import calibrate
+    from explorer.store import Store
+
+    index = len(ctx.result.trials)
+    block = tuple(int(b) for b in plan.block)
+    volume, chunks = _trial_volume(ctx.operator, block, plan.slots)
+    source = tmp / f"trial-{index}.sgy"
+    operators.write_segy(source, operators.synthetic_volume(volume, seed=index))
+    trial = run(ctx.operator.name, source, tmp / f"trial-{index}.zarr", scheduler=ctx.client.scheduler.address,
+                chunks=chunks, runs_dir=ctx.runs_dir, storage=ctx.storage, confidence=ctx.confidence,
+                replan=False, calibrate=False, source="probe", strategy="fused", trials=False,
+                context={"trial": index, "for_shape": list(ctx.shape), "for_chunks": list(plan.chunks)},
+                branch_order=plan.branch_order or None)
+    source.unlink()
+    record = {"chunks": list(plan.chunks), "block": list(block), "status": trial.status, "n_tasks": trial.n_tasks,
+              "tasks_over_bound": trial.tasks_over_bound, "predicted_seconds_per_voxel": plan.seconds_per_voxel,
+              "seconds": round(trial.wall_seconds or 0.0, 3)}
+    ctx.result.trials.append(record)
+    if trial.status != "ok":
+        ctx.result.warnings.append(f"trial of block {format_shape(block)} {trial.status}: {trial.error}")
+        return False
+    cal = calibrate(ctx.operator.name, Store(ctx.runs_dir, ctx.storage), isolated, confidence=ctx.confidence,
+                    runs_dir=ctx.runs_dir, environment=ctx.baseline.environment)
+    if cal is None or cal.timing.clock is None:
+        return False
+    record["measured_seconds_per_voxel"] = float(cal.timing.clock.seconds_per_voxel_at([math.prod(block)],
+                                                                                         [block])[0])
+    return True
 
 
 def _in_plan_order(ctx: RunContext, plan):

@@ -13,7 +13,7 @@ import pytest
 import zarr
 
 import operators
-from explorer.daskrun import run
+from explorer.daskrun import MAX_TRIALS, run
 from explorer.highwater import is_supported
 
 OPERATOR = "gst3d"
@@ -321,3 +321,12 @@ def test_every_task_and_worker_stays_under_the_plans_bound(threads, tmp_path, pr
     assert r.tasks_over_bound == 0, r.warnings
     assert all(h is not None and h <= r.plan["upper_bytes"] for h in r.worker_hwm_bytes), \
         (r.worker_hwm_bytes, r.plan["upper_bytes"])
+    # Before the run, the workers timed the plan's block (the probes' cubes are not it) and its
+    # compact neighbour's, as probes of their own; the plan run is one whose block they timed.
+    from explorer.store import Store
+
+    assert r.trials and all(t["status"] == "ok" and t["measured_seconds_per_voxel"] > 0 for t in r.trials), r.trials
+    assert r.plan["block_clocked"] or len(r.trials) == MAX_TRIALS
+    tried = [rec for rec in Store(runs).records(OPERATOR, source="probe") if "trial" in rec.context]
+    assert {tuple(rec.shape) for rec in tried} == {tuple(t["block"]) for t in r.trials}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.sgy", "out.zarr", "runs"]  # trial files removed
