@@ -122,6 +122,7 @@ import operators  # noqa: E402
 from explorer.daskrun import run  # noqa: E402
 from explorer.units import format_bytes, format_shape, parse_shape, parse_size  # noqa: E402
 from machine import machine_line  # noqa: E402
+from trials import trials_note  # noqa: E402
 
 WORKERS = 2
 THREADS = 1
@@ -516,6 +517,8 @@ def print_outcome(o: Outcome) -> None:
             plan = r0.plan
             marks.append(f"plan block {format_shape(plan['block'])}, predicted {mib(plan['predicted_bytes'])}, "
                          f"upper {mib(plan['upper_bytes'])} <= budget {mib(plan['budget_bytes'])}")
+        if m.kind == "ours" and r0.trials:
+            marks.append(trials_note(r0.trials))
         if m is o.ours_refine:
             r = r0
             marks.append(f"{r.observations_recorded} observations, {r.tasks_over_bound} tasks over bound"

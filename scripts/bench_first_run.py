@@ -73,18 +73,28 @@ def warnings_of(out: subprocess.CompletedProcess) -> list[str]:
 
 def run_table(rows: list[tuple[str, dict]]) -> None:
     p = print
-    p("| run | volume | chunks | tasks | status | seconds | observations | tasks over 99% bound | worker baseline | "
-      "plan upper | worker HWM (max) | HWM / plan upper | pause threshold | restarts |")
-    p("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    p("| run | volume | chunks | tasks | status | seconds | trials before it (chunks, seconds) | observations | "
+      "tasks over 99% bound | worker baseline | plan upper | worker HWM (max) | HWM / plan upper | pause threshold | "
+      "restarts |")
+    p("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, d in rows:
         plan = d.get("plan") or {}
         hwm = max((h for h in d.get("worker_hwm_bytes") or [] if h), default=None)
         upper = plan.get("upper_bytes")
         pause = plan.get("budget_bytes")
         p(f"| {name} | {'x'.join(map(str, d['shape']))} | {'x'.join(map(str, d['chunks']))} | {d['n_tasks']} | "
-          f"{d['status']} | {d['seconds']:.1f} | {d['observations_recorded']} | {d['tasks_over_bound']} | "
+          f"{d['status']} | {d['seconds']:.1f} | {trials_text(d.get('trials') or [])} | "
+          f"{d['observations_recorded']} | {d['tasks_over_bound']} | "
           f"{mib(d.get('worker_baseline_bytes'))} | {mib(upper)} | {mib(hwm)} | "
           f"{'—' if not (hwm and upper) else f'{hwm / upper:.2f}'} | {mib(pause)} | {d['workers_restarted']} |")
+
+
+def trials_text(trials: list) -> str:
+    """The run's trials (``explorer.daskrun``, Trials): each tried chunk shape, and their seconds."""
+    if not trials:
+        return "none"
+    return (", ".join("x".join(map(str, t["chunks"])) for t in trials)
+            + f" ({sum(t['seconds'] for t in trials):.1f} s)")
 
 
 def within_text(cal: dict, short: bool = False) -> str:

@@ -72,6 +72,7 @@ from explorer.exploration import explore  # noqa: E402
 from explorer.surrogate import load_model  # noqa: E402
 from explorer.units import format_bytes, format_shape, parse_shape, parse_size  # noqa: E402
 from machine import machine_line  # noqa: E402
+from trials import trials_note  # noqa: E402
 
 ISSUE_PIPELINES = ("gaussian,gst3d;envelope,gaussian;gaussian(sigma=1),semblance,gaussian;"
                    "gaussian,envelope+instantaneous_phase+instantaneous_frequency+gst3d")
@@ -355,7 +356,7 @@ def bench_pipeline(spec: str, args, limit: int) -> dict:
     chain = chained(spec, source, out_dir, limit, args, reference)
     shutil.rmtree(work, ignore_errors=True)
     return {"spec": spec, "limit": limit, "ours": ours, "first": first, "oracle": oracle, "grid": screened,
-            "finalists": finalists, "auto": auto, "chained": chain}
+            "finalists": finalists, "auto": auto, "chained": chain, "trials": last.trials if last else []}
 
 
 def main() -> None:
@@ -397,6 +398,8 @@ def main() -> None:
             print("Other finalists, same rounds: " + "; ".join(
                 f"{a.detail} {a.median:.2f} s ({a.median / oracle:.2f}x)" for a in others) + ".")
         print(f"Ours predicted {r['ours'].predicted:.2f} s." if r["ours"].predicted is not None else "")
+        if r["trials"]:
+            print(f"Ours' {trials_note(r['trials'])}.")
         print(f"{time_model_quality(r['grid'])}.\n")
         print("<details><summary>grid (screening: one run each)</summary>\n")
         print("| strategy chunks | seconds | predicted | predicted / seconds | largest HWM | lost |")

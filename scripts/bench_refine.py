@@ -57,6 +57,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import operators  # noqa: E402
 from bench_chunks import STARTED, ensure_input, ensure_model, log, mib  # noqa: E402
+from trials import trials_note  # noqa: E402
 from bench_observation import FIGURES, measure  # noqa: E402
 from explorer.daskrun import run  # noqa: E402
 from explorer.units import format_bytes, format_shape, parse_shape, parse_size  # noqa: E402
@@ -174,6 +175,8 @@ def main() -> None:
         notes = []
         if r.replanned_from:
             notes.append("re-planned from " + ", ".join(format_shape(c) for c in r.replanned_from))
+        if r.trials:
+            notes.append(trials_note(r.trials))
         if cal and cal.get("n_groups_over_bound"):
             notes.append(f"{cal['n_groups_over_bound']} group(s) over their in-sample bound")
         if r.error:
