@@ -437,13 +437,25 @@ def fused_output_itemsize(op) -> int:
     return int(np.dtype(op.output_dtype).itemsize) * max(1, len(getattr(op, "branches", ())))
 
 
+def _member_environment(request: _PlanRequest, member):
+    """The workers' environment as a member's calibration was stamped in it: the pipeline's
+    stamp (measured on the workers) with the member's own operator and code version in place
+    of the pipeline's (None when no stamp was given: this process's is the member's)."""
+    if request.environment is None:
+        return None
+    from explorer.environment import environment_stamp
+
+    own = environment_stamp(member.name)
+    return {**request.environment, "operator": own["operator"], "operator_code": own["operator_code"]}
+
+
 def _member_timings(op, request: _PlanRequest) -> dict:
     """Each member's learnt timing (``explorer.calibration.TimingFit``), or None without one."""
     from explorer.calibration import load_calibration
 
     timings = {}
     for member in op.members:
-        cal = load_calibration(member.name, request.runs_dir, request.environment)
+        cal = load_calibration(member.name, request.runs_dir, _member_environment(request, member))
         timings[member.name] = None if cal is None else cal.timing
     return timings
 
@@ -487,7 +499,7 @@ def _staged_stages(request: _PlanRequest) -> tuple[list, dict, tuple, bool]:
     for index, stage in enumerate(op.stages):
         for member in stage:
             model = TaskModel(isolated[member.name],
-                              load_calibration(member.name, request.runs_dir, request.environment))
+                              load_calibration(member.name, request.runs_dir, _member_environment(request, member)))
             timings[member.name] = None if model.calibration is None else model.calibration.timing
             stages.append(PlanStage(
                 name=member.name, halo=tuple(member.halo), predict=model.predict_many, group=index,

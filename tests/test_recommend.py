@@ -160,3 +160,19 @@ def test_auto_names_the_command_that_calibrates_a_faster_plan_it_passed_over():
     # a slower uncalibrated plan, or a calibrated one, is not worth a line
     assert _passed_over("a,b", {"fused": plan(2.0, False), "staged": plan(1.9, True)}, "staged") == []
     assert _passed_over("a,b", {"fused": plan(0.9, True), "staged": plan(1.9, True)}, "fused") == []
+
+
+def test_a_pipelines_members_calibrations_are_checked_against_their_own_stamp_on_the_workers(runs):
+    """The workers' baseline carries the pipeline's environment stamp (its operator and code);
+    each member's calibration was stamped with the member's own.  Checked against the
+    pipeline's, every member's calibration looked learnt in another environment; against the
+    workers' stamp with the member's own code, it does not."""
+    from explorer.environment import environment_stamp
+    from explorer.recommend import WorkerBaseline
+
+    spec = "gst3d,gst3d"
+    baseline = WorkerBaseline(bytes=100 * MiB, source="cluster", environment=environment_stamp(spec))
+    plan = recommend_chunks(spec, (200, 200, 200), "2GiB", runs_dir=runs, strategy="staged", workers=2,
+                            baseline_bytes=baseline)
+    assert plan.strategy == "staged"
+    assert not any("another environment" in w for w in plan.warnings), plan.warnings
