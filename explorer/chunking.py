@@ -702,7 +702,7 @@ def _staged_seconds(shape, stages, axis_chunks, grid, chunk_samples, n_tasks, *,
         chunk_seconds += graph_task_seconds * _grid_graph_tasks(shape, exchanged, axis_chunks, grid)
         clock = stage.task_clock
         if clock is not None:
-            chunk_seconds += clock.seconds_per_voxel_at(volumes) * volumes
+            chunk_seconds += clock.seconds_per_voxel_at(volumes, b) * volumes
             if stage is not stages[0]:  # its input and output stay in the workers: no read, no store
                 chunk_seconds -= io_seconds_per_voxel * chunk_samples
         else:
@@ -796,8 +796,9 @@ class ChunkPlan:
     task_spread: float | None = None
     #: The learnt clocks the time model used (None: the constant ``seconds_per_voxel``).
     task_clock: TaskClock | None = field(default=None, repr=False)
-    #: Whether workers have timed the plan's block shape itself (:meth:`TaskClock.clocked`);
-    #: False: its seconds come from the clock's volume curve.
+    #: Whether workers have timed the plan's block shape itself (:meth:`TaskClock.clocked`; a
+    #: staged plan's: every stage's block by its member's clock); False: its seconds come from
+    #: a clock's volume curve.
     block_clocked: bool = False
     #: Input chunks a worker keeps for its neighbours' halos (:func:`neighbour_chunks_held`).
     neighbour_chunks: int = 0
@@ -1586,7 +1587,8 @@ def plan_staged_chunks(
                                 neighbour_chunk_bytes=int(held_bytes[index]))
     table = tuple({"operator": s.name, "halo": list(s.halo), "block": [int(x) for x in blocks[i][index]],
                    "mean_peak_bytes": float(means[index, i]), "upper_peak_bytes": float(uppers[index, i]),
-                   "running_upper_bytes": int(running_upper[index, i]), "binding": i == j}
+                   "running_upper_bytes": int(running_upper[index, i]), "binding": i == j,
+                   "block_clocked": s.task_clock is not None and bool(s.task_clock.clocked(blocks[i][index])[0])}
                   for i, s in enumerate(stages))
     return ChunkPlan(
         operator=operator, shape=shape, chunks=chunk, block=tuple(int(x) for x in blocks[j][index]), halo=halo_max,
@@ -1594,7 +1596,8 @@ def plan_staged_chunks(
         upper_bytes=int(c.upper_total[index]), limit_bytes=limit_bytes, pause_fraction=float(pause_fraction),
         confidence=float(confidence), n_tasks=int(c.n_tasks[index]), threads_per_worker=threads, footprint=bound,
         n_candidates=predicted[0], slots=slots, predicted_seconds=float(c.seconds[index]),
-        seconds_per_voxel=None, neighbour_chunks=int(held_chunks[index]), workers=workers,
+        seconds_per_voxel=None, block_clocked=all(t["block_clocked"] for t in table),
+        neighbour_chunks=int(held_chunks[index]), workers=workers,
         itemsize=int(stages[0].itemsize), output_itemsize=int(stages[-1].output_itemsize), min_chunk=int(min_chunk),
         graph_task_seconds=float(graph_task_seconds), run_fixed_seconds=float(run_fixed_seconds),
         warnings=tuple(warnings), baseline_source=str(baseline_source),

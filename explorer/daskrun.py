@@ -77,22 +77,25 @@ staged run's tasks are its members', so they are neither checked against a bound
 observed one by one (no ``production`` records, no recalibration, no re-planning): its
 ``run`` record (workers' peaks and seconds) is what refinement keeps of it.
 
-Trials (``trials=True``, default; ``chunks="model"``, a fused plan on several slots with the
-operator's own in-worker calibration): the time model knows a task's seconds per voxel at the
-block shapes workers have run (``explorer.chunking.TaskClock``) and elsewhere only as a
-function of the block's volume, which a block's shape can change by half or more (gst3d:
-106 ns per voxel on 133^3, 162 on 133x133x256).  So before the run, while the plan's block is
-a shape the workers never ran, that block and the block of its compact neighbour (the plan's
-longest split axis cut in twice as many chunks: ``explorer.chunking.compact_neighbour``) are
-tried on the run's own workers: each a run of two tasks per slot (where the block allows) of
-exactly that block on a synthetic volume (in a hidden directory beside the output, removed
-after), recorded as in-worker probes (``context["trial"]``); the calibration is refitted
-and the plan made again, at most :data:`MAX_TRIALS` trials in all.  Each trial is in
-``trials`` (chunks, block, its tasks and how many were over their bound, predicted and
-measured seconds per voxel, its wall seconds).
-Afterwards the workers' baseline is measured again (what the trials left resident counts)
-and the final plan made.  A plan whose block the workers have run costs no trial, so a
-shape is tried once per environment.
+Trials (``trials=True``, default; ``chunks="model"`` on several slots): the time model knows a
+task's seconds per voxel at the block shapes workers have run (``explorer.chunking.TaskClock``)
+and elsewhere only as a function of the block's volume, which a block's shape can change by half
+or more (gst3d: 106 ns per voxel on 133^3, 162 on 133x133x256).  So before the run, while the
+plan's blocks are shapes the workers never ran, they are tried on the run's own workers, with
+the blocks of the plan's compact neighbour (its longest split axis cut in twice as many chunks,
+same strategy: ``explorer.chunking.compact_neighbour``): a fused plan's one block (the
+operator's task, or the pipeline's when it has in-worker probes of its own), a staged plan's
+block of each stage (its member's task).  A trial is a run of two tasks per slot (where the
+block allows) of exactly that block on a synthetic volume (in a hidden directory beside the
+output, removed after), recorded as in-worker probes (``context["trial"]``); the operator's
+calibration is refitted and the plan made again, at most :data:`MAX_TRIALS` trials in all,
+only for operators with their own in-worker calibration.  Each trial is in ``trials``
+(operator, strategy, chunks, block, its tasks and how many were over their bound, seconds per
+voxel by volume and measured, its wall seconds).  Afterwards the workers' baseline is measured
+again (what the trials left resident counts) and the final plan made; if its blocks are still
+untimed when the trials are spent, the fastest predicted plan among those the trials timed
+runs instead (a warning says so).  A plan whose blocks the workers have run costs no trial, so
+a shape is tried once per environment.
 
 Re-planning (``replan=True``, ``chunks="model"`` only, at most once): when a task exceeds
 its bound, a re-planning thread recalibrates from the observations so far and asks
@@ -761,30 +764,36 @@ def _trial_volume(op, block, slots: int) -> tuple[tuple, tuple]:
     return tuple(volume), tuple(chunks)
 
 
+@dataclass(frozen=True)
+class _TrialJob:
+    """One block to try: the operator (a spec, or a staged plan's member) whose task runs it,
+    and the plan it is for."""
+
+    operator: str
+    block: tuple
+    plan: object
+    predicted_seconds_per_voxel: float | None
+
+
 def _try_blocks(ctx: RunContext) -> None:
-    """Trials on the run's workers of the plan's block and of its compact neighbour's until the
-    plan's block is one they ran (module docstring, Trials); then the baseline is measured
-    and the plan made again."""
+    """Trials on the run's workers of the plan's blocks and of its compact neighbour's until
+    the plan's blocks are ones they ran (module docstring, Trials); then the baseline is
+    measured and the plan made again."""
     import shutil
     import tempfile
 
-    from explorer.calibration import load_calibration
-    from explorer.surrogate import load_model
-
-    plan, op = ctx.plan, ctx.operator
-    if not (ctx.trials and plan.strategy == "fused" and plan.slots > 1 and plan.task_clock is not None
-            and not plan.block_clocked):
+    if not (ctx.trials and ctx.plan.slots > 1 and not ctx.plan.block_clocked and _trial_jobs(ctx, ctx.plan)):
         return
-    own = load_calibration(op.name, ctx.runs_dir, ctx.baseline.environment)
-    if own is None or own.excess is None or own.timing.clock is None:
-        return  # a pipeline timed by its members' clocks: no calibration of its own to add a trial to
-    isolated = load_model(op.name, runs_dir=ctx.runs_dir)
     out_dir = os.path.dirname(os.path.abspath(ctx.output)) or "."
     tmp = Path(tempfile.mkdtemp(prefix=".explorer-trial-", dir=out_dir))  # the workers can write there
     try:
-        while len(ctx.result.trials) < MAX_TRIALS and ctx.plan.strategy == "fused" and not ctx.plan.block_clocked:
-            for candidate in _trial_candidates(ctx)[:MAX_TRIALS - len(ctx.result.trials)]:
-                if not _trial(ctx, candidate, tmp, isolated):
+        while len(ctx.result.trials) < MAX_TRIALS and not ctx.plan.block_clocked:
+            jobs = [job for plan in _trial_plans(ctx) for job in _trial_jobs(ctx, plan)]
+            unique = list({(job.operator, job.block): job for job in jobs}.values())
+            if not unique:
+                break  # nothing of the plan's left that a trial can time
+            for job in unique[:MAX_TRIALS - len(ctx.result.trials)]:
+                if not _trial(ctx, job, tmp):
                     return
             ctx.plan = _recommend(ctx)
     finally:
@@ -792,11 +801,41 @@ def _try_blocks(ctx: RunContext) -> None:
         if ctx.result.trials:
             _measure_workers(ctx)  # what the trials left in the workers is part of the baseline now
             ctx.plan = _recommend(ctx)
+            if not ctx.plan.block_clocked:
+                _timed_plan_instead(ctx)
 
 
-def _trial_candidates(ctx: RunContext) -> list:
-    """The plans to try: the plan, and the plan of its compact neighbour's chunks
-    (``explorer.chunking.compact_neighbour``) when that fits; those whose block is timed left out."""
+def _timed_plan_instead(ctx: RunContext) -> None:
+    """Once the trials are spent with the plan's own blocks untimed, the fastest predicted of
+    the plans whose blocks the workers did time (each tried plan, planned again): a time
+    measured beats one the volume curve only promises (the curve under-predicted every
+    elongated block the trials found)."""
+    from explorer.chunking import ChunkPlanError
+    from explorer.recommend import plan_for_chunks
+
+    tried = {(t["strategy"], tuple(t["chunks"])) for t in ctx.result.trials}
+    timed = []
+    for strategy, chunks in sorted(tried):
+        try:
+            plan = plan_for_chunks(ctx.operator.name, ctx.shape, chunks, ctx.limit, strategy=strategy,
+                                   threads_per_worker=ctx.threads, confidence=ctx.confidence, runs_dir=ctx.runs_dir,
+                                   workers=ctx.result.n_workers or 1, baseline_bytes=ctx.baseline)
+        except ChunkPlanError:
+            continue
+        if plan.block_clocked:
+            timed.append(plan)
+    if timed:
+        best = min(timed, key=lambda p: p.predicted_seconds)
+        ctx.result.warnings.append(
+            f"the trials were spent before the plan's own blocks were timed: ran {best.strategy} "
+            f"{format_shape(best.chunks)} (~{best.predicted_seconds:.2f} s, timed) rather than {ctx.plan.strategy} "
+            f"{format_shape(ctx.plan.chunks)} (~{ctx.plan.predicted_seconds:.2f} s by block volume)")
+        ctx.plan = best
+
+
+def _trial_plans(ctx: RunContext) -> list:
+    """The plan, and the plan of its compact neighbour's chunks in the same strategy
+    (``explorer.chunking.compact_neighbour``) when that fits."""
     from explorer.chunking import ChunkPlanError, compact_neighbour
     from explorer.recommend import plan_for_chunks
 
@@ -805,45 +844,80 @@ def _trial_candidates(ctx: RunContext) -> list:
     if neighbour is not None:
         try:
             plans.append(plan_for_chunks(ctx.operator.name, ctx.shape, neighbour, ctx.limit,
-                                         threads_per_worker=ctx.threads, confidence=ctx.confidence,
-                                         runs_dir=ctx.runs_dir, workers=ctx.result.n_workers or 1,
-                                         baseline_bytes=ctx.baseline))
+                                         strategy=ctx.plan.strategy, threads_per_worker=ctx.threads,
+                                         confidence=ctx.confidence, runs_dir=ctx.runs_dir,
+                                         workers=ctx.result.n_workers or 1, baseline_bytes=ctx.baseline))
         except ChunkPlanError:
             pass
-    return [p for p in plans if not p.block_clocked]
+    return plans
 
 
-def _trial(ctx: RunContext, plan, tmp: Path, isolated) -> bool:
-    """One trial of ``plan``'s block (module docstring, Trials), recorded in ``ctx.result.trials``
+def _trial_jobs(ctx: RunContext, plan) -> list[_TrialJob]:
+    """The blocks of ``plan`` no worker has timed whose operator has its own in-worker
+    calibration to add a trial to: a fused plan's block (the operator's, or the pipeline's
+    with its own probes), or each staged stage's (its member's)."""
+    from explorer.calibration import load_calibration
+
+    if plan.block_clocked:
+        return []
+    if plan.strategy == "staged":
+        wanted = [(stage["operator"], stage["block"]) for stage in plan.stages if not stage["block_clocked"]]
+    else:
+        wanted = [(ctx.operator.name, plan.block)]
+    jobs = []
+    for name, block in wanted:
+        own = load_calibration(name, ctx.runs_dir, _own_environment(ctx, name))
+        if own is not None and own.excess is not None and own.timing.clock is not None:
+            block = tuple(int(b) for b in block)
+            by_volume = float(own.timing.clock.seconds_per_voxel_at([math.prod(block)])[0])
+            jobs.append(_TrialJob(name, block, plan, by_volume))
+    return jobs
+
+
+def _own_environment(ctx: RunContext, name: str) -> dict:
+    """The workers' environment stamp as ``name``'s calibration was stamped in it (a staged
+    stage's member has its own code version)."""
+    from explorer.environment import restamped
+
+    return ctx.baseline.environment if name == ctx.operator.name else restamped(ctx.baseline.environment, name)
+
+
+def _trial(ctx: RunContext, job: _TrialJob, tmp: Path) -> bool:
+    """One trial of ``job``'s block (module docstring, Trials), recorded in ``ctx.result.trials``
     and in the recalibrated clock; False when it did not end ok (the run goes on untried)."""
     import operators
     from explorer.calibration import calibrate
     from explorer.store import Store
+    from explorer.surrogate import load_model
 
     index = len(ctx.result.trials)
-    block = tuple(int(b) for b in plan.block)
-    volume, chunks = _trial_volume(ctx.operator, block, plan.slots)
+    op = operators.get(job.operator)
+    volume, chunks = _trial_volume(op, job.block, job.plan.slots)
     source = tmp / f"trial-{index}.sgy"
     operators.write_segy(source, operators.synthetic_volume(volume, seed=index))
-    trial = run(ctx.operator.name, source, tmp / f"trial-{index}.zarr", scheduler=ctx.client.scheduler.address,
+    order = job.plan.branch_order if job.operator == ctx.operator.name else ()
+    trial = run(job.operator, source, tmp / f"trial-{index}.zarr", scheduler=ctx.client.scheduler.address,
                 chunks=chunks, runs_dir=ctx.runs_dir, storage=ctx.storage, confidence=ctx.confidence,
                 replan=False, calibrate=False, source="probe", strategy="fused", trials=False,
-                context={"trial": index, "for_shape": list(ctx.shape), "for_chunks": list(plan.chunks)},
-                branch_order=plan.branch_order or None)
+                context={"trial": index, "for": ctx.operator.name, "for_shape": list(ctx.shape),
+                         "for_chunks": list(job.plan.chunks)},
+                branch_order=order or None)
     source.unlink()
-    record = {"chunks": list(plan.chunks), "block": list(block), "status": trial.status, "n_tasks": trial.n_tasks,
-              "tasks_over_bound": trial.tasks_over_bound, "predicted_seconds_per_voxel": plan.seconds_per_voxel,
+    record = {"operator": job.operator, "strategy": job.plan.strategy, "chunks": list(job.plan.chunks),
+              "block": list(job.block), "status": trial.status, "n_tasks": trial.n_tasks,
+              "tasks_over_bound": trial.tasks_over_bound, "predicted_seconds_per_voxel": job.predicted_seconds_per_voxel,
               "seconds": round(trial.wall_seconds or 0.0, 3)}
     ctx.result.trials.append(record)
     if trial.status != "ok":
-        ctx.result.warnings.append(f"trial of block {format_shape(block)} {trial.status}: {trial.error}")
+        ctx.result.warnings.append(f"trial of {job.operator}'s block {format_shape(job.block)} {trial.status}: "
+                                   f"{trial.error}")
         return False
-    cal = calibrate(ctx.operator.name, Store(ctx.runs_dir, ctx.storage), isolated, confidence=ctx.confidence,
-                    runs_dir=ctx.runs_dir, environment=ctx.baseline.environment)
+    cal = calibrate(job.operator, Store(ctx.runs_dir, ctx.storage), load_model(job.operator, runs_dir=ctx.runs_dir),
+                    confidence=ctx.confidence, runs_dir=ctx.runs_dir, environment=_own_environment(ctx, job.operator))
     if cal is None or cal.timing.clock is None:
         return False
-    record["measured_seconds_per_voxel"] = float(cal.timing.clock.seconds_per_voxel_at([math.prod(block)],
-                                                                                         [block])[0])
+    record["measured_seconds_per_voxel"] = float(cal.timing.clock.seconds_per_voxel_at([math.prod(job.block)],
+                                                                                         [job.block])[0])
     return True
 
 

@@ -118,6 +118,16 @@ def _spec_code(spec: str) -> tuple[str, str]:
     return operator.name, operator_code_version(operator)
 
 
+def restamped(stamp: dict | None, operator: str) -> dict | None:
+    """``stamp`` (the workers' environment, measured for one operator or spec) as it reads for
+    ``operator``: the same libraries and machine, ``operator``'s own name and code version (a
+    pipeline's member was calibrated under its own).  None stays None."""
+    if stamp is None:
+        return None
+    own = environment_stamp(operator)
+    return {**stamp, "operator": own["operator"], "operator_code": own["operator_code"]}
+
+
 def stamp_differences(saved: dict | None, current: dict, keys=ISOLATED_KEYS) -> list[str]:
     """``["numpy 2.4.6 -> 2.5.0", ...]`` over ``keys``; one line when nothing was saved."""
     if not saved:

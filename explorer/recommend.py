@@ -438,15 +438,10 @@ def fused_output_itemsize(op) -> int:
 
 
 def _member_environment(request: _PlanRequest, member):
-    """The workers' environment as a member's calibration was stamped in it: the pipeline's
-    stamp (measured on the workers) with the member's own operator and code version in place
-    of the pipeline's (None when no stamp was given: this process's is the member's)."""
-    if request.environment is None:
-        return None
-    from explorer.environment import environment_stamp
+    """The workers' environment as a member's calibration was stamped in it (None: this process's)."""
+    from explorer.environment import restamped
 
-    own = environment_stamp(member.name)
-    return {**request.environment, "operator": own["operator"], "operator_code": own["operator_code"]}
+    return restamped(request.environment, member.name)
 
 
 def _member_timings(op, request: _PlanRequest) -> dict:

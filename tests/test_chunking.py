@@ -913,6 +913,30 @@ def test_a_composed_clock_sums_the_members_and_takes_off_the_io_a_fused_task_doe
     assert chunking.composed_clock([a, no_spread]).spread_at(1e5) is None
 
 
+def test_a_staged_plan_is_timed_when_every_stages_block_is_and_pays_each_stages_own_figure():
+    shape = (300, 260, 200)
+    curve = dict(volumes=(1e5, 1e7), seconds_per_voxel=(2e-7, 5e-8))
+
+    def plan(shapes_of):
+        stages = [dataclasses.replace(s, task_clock=chunking.TaskClock(
+            **curve, shapes=shapes_of(i), shape_seconds_per_voxel=(5e-8,) * len(shapes_of(i))))
+            for i, s in enumerate(staged_stages())]
+        return stages, chunking.plan_staged_chunks(shape, (), stages, 4 * GiB, baseline_bytes=BASELINE, workers=2,
+                                                   graph_task_seconds=0.002, io_seconds_per_voxel=5e-8)
+
+    _, untimed = plan(lambda i: ())
+    assert not untimed.block_clocked and not any(s["block_clocked"] for s in untimed.stages)
+    blocks = [tuple(s["block"]) for s in untimed.stages]
+    _, first_only = plan(lambda i: (blocks[0],) if i == 0 else ())
+    assert [s["block_clocked"] for s in first_only.stages] == [True, False] and not first_only.block_clocked
+    stages, timed = plan(lambda i: (blocks[i],))
+    assert timed.block_clocked and timed.chunks == untimed.chunks
+    # each stage pays its own block's figure (50 ns, below the curve's at these volumes), not the curve's
+    assert timed.predicted_seconds < untimed.predicted_seconds
+    assert timed.predicted_seconds == pytest.approx(float(chunking.staged_seconds(
+        shape, stages, [timed.chunks], workers=2, slots=2, graph_task_seconds=0.002, io_seconds_per_voxel=5e-8)[0]))
+
+
 def test_a_staged_plan_with_the_members_clocks_pays_their_tasks_and_their_spread():
     shape, workers = (300, 260, 200), 2
     clocks = [chunking.TaskClock(volumes=(1e5, 1e7), seconds_per_voxel=(2e-7, 5e-8), spread_volumes=(1e5,),
