@@ -598,11 +598,29 @@ class TaskClock:
     def _at(volumes, knots, values):
         return np.interp(np.log(np.maximum(np.asarray(volumes, dtype=np.float64), 1.0)), np.log(knots), values)
 
+    def _shape_index(self, blocks) -> np.ndarray:
+        """Per row of ``blocks`` ``(m, ndim)`` (or one shape), its index in ``shapes``, or -1.
+        Vectorised (a plan weighs thousands of candidate blocks): each shape is packed into
+        one integer key and looked up in the sorted keys of ``shapes``."""
+        blocks = np.atleast_2d(np.asarray(blocks, dtype=np.int64))
+        if not self.shapes:
+            return np.full(len(blocks), -1, dtype=np.int64)
+        known = np.asarray(self.shapes, dtype=np.int64)
+        if known.shape[1] != blocks.shape[1]:
+            return np.full(len(blocks), -1, dtype=np.int64)
+        bits = max(1, int(max(known.max(), blocks.max(initial=1))).bit_length())
+        if bits * blocks.shape[1] > 62:  # too long to pack: compare row by row
+            lookup = {tuple(row): i for i, row in enumerate(known.tolist())}
+            return np.array([lookup.get(tuple(row), -1) for row in blocks.tolist()], dtype=np.int64)
+        shifts = np.arange(blocks.shape[1], dtype=np.int64) * bits
+        keys, wanted = (known << shifts).sum(axis=1), (blocks << shifts).sum(axis=1)
+        order = np.argsort(keys)
+        at = np.minimum(np.searchsorted(keys[order], wanted), len(keys) - 1)
+        return np.where(keys[order][at] == wanted, order[at], -1)
+
     def clocked(self, blocks) -> np.ndarray:
         """Whether each block shape of ``blocks`` ``(m, ndim)`` (or one shape) was timed in workers."""
-        blocks = np.atleast_2d(np.asarray(blocks, dtype=np.int64))
-        known = {tuple(int(n) for n in shape) for shape in self.shapes}
-        return np.array([tuple(int(n) for n in b) in known for b in blocks], dtype=bool)
+        return self._shape_index(blocks) >= 0
 
     def seconds_per_voxel_at(self, volumes, blocks=None) -> np.ndarray:
         """Seconds per voxel at ``volumes`` (the curve); given the ``blocks`` ``(m, ndim)``
@@ -610,10 +628,9 @@ class TaskClock:
         curve = self._at(volumes, self.volumes, self.seconds_per_voxel)
         if blocks is None or not self.shapes:
             return curve
-        blocks = np.atleast_2d(np.asarray(blocks, dtype=np.int64))
-        own = dict(zip((tuple(int(n) for n in shape) for shape in self.shapes), self.shape_seconds_per_voxel))
-        figures = np.array([own.get(tuple(int(n) for n in b), np.nan) for b in blocks], dtype=np.float64)
-        return np.where(np.isnan(figures), np.broadcast_to(curve, figures.shape), figures)
+        index = self._shape_index(blocks)
+        own = np.asarray(self.shape_seconds_per_voxel, dtype=np.float64)[np.maximum(index, 0)]
+        return np.where(index >= 0, own, np.broadcast_to(curve, index.shape))
 
     def spread_at(self, volumes):
         """The coefficient of variation at ``volumes``, or None when no group had three tasks."""

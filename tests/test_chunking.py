@@ -691,6 +691,9 @@ def test_a_clocked_block_shape_takes_its_own_figure_and_survives_a_round_trip():
     assert chunking.TaskClock.from_dict(json.loads(json.dumps(clock.to_dict()))) == clock
     with pytest.raises(ValueError):
         chunking.TaskClock(volumes=(1e6,), seconds_per_voxel=(1e-7,), shapes=((10, 10, 10),))
+    huge = chunking.TaskClock(volumes=(1e6,), seconds_per_voxel=(1e-7,), shapes=((2**40, 1, 1), (1, 2, 3)),
+                              shape_seconds_per_voxel=(5e-7, 6e-7))  # too long to pack into one key
+    assert huge.clocked([[2**40, 1, 1], [1, 1, 1], [1, 2, 3]]).tolist() == [True, False, True]
     # a composed clock knows the shapes every member clocked, at the members' sum less the shared I/O
     other = chunking.TaskClock(volumes=(1e6,), seconds_per_voxel=(1e-7,),
                                shapes=((100, 100, 400), (50, 50, 50)), shape_seconds_per_voxel=(3e-7, 9e-7))
