@@ -523,13 +523,19 @@ def fit_clock(rows) -> TaskClock | None:
 def fit_timing(records, environment: str | None = None) -> TimingFit:
     """Operator and I/O seconds per voxel from in-worker task clocks, the planner's
     :class:`~explorer.chunking.TaskClock` from the same clocks, and the overhead per graph
-    task from the runs' wall times (module docstring)."""
+    task from the runs' wall times (module docstring).
+
+    Only tasks of one-thread workers are timed: the clock is a task's seconds alone in its
+    worker, as the probes run them, and ``T`` tasks sharing a worker's cores each take longer
+    (on 2x4 threads here, trials of gst3d's blocks timed that way drove the planner from every
+    shape it had timed to 140 chunks of 37x52x64, twice as slow)."""
     from explorer.chunking import schedule_waves
 
     rows, runs, clocked = [], [], []
     for r in records:
         if (r.source not in IN_WORKER_SOURCES or r.status != "ok"
-                or (environment is not None and r.context.get("environment") != environment)):
+                or (environment is not None and r.context.get("environment") != environment)
+                or int(r.context.get("threads_per_worker") or 1) > 1):
             continue
         c = r.context
         task, inside = c.get("task_seconds"), c.get("run_seconds")

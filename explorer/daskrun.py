@@ -77,10 +77,11 @@ staged run's tasks are its members', so they are neither checked against a bound
 observed one by one (no ``production`` records, no recalibration, no re-planning): its
 ``run`` record (workers' peaks and seconds) is what refinement keeps of it.
 
-Trials (``trials=True``, default; ``chunks="model"`` on several slots): the time model knows a
-task's seconds per voxel at the block shapes workers have run (``explorer.chunking.TaskClock``)
-and elsewhere only as a function of the block's volume, which a block's shape can change by half
-or more (gst3d: 106 ns per voxel on 133^3, 162 on 133x133x256).  So before the run, while the
+Trials (``trials=True``, default; ``chunks="model"`` on several one-thread workers, the probes'
+kind, whose tasks the clock times): the time model knows a task's seconds per voxel at the block
+shapes workers have run (``explorer.chunking.TaskClock``) and elsewhere only as a function of
+the block's volume, which a block's shape can change by half or more (gst3d: 106 ns per voxel
+on 133^3, 162 on 133x133x256).  So before the run, while the
 plan's blocks are shapes the workers never ran, they are tried on the run's own workers, with
 the blocks of the plan's compact neighbour (its longest split axis cut in twice as many chunks,
 same strategy: ``explorer.chunking.compact_neighbour``): a fused plan's one block (the
@@ -782,8 +783,9 @@ def _try_blocks(ctx: RunContext) -> None:
     import shutil
     import tempfile
 
-    if not (ctx.trials and ctx.plan.slots > 1 and not ctx.plan.block_clocked and _trial_jobs(ctx, ctx.plan)):
-        return
+    if not (ctx.trials and ctx.threads == 1 and ctx.plan.slots > 1 and not ctx.plan.block_clocked
+            and _trial_jobs(ctx, ctx.plan)):
+        return  # the clock times tasks alone in one-thread workers (calibration.fit_timing): so do trials
     out_dir = os.path.dirname(os.path.abspath(ctx.output)) or "."
     tmp = Path(tempfile.mkdtemp(prefix=".explorer-trial-", dir=out_dir))  # the workers can write there
     try:

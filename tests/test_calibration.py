@@ -244,6 +244,10 @@ def test_the_clock_times_each_block_shape_by_the_tasks_after_each_workers_first(
     assert figures[cube] == pytest.approx(0.05 / math.prod(cube))
     assert figures[lone] == pytest.approx(0.002 / 1000)  # both first on their worker: their median
     assert clock.seconds_per_voxel_at([math.prod(cube)], [cube])[0] == pytest.approx(0.05 / math.prod(cube))
+    # tasks of workers with several threads share the cores: the clock does not time them
+    shared = [record(cube, 1, run="d", worker="w1", threads_per_worker=4, task_seconds=9.0, run_seconds=9.0,
+                     other_seconds=0.0) for _ in range(3)]
+    assert cal.fit_timing(rows + shared).clock == clock
 
 
 def test_a_tasks_fixed_cost_stays_with_the_blocks_that_pay_it():

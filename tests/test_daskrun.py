@@ -321,10 +321,14 @@ def test_every_task_and_worker_stays_under_the_plans_bound(threads, tmp_path, pr
     assert r.tasks_over_bound == 0, r.warnings
     assert all(h is not None and h <= r.plan["upper_bytes"] for h in r.worker_hwm_bytes), \
         (r.worker_hwm_bytes, r.plan["upper_bytes"])
-    # Before the run, the workers timed the plan's block (the probes' cubes are not it) and its
-    # compact neighbour's, as probes of their own; the plan run is one whose block they timed.
+    # Before the run, one-thread workers timed the plan's block (the probes' cubes are not it) and
+    # its compact neighbour's, as probes of their own; the plan run is one whose block they timed.
+    # Workers of several threads time nothing: their tasks share the cores, unlike the probes'.
     from explorer.store import Store
 
+    if threads > 1:
+        assert r.trials == []
+        return
     assert r.trials and all(t["status"] == "ok" and t["measured_seconds_per_voxel"] > 0 for t in r.trials), r.trials
     assert r.plan["block_clocked"] or len(r.trials) == MAX_TRIALS
     tried = [rec for rec in Store(runs).records(OPERATOR, source="probe") if "trial" in rec.context]
