@@ -38,6 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import machine_line  # noqa: E402
+from trials import trials_text  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CROP = ROOT / "tests" / "data" / "segyio_f3_ieee_float32.sgy"
@@ -87,14 +88,6 @@ def run_table(rows: list[tuple[str, dict]]) -> None:
           f"{d['observations_recorded']} | {d['tasks_over_bound']} | "
           f"{mib(d.get('worker_baseline_bytes'))} | {mib(upper)} | {mib(hwm)} | "
           f"{'—' if not (hwm and upper) else f'{hwm / upper:.2f}'} | {mib(pause)} | {d['workers_restarted']} |")
-
-
-def trials_text(trials: list) -> str:
-    """The run's trials (``explorer.daskrun``, Trials): each tried chunk shape, and their seconds."""
-    if not trials:
-        return "none"
-    return (", ".join("x".join(map(str, t["chunks"])) for t in trials)
-            + f" ({sum(t['seconds'] for t in trials):.1f} s)")
 
 
 def within_text(cal: dict, short: bool = False) -> str:

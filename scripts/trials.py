@@ -11,3 +11,11 @@ def trials_note(trials) -> str:
                       f"ns/voxel (by volume {1e9 * (t.get('predicted_seconds_per_voxel') or float('nan')):.0f})"
                       for t in trials)
     return f"first run's trials ({sum(t['seconds'] for t in trials):.1f} s before it ran): {tried}"
+
+
+def trials_text(trials) -> str:
+    """Shorter: each tried chunk shape, and the trials' seconds in all ("none" without any)."""
+    if not trials:
+        return "none"
+    return (", ".join("x".join(map(str, t["chunks"])) for t in trials)
+            + f" ({sum(t['seconds'] for t in trials):.1f} s)")

@@ -31,6 +31,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import machine_line  # noqa: E402
+from trials import trials_text  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TOLERANCE = 1e-6  # tests/test_unet.py: blockwise == whole-volume within this
@@ -76,9 +77,10 @@ def main() -> None:
     whole = operators.get("unet3d").run(np.asarray(read_segy(source)))
     print(f"## unet3d on Dask, {args.shape} at {args.memory_limit} per worker, 2 workers x 1 thread\n")
     print(f"`python scripts/unet_run.py {' '.join(sys.argv[1:])}`\n")
-    print("| chunks | exit | status | chunk shape | tasks | seconds | workers restarted | worker HWM (max) | "
-          "plan upper | tasks over their bound | max abs difference to whole-volume inference |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| chunks | exit | status | chunk shape | tasks | seconds (the command's) | trials before the run (chunks, "
+          "seconds) | workers restarted | worker HWM (max) | plan upper | tasks over their bound | "
+          "max abs difference to whole-volume inference |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for label, code, data, last, seconds, out in rows:
         data = data or {}
         diff = "-"
@@ -89,7 +91,8 @@ def main() -> None:
         hwm = f"{max(hwm) / 2**20:,.0f} MiB" if hwm else "-"
         upper = (data.get("plan") or {}).get("upper_bytes")
         print(f"| {label} | {code} | {data.get('status', last[:60])} | {'x'.join(map(str, data.get('chunks') or [])) or '-'} "
-              f"| {data.get('n_tasks', '-')} | {seconds:.0f} | {data.get('workers_restarted', '-')} | {hwm} | "
+              f"| {data.get('n_tasks', '-')} | {seconds:.0f} | {trials_text(data.get('trials') or [])} "
+              f"| {data.get('workers_restarted', '-')} | {hwm} | "
               f"{'-' if upper is None else f'{upper / 2**20:,.0f} MiB'} | {data.get('tasks_over_bound', '-')} | {diff} |")
     print(f"\nMachine: {machine_line()}")
 
