@@ -142,6 +142,7 @@ __all__ = [
     "expected_max_normal",
     "TaskClock",
     "compact_neighbour",
+    "grid_volume",
     "composed_clock",
     "chunk_grid",
     "fused_seconds",
@@ -670,9 +671,9 @@ def composed_clock(clocks, shared_seconds_per_voxel: float = 0.0) -> TaskClock:
     shapes = sorted(set.intersection(*(set(c.shapes) for c in clocks)))  # clocked by every member
     if shapes:
         volumes_of = [float(math.prod(shape)) for shape in shapes]
-        own = (sum(c.seconds_per_voxel_at(volumes_of, shapes) for c in clocks)
-               - (len(clocks) - 1) * float(shared_seconds_per_voxel))
-        own = np.maximum(own, max(float(c.seconds_per_voxel_at(volumes_of, shapes).min()) for c in clocks))
+        members = [c.seconds_per_voxel_at(volumes_of, shapes) for c in clocks]
+        own = np.maximum(sum(members) - (len(clocks) - 1) * float(shared_seconds_per_voxel),
+                         max(float(m.min()) for m in members))
     spread_volumes, spreads = (), ()
     if all(c.spreads for c in clocks):
         knots = np.unique(np.concatenate([np.asarray(c.spread_volumes, dtype=np.float64) for c in clocks]))
@@ -944,6 +945,28 @@ def axis_chunk_candidates(length: int, halo: int, whole: bool, min_chunk: int, c
     return chunk[(n_chunks == 1) | (last >= halo)]
 
 
+def _axis_cap(ndim: int, whole) -> int:
+    """Candidate lengths per split axis, so that their product stays near :data:`MAX_CANDIDATES`."""
+    return max(4, int(MAX_CANDIDATES ** (1.0 / max(1, ndim - len(whole))) + 1e-9))
+
+
+def grid_volume(block, halo, whole_axes, counts) -> tuple[tuple, tuple]:
+    """``(volume_shape, chunks)`` of a synthetic volume whose tasks see ``block`` (the probes'
+    and the trials'): along a split axis with ``k`` chunks, ``k`` chunks of ``b - h`` (with two,
+    each has its neighbour's halo on one side only, so every task's block is exactly ``b``;
+    with more, the interior ones see ``b + h``); with one chunk, or along a whole axis, ``b``
+    (a windowed read clips the halo at the volume's edge)."""
+    volume, chunks = [], []
+    for axis, (b, h, k) in enumerate(zip(block, halo, counts)):
+        if axis in whole_axes or int(k) == 1:
+            volume.append(int(b))
+            chunks.append(int(b))
+        else:
+            volume.append(int(k) * (int(b) - int(h)))
+            chunks.append(int(b) - int(h))
+    return tuple(volume), tuple(chunks)
+
+
 def compact_neighbour(plan: "ChunkPlan") -> tuple[int, ...] | None:
     """The plan's chunks with its longest split axis cut in about twice as many chunks: the
     largest of that axis's candidate lengths (:func:`axis_chunk_candidates`, as
@@ -956,7 +979,7 @@ def compact_neighbour(plan: "ChunkPlan") -> tuple[int, ...] | None:
     is measured."""
     whole = set(plan.whole_axes)
     free = [axis for axis in range(len(plan.shape)) if axis not in whole and plan.chunks[axis] > 1]
-    cap = max(4, int(MAX_CANDIDATES ** (1.0 / max(1, len(plan.shape) - len(whole))) + 1e-9))
+    cap = _axis_cap(len(plan.shape), whole)
     multiple = plan.block_multiple or (1,) * len(plan.shape)
     for axis in sorted(free, key=lambda a: (-plan.chunks[a], -a)):
         lengths = axis_chunk_candidates(plan.shape[axis], plan.halo[axis], False, plan.min_chunk, cap,
@@ -1049,8 +1072,7 @@ def chunk_candidates(shape, halo, whole, *, footprint, budget: int, min_chunk: i
     ``chunks``: one chunk shape, the only candidate (a whole axis whole, none longer than the
     volume): the plan of a chunking chosen elsewhere."""
     ndim = len(shape)
-    n_free = max(1, ndim - len(whole))
-    cap = max(4, int(MAX_CANDIDATES ** (1.0 / n_free) + 1e-9))
+    cap = _axis_cap(ndim, whole)
     multiple = (1,) * ndim if block_multiple is None else tuple(int(m) for m in block_multiple)
     if chunks is None:
         axis_chunks = [axis_chunk_candidates(shape[i], halo[i], i in whole, min_chunk, cap, multiple[i])

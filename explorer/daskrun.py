@@ -749,20 +749,20 @@ def _choose_chunks(ctx: RunContext) -> None:
 
 
 def _trial_volume(op, block, slots: int) -> tuple[tuple, tuple]:
-    """``(volume_shape, chunks)`` of a trial: every task sees exactly ``block`` (a windowed read
-    clips the halo at the volume's edge).  Two chunks of ``b - h`` (each with its neighbour's
-    halo on one side) along split axes longer than twice their halo, one at a time until every
-    one of the ``slots`` can run two tasks (a worker's first task of a run is slower than its
-    later ones: ``explorer.calibration.fit_clock`` times the later ones); one chunk of ``b``
-    along the others."""
-    volume, chunks, tasks = list(block), list(block), 1
+    """``(volume_shape, chunks)`` of a trial (``explorer.chunking.grid_volume``): every task
+    sees exactly ``block``.  Two chunks along split axes longer than twice their halo, one at
+    a time until every one of the ``slots`` can run two tasks (a worker's first task of a run
+    is slower than its later ones: ``explorer.calibration.fit_clock`` times the later ones);
+    one chunk along the others."""
+    from explorer.chunking import grid_volume
+
+    counts, tasks = [1] * len(block), 1
     for axis, (b, h) in enumerate(zip(block, op.halo)):
         if tasks >= 2 * slots:
             break
         if axis not in op.whole_axes and b - h > h:
-            volume[axis], chunks[axis] = 2 * (b - h), b - h
-            tasks *= 2
-    return tuple(volume), tuple(chunks)
+            counts[axis], tasks = 2, tasks * 2
+    return grid_volume(block, op.halo, op.whole_axes, counts)
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from explorer.calibration import N_COEFFICIENTS
+from explorer.chunking import grid_volume
 
 __all__ = ["ProbeResult", "calibrate_in_workers", "probe_blocks", "profiled_volume", "run_probes"]
 
@@ -233,21 +234,6 @@ def _branch_order(model, block, confidence: float):
     return tuple(order(block, confidence)) or None
 
 
-def _probe_volume(op, block, per_axis: int = 2) -> tuple[tuple, tuple]:
-    """``(volume_shape, chunks)`` with ``per_axis`` chunks of ``b - h`` along every split axis:
-    with two, every task sees exactly ``block``; with more, the interior tasks see ``b + h``."""
-    volume, chunks = [], []
-    for axis, (b, h) in enumerate(zip(block, op.halo)):
-        if axis in op.whole_axes:
-            volume.append(b)
-            chunks.append(b)
-        else:
-            c = b - h
-            volume.append(per_axis * c)
-            chunks.append(c)
-    return tuple(volume), tuple(chunks)
-
-
 def run_probes(operator: str, model, *, n: int = DEFAULT_PROBES, runs_dir=None, storage=None,
                confidence: float = 0.99, progress=None, seed: int = 0, memory_limit=None) -> ProbeResult:
     """Run the in-worker probes of ``operator`` (module docstring), fit and save the calibration.
@@ -293,7 +279,7 @@ def run_probes(operator: str, model, *, n: int = DEFAULT_PROBES, runs_dir=None, 
             grids = result.grids = [PROBE_GRID] * len(blocks) + [OVERHEAD_PROBE_GRID]
             blocks = result.blocks = blocks + blocks[:1]
             for index, (block, per_axis) in enumerate(zip(blocks, grids)):
-                volume, chunks = _probe_volume(op, block, per_axis)
+                volume, chunks = grid_volume(block, op.halo, op.whole_axes, (per_axis,) * 3)
                 source = tmp / f"probe-{index}.sgy"
                 operators.write_segy(source, operators.synthetic_volume(volume, seed=seed + index))
                 r = run(operator, source, tmp / f"probe-{index}.zarr", scheduler=cluster.scheduler_address,

@@ -727,6 +727,13 @@ def test_a_plan_avoids_a_block_shape_the_workers_timed_slow_and_says_whether_its
     assert timed.block_clocked and timed.chunks == slow.chunks and timed.to_dict()["block_clocked"] is True
 
 
+def test_a_grid_volume_gives_every_task_the_block_with_two_chunks_per_axis():
+    volume, chunks = chunking.grid_volume((40, 50, 60), (5, 5, 5), (2,), (2, 1, 2))
+    assert volume == (70, 50, 60) and chunks == (35, 50, 60)  # two chunks of b - h, one of b, a whole axis b
+    assert chunking.axis_blocks(70, [35], 5)[0] == 40  # each of the two chunks sees its neighbour's halo once
+    assert chunking.grid_volume((40, 40, 40), (5, 5, 5), (), (4, 4, 4)) == ((140, 140, 140), (35, 35, 35))
+
+
 def test_the_compact_neighbour_cuts_the_longest_split_axis_into_twice_the_chunks():
     shape, halo = (256, 256, 256), (5, 5, 5)
     predict = lambda blocks, confidence=0.99: (100.0 * np.prod(blocks, axis=1),) * 2  # noqa: E731
