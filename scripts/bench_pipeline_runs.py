@@ -23,7 +23,10 @@ For each pipeline spec (default: the four of issue 14), on a synthetic SEG-Y vol
    single runs is low by selection (the winner's curse), and with it the oracle's median would
    be too (two workers on two cores spread repeats of one shape by +-15% here).  The rounds
    share the machine's drift between ours and the finalists.  The oracle is the finalist of
-   least median in the rounds.
+   least median in the rounds.  How sure the ratio ours / oracle is: the 95% bootstrap
+   interval of the ratio of medians, resampling whole rounds, and the median of the rounds'
+   own ratios.  Nine rounds by default: with five, one plan timed twice as two arms (ours ran
+   the oracle's own plan) came out 1.23x apart (commit ce1f50c, ``gaussian,gst3d``).
    Beside each grid shape, the planner's time model at that chunking
    (``explorer.recommend.predicted_seconds``): its rank correlation (Spearman) with the
    screening seconds and its RMS log error, raw and after the one scale that fits best (a
@@ -47,7 +50,7 @@ Targets (issue 14): ours loses no worker and stays under the limit; its median s
 <= 1.10 x the oracle's; every output equals the NumPy composition.
 
     python scripts/bench_pipeline_runs.py [--pipelines SPEC;SPEC] [--memory-limit 1GiB]
-        [--shape 256x256x384] [--repeats 5] [--finalists 3] [--cache runs/bench/pipeline-runs]
+        [--shape 256x256x384] [--repeats 9] [--finalists 3] [--cache runs/bench/pipeline-runs]
         [--no-calibrate]
 
 Prints Markdown tables, verdicts and the machine line; progress goes to stderr.
@@ -126,9 +129,11 @@ class Arm:
 
     def __init__(self, name: str, detail: str = "", predicted: float | None = None):
         self.name, self.detail, self.runs, self.predicted = name, detail, [], predicted
+        self.plan_text = None  # "strategy chunks", as a grid arm's detail reads
 
-    def add(self, seconds, hwm, lost, kills, error, ok):
-        self.runs.append({"seconds": seconds, "hwm": hwm, "lost": lost, "kills": kills, "error": error, "ok": ok})
+    def add(self, seconds, hwm, lost, kills, error, ok, round_index=None):
+        self.runs.append({"seconds": seconds, "hwm": hwm, "lost": lost, "kills": kills, "error": error, "ok": ok,
+                          "round": round_index})
 
     @property
     def ok(self) -> bool:
@@ -172,10 +177,10 @@ def outputs_error(result, spec: str, reference) -> float | None:
     return float(np.abs(np.asarray(zarr.open_array(result.output, mode="r")) - reference).max())
 
 
-def measured(arm: Arm, result, error) -> None:
+def measured(arm: Arm, result, error, round_index=None) -> None:
     hwm = max([h for h in result.worker_hwm_bytes if h] + list(result.worker_peak_bytes), default=0)
     ok = result.status == "ok" and result.workers_restarted == 0 and (error is not None and error <= TOLERANCE)
-    arm.add(result.seconds or 0.0, hwm, result.workers_restarted, result.memory_kills, error, ok)
+    arm.add(result.seconds or 0.0, hwm, result.workers_restarted, result.memory_kills, error, ok, round_index)
 
 
 def one_run(spec, source, work: Path, limit, args, **kwargs):
@@ -192,7 +197,27 @@ def rounds(arms_kwargs, spec, source, work, limit, args, reference) -> None:
         for arm, kwargs in order:
             if arm.runs and not arm.runs[-1]["ok"]:
                 continue
-            run_arm(arm, spec, source, work, limit, args, reference, 1, **kwargs)
+            run_arm(arm, spec, source, work, limit, args, reference, 1, round_index=r, **kwargs)
+
+
+def ratio_interval(ours: Arm, oracle: Arm, draws: int = 10_000, seed: int = 0) -> str:
+    """How sure the ratio of medians is: the 95% percentile-bootstrap interval of
+    ``median(ours) / median(oracle)``, resampling whole rounds (a round's two runs shared the
+    machine's state), and the median of the per-round ratios.  Text; '-' when under 3 rounds."""
+    pairs = {}
+    for arm, slot in ((ours, 0), (oracle, 1)):
+        for x in arm.runs:
+            if x["ok"] and x["round"] is not None:
+                pairs.setdefault(x["round"], [None, None])[slot] = x["seconds"]
+    both = np.array([p for p in pairs.values() if None not in p], dtype=float)
+    if len(both) < 3:
+        return "-"
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(both), size=(draws, len(both)))
+    ratios = np.median(both[picks, 0], axis=1) / np.median(both[picks, 1], axis=1)
+    low, high = np.percentile(ratios, [2.5, 97.5])
+    paired = float(np.median(both[:, 0] / both[:, 1]))
+    return f"{low:.2f}-{high:.2f} (median of the {len(both)} rounds' own ratios {paired:.2f})"
 
 
 def time_model_quality(grid_arms) -> str:
@@ -236,13 +261,13 @@ def time_terms(specs, cache: Path) -> str:
     return "\n".join(lines)
 
 
-def run_arm(arm: Arm, spec, source, work, limit, args, reference, times: int, **kwargs):
+def run_arm(arm: Arm, spec, source, work, limit, args, reference, times: int, round_index=None, **kwargs):
     """Run ``arm``'s configuration up to ``times`` times (stopping at a failure); its last ok result or None."""
     last = None
     for _ in range(times):
         result = one_run(spec, source, work, limit, args, **kwargs)
         error = outputs_error(result, spec, reference)
-        measured(arm, result, error)
+        measured(arm, result, error, round_index)
         log(f"  {arm.name} {arm.detail}: {result.status}, {result.seconds or 0:.2f} s, "
             f"{result.workers_restarted} lost, error {error}")
         shutil.rmtree(result.output, ignore_errors=True)
@@ -325,6 +350,7 @@ def bench_pipeline(spec: str, args, limit: int) -> dict:
         ours.detail = first.detail = (f"{plan['strategy']} {format_shape(plan['chunks'])} (bound "
                                       f"{format_bytes(plan['upper_bytes'])}; weighed {considered}; {calibrated})")
         ours.predicted = first.predicted = plan["predicted_seconds"]
+        ours.plan_text = f"{plan['strategy']} {format_shape(plan['chunks'])}"
         ours_kwargs = {"chunks": tuple(plan["chunks"]), "strategy": plan["strategy"],
                        "branch_order": plan.get("branch_order") or None}
     from explorer.recommend import predicted_seconds
@@ -367,7 +393,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--budget", type=int, default=30, help="explore budget of each member")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--finalists", type=int, default=3)
     parser.add_argument("--auto-repeats", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
@@ -397,6 +423,12 @@ def main() -> None:
         if others:
             print("Other finalists, same rounds: " + "; ".join(
                 f"{a.detail} {a.median:.2f} s ({a.median / oracle:.2f}x)" for a in others) + ".")
+        same = r["oracle"] is not None and r["ours"].plan_text == r["oracle"].detail
+        if r["oracle"] is not None and r["ours"].ok:
+            print(f"Ours / oracle, 95% interval of the ratio of medians (bootstrap over the rounds): "
+                  f"{ratio_interval(r['ours'], r['oracle'])}"
+                  + ("; ours' plan is the oracle's own, so this is the spread of one configuration timed "
+                     "twice." if same else "."))
         print(f"Ours predicted {r['ours'].predicted:.2f} s." if r["ours"].predicted is not None else "")
         if r["trials"]:
             print(f"Ours' {trials_note(r['trials'])}.")
@@ -417,9 +449,12 @@ def main() -> None:
         safe = ours.ok and hwm <= r["limit"]
         fast = ours.ok and ours.median <= TIME_TARGET * oracle
         auto_killed = any(x["lost"] or x["kills"] for x in r["auto"].runs) or not r["auto"].ok
+        interval = ratio_interval(ours, r["oracle"]) if r["oracle"] is not None and ours.ok else "-"
+        own = "; ours ran the oracle's own plan" if same else ""
         verdicts.append(f"- `{r['spec']}`: ours {'safe' if safe else 'NOT safe'} (no worker lost, HWM "
                         f"{hwm / r['limit']:.0%} of the limit), {ours.median / oracle:.2f}x the oracle "
-                        f"({'meets' if fast else 'misses'} <= {TIME_TARGET:.2f}x); auto "
+                        f"({'meets' if fast else 'misses'} <= {TIME_TARGET:.2f}x; 95% interval {interval}"
+                        f"{own}); auto "
                         f"{'lost workers or failed' if auto_killed else 'did not fail at this limit'}")
     print("### Verdicts\n")
     print("\n".join(verdicts))
