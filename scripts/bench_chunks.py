@@ -31,6 +31,8 @@ fresh ``LocalCluster``, with ``refine=False`` unless said otherwise.  Per scenar
   order alternating); the **oracle** is the candidate with the lowest median ``seconds`` over
   its rounds.  The screening run that selected a candidate, and ours' first run, are left out
   of the medians (shown apart): the least of several noisy single runs is low by selection.
+  Beside ours / oracle, the 95% bootstrap interval of that ratio of medians, resampling whole
+  rounds (``scripts/rounds.py``): sub-second runs on two cores swing by a quarter between repeats.
 * **ours**: ``chunks="model"``: ``recommend_chunks(op, shape, L, workers=2)`` (with the
   workers' measured baseline) on the model and in-worker calibration of
   ``explore(op, budget=--budget, memory_limit=L)`` (isolated profiles, then explore's
@@ -122,6 +124,7 @@ import operators  # noqa: E402
 from explorer.daskrun import run  # noqa: E402
 from explorer.units import format_bytes, format_shape, parse_shape, parse_size  # noqa: E402
 from machine import machine_line  # noqa: E402
+from rounds import ratio_interval  # noqa: E402
 from trials import trials_note  # noqa: E402
 
 WORKERS = 2
@@ -458,10 +461,14 @@ def verdicts_for(sc: Scenario, ours: Method, ours_refine: Method | None, oracle:
         out.append((f"ours wall <= {WALL_TARGET:.2f} x oracle", False, "no oracle (no grid shape survived) or no time"))
     else:
         ratio = ours.seconds / oracle.seconds
+        pairs = [(a.result.seconds, b.result.seconds) for a, b in zip(ours.timed_runs, oracle.timed_runs)
+                 if a.ok and b.ok] if ours.screened and oracle.screened else []
+        same = ours.runs[-1].result.chunks == oracle.runs[0].result.chunks
         out.append((f"ours wall <= {WALL_TARGET:.2f} x oracle", ratio <= WALL_TARGET,
                     f"ours {ours.seconds:.2f} s (median of {len(ours.timed_runs)}) / oracle {oracle.name} "
                     f"{format_shape(oracle.runs[0].result.chunks)} {oracle.seconds:.2f} s (median of "
-                    f"{len(oracle.timed_runs)}) = {ratio:.3f}"))
+                    f"{len(oracle.timed_runs)}) = {ratio:.3f}; 95% interval over the rounds "
+                    f"{ratio_interval(pairs)}" + ("; ours ran the oracle's own chunks" if same else "")))
     peaks = [max(v for v in (r.peak, r.hwm) if v is not None) for r in mine if r.peak is not None or r.hwm is not None]
     top = max(peaks, default=None)
     out.append(("ours worker peak <= limit", top is not None and top <= sc.limit,

@@ -75,6 +75,7 @@ from explorer.exploration import explore  # noqa: E402
 from explorer.surrogate import load_model  # noqa: E402
 from explorer.units import format_bytes, format_shape, parse_shape, parse_size  # noqa: E402
 from machine import machine_line  # noqa: E402
+from rounds import ratio_interval  # noqa: E402
 from trials import trials_note  # noqa: E402
 
 ISSUE_PIPELINES = ("gaussian,gst3d;envelope,gaussian;gaussian(sigma=1),semblance,gaussian;"
@@ -200,24 +201,14 @@ def rounds(arms_kwargs, spec, source, work, limit, args, reference) -> None:
             run_arm(arm, spec, source, work, limit, args, reference, 1, round_index=r, **kwargs)
 
 
-def ratio_interval(ours: Arm, oracle: Arm, draws: int = 10_000, seed: int = 0) -> str:
-    """How sure the ratio of medians is: the 95% percentile-bootstrap interval of
-    ``median(ours) / median(oracle)``, resampling whole rounds (a round's two runs shared the
-    machine's state), and the median of the per-round ratios.  Text; '-' when under 3 rounds."""
-    pairs = {}
+def round_pairs(ours: Arm, oracle: Arm) -> list[tuple]:
+    """``(ours, oracle)`` seconds of every round both ran in without failing."""
+    by_round = {}
     for arm, slot in ((ours, 0), (oracle, 1)):
         for x in arm.runs:
             if x["ok"] and x["round"] is not None:
-                pairs.setdefault(x["round"], [None, None])[slot] = x["seconds"]
-    both = np.array([p for p in pairs.values() if None not in p], dtype=float)
-    if len(both) < 3:
-        return "-"
-    rng = np.random.default_rng(seed)
-    picks = rng.integers(0, len(both), size=(draws, len(both)))
-    ratios = np.median(both[picks, 0], axis=1) / np.median(both[picks, 1], axis=1)
-    low, high = np.percentile(ratios, [2.5, 97.5])
-    paired = float(np.median(both[:, 0] / both[:, 1]))
-    return f"{low:.2f}-{high:.2f} (median of the {len(both)} rounds' own ratios {paired:.2f})"
+                by_round.setdefault(x["round"], [None, None])[slot] = x["seconds"]
+    return [tuple(p) for p in by_round.values()]
 
 
 def time_model_quality(grid_arms) -> str:
@@ -426,7 +417,7 @@ def main() -> None:
         same = r["oracle"] is not None and r["ours"].plan_text == r["oracle"].detail
         if r["oracle"] is not None and r["ours"].ok:
             print(f"Ours / oracle, 95% interval of the ratio of medians (bootstrap over the rounds): "
-                  f"{ratio_interval(r['ours'], r['oracle'])}"
+                  f"{ratio_interval(round_pairs(r['ours'], r['oracle']))}"
                   + ("; ours' plan is the oracle's own, so this is the spread of one configuration timed "
                      "twice." if same else "."))
         print(f"Ours predicted {r['ours'].predicted:.2f} s." if r["ours"].predicted is not None else "")
@@ -449,7 +440,7 @@ def main() -> None:
         safe = ours.ok and hwm <= r["limit"]
         fast = ours.ok and ours.median <= TIME_TARGET * oracle
         auto_killed = any(x["lost"] or x["kills"] for x in r["auto"].runs) or not r["auto"].ok
-        interval = ratio_interval(ours, r["oracle"]) if r["oracle"] is not None and ours.ok else "-"
+        interval = ratio_interval(round_pairs(ours, r["oracle"])) if r["oracle"] is not None and ours.ok else "-"
         own = "; ours ran the oracle's own plan" if same else ""
         verdicts.append(f"- `{r['spec']}`: ours {'safe' if safe else 'NOT safe'} (no worker lost, HWM "
                         f"{hwm / r['limit']:.0%} of the limit), {ours.median / oracle:.2f}x the oracle "
