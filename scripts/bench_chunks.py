@@ -27,8 +27,9 @@ fresh ``LocalCluster``, with ``refine=False`` unless said otherwise.  Per scenar
   ``(ceil(N/4), N, N)``; a shape equal (after whole axes) to auto's or the prototype's
   is not run again, its row says so.  Every grid shape runs once; those that ended ok
   without a restart in at most 1.5x the fastest one's time (at most three) are the oracle
-  candidates and run ``--repeat`` more times in rounds with ours (each once per round, the
-  order alternating); the **oracle** is the candidate with the lowest median ``seconds`` over
+  candidates and run ``--repeat`` more times in rounds with ours (each once per round, in
+  the orders of a Williams design, ``scripts/rounds.py``: every method after every other
+  equally often, since a run is slower after some plans than after its own); the **oracle** is the candidate with the lowest median ``seconds`` over
   its rounds.  The screening run that selected a candidate, and ours' first run, are left out
   of the medians (shown apart): the least of several noisy single runs is low by selection.
   Beside ours / oracle, the 95% bootstrap interval of that ratio of medians, resampling whole
@@ -124,7 +125,7 @@ import operators  # noqa: E402
 from explorer.daskrun import run  # noqa: E402
 from explorer.units import format_bytes, format_shape, parse_shape, parse_size  # noqa: E402
 from machine import machine_line  # noqa: E402
-from rounds import ratio_interval  # noqa: E402
+from rounds import ratio_interval, round_orders  # noqa: E402
 from trials import trials_note  # noqa: E402
 
 WORKERS = 2
@@ -427,14 +428,14 @@ def run_scenario(sc: Scenario, args, cache: Path, tmp: Path, profiles: Prototype
     for m in survived:
         if m not in candidates:
             m.note = f"first run > {ORACLE_WINDOW:g} x the fastest: not an oracle candidate"
-    # Rounds: each of them and ours once per round, the order alternating; the screening runs
+    # Rounds: each of them and ours once per round, in a Williams design's orders; the screening runs
     # (the one that selected a candidate, ours' first) are left out of the medians, since the
     # least of several noisy single runs is low by selection.
     for method in [ours] + candidates:
         method.screened = len(method.runs)
-    for rep in range(args.repeat):
-        order = [ours] + candidates if rep % 2 else candidates + [ours]
-        for method in order:
+    arms = [ours] + candidates
+    for order in round_orders(len(arms), args.repeat):
+        for method in (arms[i] for i in order):
             go(method, runs=runs_dir if method is ours else None)
     # The oracle: the lowest median among the candidates, all with the same number of runs.
     oracle = min((m for m in candidates if m.ok), key=lambda m: m.seconds, default=None)

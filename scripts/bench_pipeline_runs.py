@@ -17,8 +17,9 @@ For each pipeline spec (default: the four of issue 14), on a synthetic SEG-Y vol
 3. **oracle**: the best of {fused, staged} x a grid of chunk shapes (the first two axes
    split in 1, 2, 3 and 4, the samples axis whole or halved), each run once (the screening),
    then the ``--finalists`` fastest that lost no worker and stayed under the limit.  Then
-   ``--repeats`` **rounds**, each running ours and every finalist once, in an order rotated
-   from round to round; every median is of these rounds' runs only.  The screening run is
+   ``--repeats`` **rounds**, each running ours and every finalist once, in the orders of a
+   Williams design (every arm after every other equally often: a run is slower after some
+   other plans than after its own, ``rounds.round_orders``); every median is of these rounds' runs only.  The screening run is
    left out of a finalist's median because it is the run that chose it: the least of 16 noisy
    single runs is low by selection (the winner's curse), and with it the oracle's median would
    be too (two workers on two cores spread repeats of one shape by +-15% here).  The rounds
@@ -75,7 +76,7 @@ from explorer.exploration import explore  # noqa: E402
 from explorer.surrogate import load_model  # noqa: E402
 from explorer.units import format_bytes, format_shape, parse_shape, parse_size  # noqa: E402
 from machine import machine_line  # noqa: E402
-from rounds import ratio_interval  # noqa: E402
+from rounds import ratio_interval, round_orders  # noqa: E402
 from trials import trials_note  # noqa: E402
 
 ISSUE_PIPELINES = ("gaussian,gst3d;envelope,gaussian;gaussian(sigma=1),semblance,gaussian;"
@@ -191,11 +192,11 @@ def one_run(spec, source, work: Path, limit, args, **kwargs):
 
 
 def rounds(arms_kwargs, spec, source, work, limit, args, reference) -> None:
-    """``--repeats`` rounds over ``[(arm, run kwargs), ...]``: each round runs every arm once,
-    the order rotated by one from round to round; an arm that fails is not run again."""
-    for r in range(args.repeats):
-        order = arms_kwargs[r % len(arms_kwargs):] + arms_kwargs[: r % len(arms_kwargs)]
-        for arm, kwargs in order:
+    """``--repeats`` rounds over ``[(arm, run kwargs), ...]``: each round runs every arm once, in
+    the order of a Williams design (``rounds.round_orders``: every arm after every other equally
+    often); an arm that fails is not run again."""
+    for r, order in enumerate(round_orders(len(arms_kwargs), args.repeats)):
+        for arm, kwargs in (arms_kwargs[i] for i in order):
             if arm.runs and not arm.runs[-1]["ok"]:
                 continue
             run_arm(arm, spec, source, work, limit, args, reference, 1, round_index=r, **kwargs)
@@ -339,7 +340,10 @@ def bench_pipeline(spec: str, args, limit: int) -> dict:
                                + ("" if v["in_worker_calibrated"] else " uncalibrated")
                                if "error" not in v else f"{k}: none fits" for k, v in plan["considered"].items())
         ours.detail = first.detail = (f"{plan['strategy']} {format_shape(plan['chunks'])} (bound "
-                                      f"{format_bytes(plan['upper_bytes'])}; weighed {considered}; {calibrated})")
+                                      f"{format_bytes(plan['upper_bytes'])}; "
+                                      + (f"weighed {considered}" if considered else
+                                         "the trials spent, the fastest plan they timed")
+                                      + f"; {calibrated})")
         ours.predicted = first.predicted = plan["predicted_seconds"]
         ours.plan_text = f"{plan['strategy']} {format_shape(plan['chunks'])}"
         ours_kwargs = {"chunks": tuple(plan["chunks"]), "strategy": plan["strategy"],
