@@ -15,8 +15,8 @@ def round_orders(n_arms: int, n_rounds: int) -> list[list[int]]:
     """The order of the arms in each round: a Williams design, cycled.
 
     A run after another configuration is not timed as it is after its own: on this 2-core
-    machine one plan ran 2.65 s (median of 7) after itself and 2.87 s (of 4) after a plan of
-    18 staged chunks.  An order rotated by one from round to round puts every arm after the
+    machine one plan ran 2.30 s (median of 7) after itself and 2.56 s (of 4) after a plan of
+    18 staged chunks (``scripts/run_order.py``, ``scripts/results/run_order.md``).  An order rotated by one from round to round puts every arm after the
     same neighbour each time, which turns that into a bias: ours, when it ran the oracle's own
     plan, always came after another plan while the oracle came after ours (1.13x apart over
     nine rounds).  In a Williams design every arm follows every other equally often over a
