@@ -1,0 +1,36 @@
+"""The Dask benchmarks' round orders and ratio intervals (scripts/rounds.py): pure arithmetic."""
+
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from rounds import ratio_interval, round_orders  # noqa: E402
+
+
+@pytest.mark.parametrize("n_arms", [2, 3, 4, 5, 6])
+def test_williams_orders_put_every_arm_after_every_other_equally_often(n_arms):
+    cycle = 2 * n_arms if n_arms % 2 else n_arms
+    rows = round_orders(n_arms, cycle)
+    assert all(sorted(row) == list(range(n_arms)) for row in rows)
+    follows = Counter((a, b) for row in rows for a, b in zip(row, row[1:]))
+    assert len(follows) == n_arms * (n_arms - 1)
+    assert len(set(follows.values())) == 1
+    positions = Counter((arm, row.index(arm)) for row in rows for arm in row)
+    assert len(set(positions.values())) == 1  # and every arm in every position equally often
+
+
+def test_round_orders_cycle_past_one_design():
+    assert round_orders(4, 9)[8] == round_orders(4, 9)[0]
+
+
+def test_ratio_interval_brackets_the_ratio_and_needs_three_rounds():
+    pairs = [(1.1 * s, s) for s in (1.0, 1.2, 0.9, 1.1, 1.0)]
+    text = ratio_interval(pairs)
+    low, high = (float(x) for x in text.split(" ")[0].split("-"))
+    assert low <= 1.1 <= high and high - low < 0.05
+    assert "1.10" in text
+    assert ratio_interval(pairs[:2]) == "-"
+    assert ratio_interval([(1.0, None)] * 5) == "-"
