@@ -29,8 +29,8 @@ fresh ``LocalCluster``, with ``refine=False`` unless said otherwise.  Per scenar
   without a restart in at most 1.5x the fastest one's time (at most three) are the oracle
   candidates and run ``--repeat`` more times in rounds with ours (each once per round, in
   the orders of a Williams design, ``scripts/rounds.py``: every method after every other
-  equally often, since a run is slower after some plans than after its own); the **oracle** is the candidate with the lowest median ``seconds`` over
-  its rounds.  The screening run that selected a candidate, and ours' first run, are left out
+  equally often, since a run is slower after some plans than after its own); the
+  **oracle** is the candidate with the lowest median ``seconds`` over its rounds.  The screening run that selected a candidate, and ours' first run, are left out
   of the medians (shown apart): the least of several noisy single runs is low by selection.
   Beside ours / oracle, the 95% bootstrap interval of that ratio of medians, resampling whole
   rounds (``scripts/rounds.py``): sub-second runs on two cores swing by a quarter between repeats.

@@ -19,8 +19,9 @@ For each pipeline spec (default: the four of issue 14), on a synthetic SEG-Y vol
    then the ``--finalists`` fastest that lost no worker and stayed under the limit.  Then
    ``--repeats`` **rounds**, each running ours and every finalist once, in the orders of a
    Williams design (every arm after every other equally often: a run is slower after some
-   other plans than after its own, ``rounds.round_orders``); every median is of these rounds' runs only.  The screening run is
-   left out of a finalist's median because it is the run that chose it: the least of 16 noisy
+   other plans than after its own, ``rounds.round_orders``); every median is of these rounds'
+   runs only.  The screening run is left out of a finalist's median because it is the run
+   that chose it: the least of 16 noisy
    single runs is low by selection (the winner's curse), and with it the oracle's median would
    be too (two workers on two cores spread repeats of one shape by +-15% here).  The rounds
    share the machine's drift between ours and the finalists.  The oracle is the finalist of
