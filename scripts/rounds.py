@@ -16,10 +16,10 @@ def round_orders(n_arms: int, n_rounds: int) -> list[list[int]]:
 
     A run after another configuration is not timed as it is after its own: on this 2-core
     machine one plan ran 2.30 s (median of 7) after itself and 2.56 s (of 4) after a plan of
-    18 staged chunks (``scripts/run_order.py``, ``scripts/results/run_order.md``).  An order rotated by one from round to round puts every arm after the
-    same neighbour each time, which turns that into a bias: ours, when it ran the oracle's own
-    plan, always came after another plan while the oracle came after ours (1.13x apart over
-    nine rounds).  In a Williams design every arm follows every other equally often over a
+    18 staged chunks (``scripts/run_order.py``, ``scripts/results/run_order.md``).  An order
+    rotated by one from round to round puts every arm after the same neighbour each time,
+    which turns that into a bias: ours, when it ran the oracle's own plan, always came after
+    another plan while the oracle came after ours (1.13x apart over nine rounds).  In a Williams design every arm follows every other equally often over a
     cycle of ``n`` rounds (``n`` even) or ``2n`` (``n`` odd): row ``r`` is ``(r + c_j) mod n``
     with ``c = 0, 1, n-1, 2, n-2, ...``, and for odd ``n`` also each row reversed."""
     c = [0]
