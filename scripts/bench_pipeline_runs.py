@@ -420,9 +420,11 @@ def main() -> None:
             print("Other finalists, same rounds: " + "; ".join(
                 f"{a.detail} {a.median:.2f} s ({a.median / oracle:.2f}x)" for a in others) + ".")
         same = r["oracle"] is not None and r["ours"].plan_text == r["oracle"].detail
-        if r["oracle"] is not None and r["ours"].ok:
+        compared = r["oracle"] is not None and r["ours"].ok
+        interval = ratio_interval(round_pairs(r["ours"], r["oracle"])) if compared else "-"
+        if compared:
             print(f"Ours / oracle, 95% interval of the ratio of medians (bootstrap over the rounds): "
-                  f"{ratio_interval(round_pairs(r['ours'], r['oracle']))}"
+                  f"{interval}"
                   + ("; ours' plan is the oracle's own, so this is the spread of one configuration timed "
                      "twice." if same else "."))
         print(f"Ours predicted {r['ours'].predicted:.2f} s." if r["ours"].predicted is not None else "")
@@ -445,7 +447,6 @@ def main() -> None:
         safe = ours.ok and hwm <= r["limit"]
         fast = ours.ok and ours.median <= TIME_TARGET * oracle
         auto_killed = any(x["lost"] or x["kills"] for x in r["auto"].runs) or not r["auto"].ok
-        interval = ratio_interval(round_pairs(ours, r["oracle"])) if r["oracle"] is not None and ours.ok else "-"
         own = "; ours ran the oracle's own plan" if same else ""
         verdicts.append(f"- `{r['spec']}`: ours {'safe' if safe else 'NOT safe'} (no worker lost, HWM "
                         f"{hwm / r['limit']:.0%} of the limit), {ours.median / oracle:.2f}x the oracle "

@@ -10,8 +10,9 @@ that always puts one arm after the same neighbour biases that arm.
         [--memory-limit 1GiB] [--plans A=staged:128x128x192,B=fused:128x128x192,C=staged:86x86x192]
         [--sequence AAAAABABABABABACACACACAAAA] [--cache runs/bench/run-order]
 
-The spec's members are explored into ``--cache`` first when they have no model there (the
-plans are explicit, so only their bounds and observations need one).  Seconds are
+The spec's members are explored into ``--cache`` first when they have no model there, as
+``bench_pipeline_runs.py`` explores them (budget 30, with their in-worker probes; the plans are
+explicit, so only their bounds need one).  Seconds are
 ``RunResult.seconds`` (graph submitted to output complete, ``refine=False``).  Prints a
 Markdown table (median, runs, every run's seconds per (plan, plan before)) and the machine line.
 """
@@ -31,11 +32,14 @@ from machine import machine_line  # noqa: E402
 
 
 def parse_plans(text: str) -> dict[str, dict]:
+    """``A=staged:128x128x192,B=...`` -> ``{"A": {"strategy": "staged", "chunks": (128, 128, 192)}, ...}``."""
+    from explorer.units import parse_shape
+
     plans = {}
     for item in text.split(","):
         name, _, plan = item.partition("=")
         strategy, _, chunks = plan.partition(":")
-        plans[name] = {"strategy": strategy, "chunks": tuple(int(v) for v in chunks.split("x"))}
+        plans[name] = {"strategy": strategy, "chunks": parse_shape(chunks)}
     return plans
 
 
@@ -50,21 +54,15 @@ def main() -> None:
     args = parser.parse_args()
 
     import operators
+    from bench_pipeline_runs import explore_members
     from explorer.daskrun import run
-    from explorer.exploration import explore
-    from explorer.surrogate import load_model
-    from explorer.units import parse_shape
+    from explorer.units import parse_shape, parse_size
 
     plans = parse_plans(args.plans)
     unknown = set(args.sequence) - set(plans)
     if unknown:
         raise SystemExit(f"--sequence names plans not in --plans: {', '.join(sorted(unknown))}")
-    for member in operators.get(args.spec).members:
-        try:
-            load_model(member.name, runs_dir=args.cache)
-        except LookupError:
-            print(f"exploring {member.name} into {args.cache}", file=sys.stderr, flush=True)
-            explore(member.name, budget=30, memory_limit=args.memory_limit, runs_dir=args.cache, report=False)
+    explore_members([args.spec], args.cache, 30, parse_size(args.memory_limit))
     shape = parse_shape(args.shape)
     work = Path(tempfile.mkdtemp(prefix="run-order-"))
     source = work / "in.sgy"
