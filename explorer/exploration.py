@@ -192,12 +192,15 @@ class ExplorationCore:
     """
 
     def __init__(self, operator: str, *, memory_limit: int, memory_cap: int, confidence: float = 0.99,
-                 tolerance: float = 0.05, seed: int = 0, prior_model=None):
+                 tolerance: float = 0.05, seed: int = 0, prior_model=None,
+                 noise_floor: "RunNoiseFloor | None" = None):
         """``prior_model``: a model that already predicts this operator's peak (a pipeline's
         composed model, ``explorer.composed``); its prediction over the target region becomes
         every fit's prior mean (``surrogate.MeanPrior``), so the loop learns only the departure
         from it, and profiles only there: its first design is :func:`region_design` of that
-        region and its proposals are target shapes."""
+        region and its proposals are target shapes.  ``noise_floor``: the least single-run
+        noise every fit may learn (:func:`member_noise_floor` for a pipeline), by default the
+        surrogate's own floors."""
         from explorer import acquisition, surrogate
 
         op = operators.get(operator)
@@ -212,6 +215,7 @@ class ExplorationCore:
         #: Shapes this core picked to validate a tight bound (``acquisition.validation_shapes``).
         self.validations: set[tuple[int, int, int]] = set()
         self.prior = None
+        self.noise_floor = noise_floor
         if prior_model is not None:
             region = self.target_shapes(prior_model)
             if len(region) >= len(surrogate.BASIS_NAMES):
@@ -235,8 +239,11 @@ class ExplorationCore:
             return None
         key = (shapes.tobytes(), values.tobytes(), lower.tobytes())
         if key not in self._fits:
+            floors = {} if self.noise_floor is None else {
+                "rel_noise_floor": max(surrogate.DEFAULT_REL_NOISE_FLOOR, self.noise_floor.relative_sd),
+                "abs_noise_floor_bytes": self.noise_floor.absolute_sd_bytes}
             self._fits[key] = surrogate.fit(self.operator, shapes, values, noise, lower, halo=self.halo,
-                                            n_repeats=n_repeats, prior=self.prior)
+                                            n_repeats=n_repeats, prior=self.prior, **floors)
         return self._fits[key]
 
     def prequential_scores(self, records: list[Record], last: int) -> list[float]:
@@ -326,6 +333,48 @@ def composed_prior(op, runs_dir=None):
         return compose(op, runs_dir).in_order(op.branch_order)
     except ModelNotFoundError:
         return None
+
+
+@dataclass(frozen=True)
+class RunNoiseFloor:
+    """The least single-run noise a fit may learn, ``sd = sqrt((relative_sd y)^2 +
+    absolute_sd_bytes^2)`` (``surrogate.run_noise``'s floors), and where it comes from."""
+
+    relative_sd: float
+    absolute_sd_bytes: float
+    source: str
+
+
+def member_noise_floor(op, runs_dir=None) -> RunNoiseFloor | None:
+    """A pipeline's run-noise floor: the largest relative and the largest absolute single-run
+    noise its members' models learnt from their repeats; None for a single operator or a
+    member without a model.
+
+    Why.  A pipeline's peak is one stage's peak, the member run on its block, so a run of
+    the pipeline varies at least as that member's runs do; which stage sets the peak changes
+    with the shape, hence the largest over the members.  The pipeline's own repeats are few
+    (ten profiles give ten repeat pairs): measured after ``explore SPEC --budget 10`` here, the
+    absolute term of three of four pipelines sat at the page floor (4 KiB) where their members,
+    from 30 profiles each, had learnt 24-101 KiB, and the bounds missed held-out blocks by
+    allocator-scale steps (``README.md``, Pipelines).  The members measured that noise with
+    the same profiler on the same machine."""
+    from operators.pipeline import Pipeline
+
+    if not isinstance(op, Pipeline):
+        return None
+    from explorer.surrogate import ModelNotFoundError, load_model
+
+    rel, absolute, names = 0.0, 0.0, []
+    for member in op.members:
+        if member.name in names:
+            continue
+        try:
+            h = load_model(member.name, runs_dir=runs_dir).hyperparameters
+        except ModelNotFoundError:
+            return None
+        rel, absolute = max(rel, h["relative_run_sd"]), max(absolute, h["abs_noise_sd_bytes"])
+        names.append(member.name)
+    return RunNoiseFloor(rel, absolute, f"the largest of its members' ({', '.join(names)}) learnt run noise")
 
 
 def region_design(shapes, task_bytes, n: int) -> np.ndarray:
@@ -434,7 +483,8 @@ def explore(
     operator_seconds = 0.0
     core = ExplorationCore(op.name, memory_limit=limit, memory_cap=cap, confidence=confidence,
                            tolerance=tolerance, seed=seed,
-                           prior_model=composed_prior(op, runs_dir) if prior == "composed" else None)
+                           prior_model=composed_prior(op, runs_dir) if prior == "composed" else None,
+                           noise_floor=member_noise_floor(op, runs_dir))
     cost_model = acquisition.CostModel(DEFAULT_LOOP_OVERHEAD + repeat * 0.01, repeat * 5e-8)
     model, metric, stopped_because = None, None, None
     profilers = [Profiler(gpu=False) for _ in range(jobs)]

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import operators
+from explorer.exploration import member_noise_floor
 from operators.pipeline import Pipeline, SpecError, parse
 from tests.conftest import fitted_model
 
@@ -402,6 +403,7 @@ def test_three_profiles_of_a_pipeline_with_its_composed_prior_bound_it_tighter_t
     from explorer.exploration import ExplorationCore, composed_prior
     from explorer.profiling import profile
     from explorer.store import Record
+    from explorer.surrogate import load_model
 
     fitted_model("gaussian").save(paths.model_path("gaussian", tmp_path))
     gst3d_model.save(paths.model_path("gst3d", tmp_path))
@@ -425,6 +427,30 @@ def test_three_profiles_of_a_pipeline_with_its_composed_prior_bound_it_tighter_t
     _, upper_flat = flat.predict_many(shapes, 0.99)
     assert np.all(upper_prior >= peaks) and np.all(upper_flat >= peaks), (upper_prior, upper_flat, peaks)
     assert np.all(upper_prior < upper_flat), (upper_prior / peaks, upper_flat / peaks)
+
+    # explore's noise floor for a pipeline: its members' largest learnt run noise, which the
+    # fit of three profiles (three repeat pairs) may not learn below
+    floor = member_noise_floor(op, tmp_path)
+    members = [load_model(name, runs_dir=tmp_path).hyperparameters for name in ("gaussian", "gst3d")]
+    assert floor.relative_sd == max(h["relative_run_sd"] for h in members)
+    assert floor.absolute_sd_bytes == max(h["abs_noise_sd_bytes"] for h in members)
+    floored = ExplorationCore(spec, prior_model=composed_prior(op, tmp_path), noise_floor=floor, **kwargs).fit(train)
+    h = floored.hyperparameters
+    assert h["abs_noise_sd_bytes"] >= floor.absolute_sd_bytes * (1 - 1e-9)
+    assert h["relative_run_sd"] >= floor.relative_sd * (1 - 1e-9)
+    assert np.all(floored.predict_many(shapes, 0.99)[1] >= upper_prior * (1 - 1e-9))
+
+
+def test_a_pipelines_noise_floor_needs_every_members_model_and_a_single_operator_has_none(tmp_path, gst3d_model):
+    from explorer import paths
+
+    gst3d_model.save(paths.model_path("gst3d", tmp_path))
+    assert member_noise_floor(operators.get("gst3d"), tmp_path) is None
+    assert member_noise_floor(operators.get("gaussian,gst3d"), tmp_path) is None  # gaussian has no model
+    floor = member_noise_floor(operators.get("gst3d,gst3d"), tmp_path)
+    h = gst3d_model.hyperparameters
+    assert (floor.relative_sd, floor.absolute_sd_bytes) == (h["relative_run_sd"], h["abs_noise_sd_bytes"])
+    assert "gst3d" in floor.source
 
 
 def test_recommend_weighs_fused_against_staged_by_predicted_time_among_plans_that_fit(tmp_path, gst3d_model):
