@@ -28,7 +28,8 @@ For each pipeline spec (default: the four of issue 14):
    composed model as the surrogate's prior mean, ``surrogate.MeanPrior``), then, beside it,
    ``explore(spec, budget=--scratch-budget, prior="none")`` from scratch with a tolerance of
    1e-6 (it spends the whole budget).  The model the loop fits on its first ``n`` profiles
-   (``ExplorationCore.fit``, the loop's own fit) is scored on the same held-out truths for
+   (``ExplorationCore.fit``, the loop's own fit, with explore's run-noise floor from the
+   members, ``exploration.member_noise_floor``) is scored on the same held-out truths for
    every ``n``: the explored model's figures, and the first ``n`` at which each arm meets
    the explored targets (MAPE <= 2 %, coverage >= 99 %, median upper/true <= 1.10).
 5. **Branch order** (fan-outs): at the ``--order-shapes`` largest placed region shapes, every
@@ -192,7 +193,7 @@ def explored(spec: str, truths, args, runs: Path, limit: int, cap: int, cache: P
     truths here are the profiles of the spec as written at the same shapes."""
     import shutil
 
-    from explorer.exploration import ExplorationCore, composed_prior
+    from explorer.exploration import ExplorationCore, composed_prior, member_noise_floor
 
     op = operators.get(spec)
     if op.branches:
@@ -216,7 +217,8 @@ def explored(spec: str, truths, args, runs: Path, limit: int, cap: int, cache: P
         log(f"{spec} ({arm}): {result.profiles} profiles, {result.operator_seconds:.0f} s in the operator, "
             f"{result.stopped_because[:120]}")
         core = ExplorationCore(op.name, memory_limit=limit, memory_cap=cap, confidence=CONFIDENCE, seed=args.seed,
-                               prior_model=composed_prior(op, runs) if prior == "composed" else None)
+                               prior_model=composed_prior(op, runs) if prior == "composed" else None,
+                               noise_floor=member_noise_floor(op, runs))
         records = [r for r in Store(where).records(op.name) if r.source == SOURCE_PROFILE]
         curve = []
         for n in range(1, len(records) + 1):
