@@ -28,8 +28,10 @@ fresh ``LocalCluster``, with ``refine=False`` unless said otherwise.  Per scenar
   is not run again, its row says so.  Every grid shape runs once; those that ended ok
   without a restart in at most 1.5x the fastest one's time (at most three) are the oracle
   candidates and run ``--repeat`` more times in rounds with ours (each once per round, in
-  the orders of a Williams design, ``scripts/rounds.py``: every method after every other
-  equally often, since a run is slower after some plans than after its own); the
+  the orders of a Williams design over whole cycles, ``--repeat`` rounded up, its methods
+  relabelled at random per scenario, ``scripts/rounds.py``: every method after every other,
+  and in every position, equally often, since a run is slower after some plans than after
+  its own, and none first of all by the order of the list); the
   **oracle** is the candidate with the lowest median ``seconds`` over its rounds.  The screening run that selected a candidate, and ours' first run, are left out
   of the medians (shown apart): the least of several noisy single runs is low by selection.
   Beside ours / oracle, the 95% bootstrap interval of that ratio of medians, resampling whole
@@ -434,7 +436,7 @@ def run_scenario(sc: Scenario, args, cache: Path, tmp: Path, profiles: Prototype
     for method in [ours] + candidates:
         method.screened = len(method.runs)
     arms = [ours] + candidates
-    for order in round_orders(len(arms), args.repeat):
+    for order in round_orders(len(arms), args.repeat, key=sc.name):
         for method in (arms[i] for i in order):
             go(method, runs=runs_dir if method is ours else None)
     # The oracle: the lowest median among the candidates, all with the same number of runs.

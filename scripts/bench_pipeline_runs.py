@@ -18,17 +18,19 @@ For each pipeline spec (default: the four of issue 14), on a synthetic SEG-Y vol
    split in 1, 2, 3 and 4, the samples axis whole or halved), each run once (the screening),
    then the ``--finalists`` fastest that lost no worker and stayed under the limit.  Then
    ``--repeats`` **rounds**, each running ours and every finalist once, in the orders of a
-   Williams design (every arm after every other equally often: a run is slower after some
-   other plans than after its own, ``rounds.round_orders``); every median is of these rounds'
-   runs only.  The screening run is left out of a finalist's median because it is the run
+   Williams design over whole cycles, its arms relabelled at random per pipeline (every arm
+   after every other, and in every position, equally often: a run is slower after some
+   other plans than after its own; and no arm is first of all by the order of the list,
+   ``rounds.round_orders``); every median is of these rounds' runs only.  The screening run is left out of a finalist's median because it is the run
    that chose it: the least of 16 noisy
    single runs is low by selection (the winner's curse), and with it the oracle's median would
    be too (two workers on two cores spread repeats of one shape by +-15% here).  The rounds
    share the machine's drift between ours and the finalists.  The oracle is the finalist of
    least median in the rounds.  How sure the ratio ours / oracle is: the 95% bootstrap
    interval of the ratio of medians, resampling whole rounds, and the median of the rounds'
-   own ratios.  Nine rounds by default: with five, one plan timed twice as two arms (ours ran
-   the oracle's own plan) came out 1.23x apart (commit ce1f50c, ``gaussian,gst3d``).
+   own ratios.  Eight rounds by default (two cycles of four arms; ``--repeats`` is rounded
+   up to whole cycles): with five, one plan timed twice as two arms (ours ran the oracle's
+   own plan) came out 1.23x apart (commit ce1f50c, ``gaussian,gst3d``).
    Beside each grid shape, the planner's time model at that chunking
    (``explorer.recommend.predicted_seconds``): its rank correlation (Spearman) with the
    screening seconds and its RMS log error, raw and after the one scale that fits best (a
@@ -52,7 +54,7 @@ Targets (issue 14): ours loses no worker and stays under the limit; its median s
 <= 1.10 x the oracle's; every output equals the NumPy composition.
 
     python scripts/bench_pipeline_runs.py [--pipelines SPEC;SPEC] [--memory-limit 1GiB]
-        [--shape 256x256x384] [--repeats 9] [--finalists 3] [--cache runs/bench/pipeline-runs]
+        [--shape 256x256x384] [--repeats 8] [--finalists 3] [--cache runs/bench/pipeline-runs]
         [--no-calibrate]
 
 Prints Markdown tables, verdicts and the machine line; progress goes to stderr.
@@ -194,9 +196,14 @@ def one_run(spec, source, work: Path, limit, args, **kwargs):
 
 def rounds(arms_kwargs, spec, source, work, limit, args, reference) -> None:
     """``--repeats`` rounds over ``[(arm, run kwargs), ...]``: each round runs every arm once, in
-    the order of a Williams design (``rounds.round_orders``: every arm after every other equally
-    often); an arm that fails is not run again."""
-    for r, order in enumerate(round_orders(len(arms_kwargs), args.repeats)):
+    the order of a Williams design over whole cycles, relabelled at random (``rounds.round_orders``:
+    every arm after every other, and in every position, equally often); an arm that fails is not
+    run again."""
+    orders = round_orders(len(arms_kwargs), args.repeats, key=spec, seed=args.seed)
+    log(f"{len(orders)} rounds, orders: " + " | ".join(
+        ", ".join(f"{arms_kwargs[i][0].name} {arms_kwargs[i][0].detail.split(' (')[0]}" for i in order)
+        for order in orders[:1]) + " (first round)")
+    for r, order in enumerate(orders):
         for arm, kwargs in (arms_kwargs[i] for i in order):
             if arm.runs and not arm.runs[-1]["ok"]:
                 continue
@@ -389,7 +396,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--budget", type=int, default=30, help="explore budget of each member")
-    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--repeats", type=int, default=8, help="rounds (rounded up to whole cycles of the design)")
     parser.add_argument("--finalists", type=int, default=3)
     parser.add_argument("--auto-repeats", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)

@@ -10,10 +10,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from rounds import ratio_interval, round_orders  # noqa: E402
 
 
+@pytest.mark.parametrize("key", ["", "gaussian,gst3d"])
 @pytest.mark.parametrize("n_arms", [2, 3, 4, 5, 6])
-def test_williams_orders_put_every_arm_after_every_other_equally_often(n_arms):
+def test_williams_orders_put_every_arm_after_every_other_equally_often(n_arms, key):
     cycle = 2 * n_arms if n_arms % 2 else n_arms
-    rows = round_orders(n_arms, cycle)
+    rows = round_orders(n_arms, cycle, key=key)
     assert all(sorted(row) == list(range(n_arms)) for row in rows)
     follows = Counter((a, b) for row in rows for a, b in zip(row, row[1:]))
     assert len(follows) == n_arms * (n_arms - 1)
@@ -22,8 +23,17 @@ def test_williams_orders_put_every_arm_after_every_other_equally_often(n_arms):
     assert len(set(positions.values())) == 1  # and every arm in every position equally often
 
 
-def test_round_orders_cycle_past_one_design():
-    assert round_orders(4, 9)[8] == round_orders(4, 9)[0]
+def test_round_orders_run_whole_cycles_and_cycle_past_one_design():
+    assert len(round_orders(4, 9)) == 12 and len(round_orders(4, 8)) == 8 and len(round_orders(3, 8)) == 12
+    assert round_orders(4, 8)[4] == round_orders(4, 8)[0]
+
+
+def test_which_arm_runs_first_is_drawn_per_key_and_repeatable():
+    firsts = {round_orders(4, 4, key=f"pipeline {i}")[0][0] for i in range(40)}
+    assert firsts == {0, 1, 2, 3}  # not always the arm listed first
+    assert round_orders(4, 8, key="a,b") == round_orders(4, 8, key="a,b")
+    assert round_orders(4, 8, key="a,b", seed=1) != round_orders(4, 8, key="a,b") or \
+        round_orders(4, 8, key="a,b", seed=2) != round_orders(4, 8, key="a,b")
 
 
 def test_ratio_interval_brackets_the_ratio_and_needs_three_rounds():
