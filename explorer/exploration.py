@@ -354,10 +354,10 @@ def member_noise_floor(op, runs_dir=None) -> RunNoiseFloor | None:
     the pipeline varies at least as that member's runs do; which stage sets the peak changes
     with the shape, hence the largest over the members.  The pipeline's own repeats are few
     (ten profiles give ten repeat pairs): measured after ``explore SPEC --budget 10`` here, the
-    absolute term of three of four pipelines sat at the page floor (4 KiB) where their members,
-    from 30 profiles each, had learnt 24-101 KiB, and the bounds missed held-out blocks by
-    allocator-scale steps (``README.md``, Pipelines).  The members measured that noise with
-    the same profiler on the same machine."""
+    absolute term of three of four pipelines sat at the page floor (4 KiB) where the largest of
+    their members' (each from 12-28 profiles) was 55-101 KiB, and the bounds missed held-out
+    blocks by allocator-scale steps (``README.md``, Pipelines).  The members measured that
+    noise with the same profiler, where the pipeline runs."""
     from operators.pipeline import Pipeline
 
     if not isinstance(op, Pipeline):
