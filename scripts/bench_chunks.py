@@ -232,6 +232,26 @@ class Method:
         bad = [s for s in statuses if s != "ok"]
         return bad[0] if bad else "ok"
 
+    def by_chunks(self, runs=None) -> dict[tuple, list[Run]]:
+        """``runs`` (default all) grouped by the chunks they ran, in order of first appearance:
+        ours (``chunks="model"``) plans again at every run, and its plan may move after a run's
+        trials have timed new shapes."""
+        groups: dict[tuple, list[Run]] = {}
+        for r in self.runs if runs is None else runs:
+            groups.setdefault(tuple(int(c) for c in r.result.chunks or ()), []).append(r)
+        return groups
+
+    @property
+    def chunks_text(self) -> str:
+        """The chunks of the runs ``seconds`` is the median of (with how many when they differ),
+        and the screening run's when it ran others."""
+        timed = self.by_chunks(self.timed_runs)
+        text = ", ".join(format_shape(c) + (f" (x{len(rs)})" if len(timed) > 1 else "") for c, rs in timed.items())
+        first = tuple(int(c) for c in self.runs[0].result.chunks or ()) if self.runs else ()
+        if self.screened and len(self.runs) > self.screened and first not in timed:
+            text += f" (its first run: {format_shape(first)})"
+        return text
+
 
 def one_run(tag: str, op: str, source: Path, out: Path, limit: int, chunks, *, refine: bool,
             runs_dir: Path) -> Run:
@@ -535,7 +555,7 @@ def print_outcome(o: Outcome) -> None:
                          + (f", re-planned from {r.replanned_from}" if r.replanned_from else ""))
         if m.status != "ok" and r0.error:
             marks.append(r0.error[:90] + ("..." if len(r0.error) > 90 else ""))
-        p(f"| {m.name} | {format_shape(r0.chunks or [])} | {r0.n_tasks if r0.n_tasks is not None else '—'} | "
+        p(f"| {m.name} | {m.chunks_text} | {r0.n_tasks if r0.n_tasks is not None else '—'} | "
           f"{m.status} | {seconds} | {mib(m.peak)} | {mib(m.hwm)} | {util} | {m.restarts} | {m.kills} | {loads} | "
           f"{'; '.join(marks)} |")
     e = o.explore
@@ -561,9 +581,8 @@ def print_summary(outcomes: list[Outcome]) -> None:
                 return "—"
             if m.same_as:
                 return f"= {m.same_as}"
-            r0 = m.runs[0].result
             s = f"{m.seconds:.1f} s" if m.seconds is not None else "—"
-            return f"{m.status} {format_shape(r0.chunks or [])}, {s}, {m.restarts} restarts"
+            return f"{m.status} {m.chunks_text}, {s}, {m.restarts} restarts"
         proto = next(m for m in o.methods if m.kind == "prototype")
         top = max((v for r in o.ours.runs + (o.ours_refine.runs if o.ours_refine else [])
                    for v in (r.peak, r.hwm) if v is not None), default=None)
@@ -644,9 +663,10 @@ def timed_plans(records: list[dict]) -> list[TimedPlan]:
     groups: dict[tuple, list[dict]] = {}
     for r in records:
         if r["kind"] in ("grid", "ours") and not r.get("refine", r["method"].startswith("ours (refine=True")):
-            groups.setdefault((r["operator"], tuple(r["shape"]), r["limit_bytes"], r["method"]), []).append(r)
+            groups.setdefault((r["operator"], tuple(r["shape"]), r["limit_bytes"], r["method"], tuple(r["chunks"])),
+                              []).append(r)
     out = []
-    for (op_name, shape, _, name), runs in groups.items():
+    for (op_name, shape, _, name, _), runs in groups.items():
         if any(r["status"] != "ok" or r["workers_restarted"] or r["seconds"] is None for r in runs):
             continue
         halo = operators.get(op_name).halo
@@ -754,7 +774,8 @@ def print_footprint_check(outcomes: list[Outcome]) -> None:
     (``explorer.calibration.TaskModel``), each task reading its own block (``windowed``: every
     method's run reads the file in windows, so no chunk is kept for a neighbour) and the largest
     baseline the runs measured: what ``recommend_chunks`` would promise for that shape.  HWM: the highest
-    ``worker_hwm_bytes`` over its runs.
+    ``worker_hwm_bytes`` over its runs.  A method whose runs ran different chunks (ours, when a run's
+    trials moved its plan) has a row per chunking, each with its own runs' HWM.
     """
     from explorer.calibration import task_model
     from explorer.chunking import axis_blocks, worker_footprint
@@ -768,13 +789,16 @@ def print_footprint_check(outcomes: list[Outcome]) -> None:
         for m in o.methods:
             if m.same_as or not m.runs or m is o.ours_refine or not all(r.ok for r in m.runs) or m.hwm is None:
                 continue
-            chunks = tuple(int(c) for c in m.runs[0].result.chunks)
-            block = tuple(int(axis_blocks(n, [c], h)[0]) for n, c, h in zip(sc.shape, chunks, op.halo))
-            upper = model.predict(block, 0.99)[1]
-            baseline = max(r.result.worker_baseline_bytes for r in m.runs)
-            bound = worker_footprint(block, upper, threads_per_worker=THREADS, windowed=True,
-                                     output_itemsize=np.dtype(op.output_dtype).itemsize, baseline_bytes=baseline)
-            rows.append((sc, m, chunks, bound, m.hwm))
+            for chunks, runs in m.by_chunks().items():  # ours' plan may move between runs: each its own bound
+                hwm = max((r.hwm for r in runs if r.hwm is not None), default=None)
+                if hwm is None:
+                    continue
+                block = tuple(int(axis_blocks(n, [c], h)[0]) for n, c, h in zip(sc.shape, chunks, op.halo))
+                upper = model.predict(block, 0.99)[1]
+                baseline = max(r.result.worker_baseline_bytes for r in runs)
+                bound = worker_footprint(block, upper, threads_per_worker=THREADS, windowed=True,
+                                         output_itemsize=np.dtype(op.output_dtype).itemsize, baseline_bytes=baseline)
+                rows.append((sc, m, chunks, bound, hwm))
     if not rows:
         return
     p = print
