@@ -96,7 +96,8 @@ voxel by volume and measured, its wall seconds).  Afterwards the workers' baseli
 again (what the trials left resident counts) and the final plan made; if its blocks are still
 untimed when the trials are spent, the fastest predicted plan among those the trials timed
 runs instead (a warning says so).  A plan whose blocks the workers have run costs no trial, so
-a shape is tried once per environment.
+a shape is tried once per environment; but a run whose trials are spent leaves the candidates it
+did not time to the next run, whose plan, made on the refitted clock, can then move to one of them.
 
 Re-planning (``replan=True``, ``chunks="model"`` only, at most once): when a task exceeds
 its bound, a re-planning thread recalibrates from the observations so far and asks
