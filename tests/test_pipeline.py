@@ -441,6 +441,25 @@ def test_three_profiles_of_a_pipeline_with_its_composed_prior_bound_it_tighter_t
     assert np.all(floored.predict_many(shapes, 0.99)[1] >= upper_prior * (1 - 1e-9))
 
 
+def test_explore_on_a_pipeline_saves_a_model_whose_run_noise_is_no_lower_than_its_members(tmp_path, gst3d_model):
+    """``explore SPEC`` end to end (real profiles, a real store): the saved model of the
+    pipeline learnt its run noise with the members' floor (``member_noise_floor``)."""
+    from explorer import paths
+    from explorer.exploration import explore
+    from explorer.surrogate import load_model
+
+    fitted_model("gaussian").save(paths.model_path("gaussian", tmp_path))
+    gst3d_model.save(paths.model_path("gst3d", tmp_path))
+    spec = "gaussian,gst3d"
+    floor = member_noise_floor(operators.get(spec), tmp_path)
+    result = explore(spec, budget=3, memory_limit="64MiB", runs_dir=tmp_path, probes=0, report=False)
+    assert result.profiles == 3 and result.prior.startswith("composed")
+    h = load_model(spec, runs_dir=tmp_path).hyperparameters
+    assert not getattr(load_model(spec, runs_dir=tmp_path), "composed", False)
+    assert h["abs_noise_sd_bytes"] >= floor.absolute_sd_bytes * (1 - 1e-9)
+    assert h["relative_run_sd"] >= floor.relative_sd * (1 - 1e-9)
+
+
 def test_a_pipelines_noise_floor_needs_every_members_model_and_a_single_operator_has_none(tmp_path, gst3d_model):
     from explorer import paths
 
