@@ -21,9 +21,9 @@ For each pipeline spec (default: the four of issue 14), on a synthetic SEG-Y vol
    Williams design over whole cycles, its arms relabelled at random per pipeline (every arm
    after every other, and in every position, equally often: a run is slower after some
    other plans than after its own; and no arm is first of all by the order of the list,
-   ``rounds.round_orders``); every median is of these rounds' runs only.  The screening run is left out of a finalist's median because it is the run
-   that chose it: the least of 16 noisy
-   single runs is low by selection (the winner's curse), and with it the oracle's median would
+   ``rounds.round_orders``); every median is of these rounds' runs only.  The screening run
+   is left out of a finalist's median because it is the run that chose it: the least of 16
+   noisy single runs is low by selection (the winner's curse), and with it the oracle's median would
    be too (two workers on two cores spread repeats of one shape by +-15% here).  The rounds
    share the machine's drift between ours and the finalists.  The oracle is the finalist of
    least median in the rounds.  How sure the ratio ours / oracle is: the 95% bootstrap

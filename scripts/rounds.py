@@ -37,7 +37,8 @@ def round_orders(n_arms: int, n_rounds: int, key: str = "", seed: int = 0) -> li
     the arm at index 0 first in three rounds and the others in two.  Relabelled, because the
     design's index 0 also runs first of all, right after the screening, and the benchmarks
     list ours first: in every invocation with ours at index 0 and the oracle's own plan (four,
-    2026-11-25/26), ours came out slower, 1.07-1.23x.  The permutation is drawn from
+    2026-11-25/26), ours came out slower, 1.07-1.23x; relabelled (ours drew the fourth place),
+    0.98x (``scripts/results/bench_pipeline_runs.md``, ``gaussian,gst3d``).  The permutation is drawn from
     ``(seed, crc32(key))`` (``key``: the pipeline or scenario), so a rerun repeats it and
     different pipelines get different ones; relabelling keeps every balance above."""
     c = [0]
