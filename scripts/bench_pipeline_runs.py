@@ -200,9 +200,8 @@ def rounds(arms_kwargs, spec, source, work, limit, args, reference) -> None:
     every arm after every other, and in every position, equally often); an arm that fails is not
     run again."""
     orders = round_orders(len(arms_kwargs), args.repeats, key=spec, seed=args.seed)
-    log(f"{len(orders)} rounds, orders: " + " | ".join(
-        ", ".join(f"{arms_kwargs[i][0].name} {arms_kwargs[i][0].detail.split(' (')[0]}" for i in order)
-        for order in orders[:1]) + " (first round)")
+    first = ", ".join(f"{arms_kwargs[i][0].name} {arms_kwargs[i][0].detail.split(' (')[0]}" for i in orders[0])
+    log(f"{len(orders)} rounds, the first in the order: {first}")
     for r, order in enumerate(orders):
         for arm, kwargs in (arms_kwargs[i] for i in order):
             if arm.runs and not arm.runs[-1]["ok"]:

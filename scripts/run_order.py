@@ -56,7 +56,7 @@ def main() -> None:
     import operators
     from bench_pipeline_runs import explore_members
     from explorer.daskrun import run
-    from explorer.units import parse_shape, parse_size
+    from explorer.units import format_shape, parse_shape, parse_size
 
     plans = parse_plans(args.plans)
     unknown = set(args.sequence) - set(plans)
@@ -86,7 +86,7 @@ def main() -> None:
 
     print(f"## `{args.spec}` on {args.shape}, 2 workers x 1 thread x {args.memory_limit}: seconds by the plan "
           f"before ({started})\n")
-    print("Plans: " + "; ".join(f"{k} = {v['strategy']} {'x'.join(map(str, v['chunks']))}" for k, v in plans.items())
+    print("Plans: " + "; ".join(f"{k} = {v['strategy']} {format_shape(v['chunks'])}" for k, v in plans.items())
           + f". Sequence: `{args.sequence}`.\n")
     print("| plan | after | runs | median s | every run's s |")
     print("|---|---|---:|---:|---|")
