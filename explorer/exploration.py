@@ -353,10 +353,11 @@ def member_noise_floor(op, runs_dir=None) -> RunNoiseFloor | None:
     Why.  A pipeline's peak is one stage's peak, the member run on its block, so a run of
     the pipeline varies at least as that member's runs do; which stage sets the peak changes
     with the shape, hence the largest over the members.  The pipeline's own repeats are few
-    (ten profiles give ten repeat pairs): measured after ``explore SPEC --budget 10`` here, the
-    absolute term of three of four pipelines sat at the page floor (4 KiB) where the largest of
-    their members' (each from 12-28 profiles) was 55-101 KiB, and the bounds missed held-out
-    blocks by allocator-scale steps (``README.md``, Pipelines).  The members measured that
+    (ten profiles give ten repeat pairs): fitted on the ten of ``explore SPEC --budget 10``
+    without this floor, all four pipelines of ``scripts/bench_pipelines.py`` at seed 0 learnt
+    the page (4 KiB) as their absolute noise where the largest of their members' was 44-101 KiB
+    (``scripts/pipeline_noise.py``), and before the floor the bounds missed held-out blocks by
+    allocator-scale steps (``README.md``, Pipelines).  The members measured that
     noise with the same profiler, where the pipeline runs."""
     from operators.pipeline import Pipeline
 
