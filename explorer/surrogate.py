@@ -629,13 +629,24 @@ class MemoryModel:
         prior = self._kernel(dims_a, dims_b, z_a, z_b, amp_a, amp_b)
         return self._scale_var * (prior - v_a.T @ v_b + q_a.T @ q_b) * self._bytes_scale**2
 
+    def predictive_t(self, shapes) -> tuple[np.ndarray, np.ndarray, float]:
+        """``(location, scale, dof)`` in bytes of the Student-t predictive of one new isolated
+        run at each shape: ``upper(c) = location + scale * t_dof(c)`` (:meth:`predict_many`).
+
+        The one description of the predictive that other models build on (the in-worker
+        task model adds its own shared and per-task terms to it)."""
+        mean, var = self._latent(_as_dims(shapes))
+        var = var + self._run_noise_var(mean)
+        scale = self._bytes_scale
+        return mean * scale, np.sqrt(var) * scale, float(self._scale_dof)
+
     def predict_many(self, shapes, confidence: float = 0.99) -> tuple[np.ndarray, np.ndarray]:
         """Mean and one-sided upper bound (bytes) of the isolated peak of a new run.
 
         The predictive of a new run is a Student-t with ``nu = scale_dof`` degrees of
         freedom, location ``m = mean_g`` and squared scale ``v = s^2 (var_g + sigma^2)``
-        (``predictive_var``): ``upper = m + t_nu(confidence) sqrt(v)``.  What a task
-        needs inside a Dask worker on top is ``explorer.calibration.TaskModel``'s.
+        (``predictive_var``, :meth:`predictive_t`): ``upper = m + t_nu(confidence) sqrt(v)``.
+        What a task needs inside a Dask worker on top is ``explorer.calibration.TaskModel``'s.
         """
         t = _bound_quantile(float(confidence), self._scale_dof)
         mean, var = self._latent(_as_dims(shapes))
