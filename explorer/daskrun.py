@@ -12,8 +12,11 @@ restarts it when its RSS passes ``distributed.worker.memory.terminate``, 95% of
 own memory limit and threads are what the plan is made for, and the input and the
 output's directory must be reachable from the workers.
 
-Workers.  Before planning, every worker loads and warms the operator
-(``explorer.inworker.warm_worker`` through ``client.run``): a worker that cannot load it
+Workers.  First every worker, and every worker that joins later, gets the profiling
+server's allocator setting (``explorer.workersetup.prepare_workers``: glibc's mmap threshold
+pinned at 128 KiB, so a task's peak is the one the isolated profiles measured; a worker where
+it does not take is named in ``warnings``).  Then, before planning, every worker loads and
+warms the operator (``explorer.inworker.warm_worker`` through ``client.run``): a worker that cannot load it
 (its plugin module missing) or cannot read the input or write the output's directory
 ends the run with one line naming it.  The largest resident set of these idle, warmed
 workers is the plan's ``baseline_bytes`` (``worker_baseline_bytes``): measured on the
@@ -660,6 +663,22 @@ def _connect(ctx: RunContext) -> None:
         result.n_workers, ctx.cluster_kind = ctx.workers, "LocalCluster"
     result.threads_per_worker = ctx.threads
     result.memory_limit_bytes = int(ctx.limit)
+    _prepare_workers(ctx)
+
+
+def _prepare_workers(ctx: RunContext) -> None:
+    """Every worker, now and later, gets the profiling server's allocator setting
+    (``explorer.workersetup``), before its baseline is measured and before any task."""
+    from explorer.workersetup import prepare_workers, unpinned_warning
+
+    try:
+        pinned = prepare_workers(ctx.client)
+    except Exception as exc:  # the workers cannot import explorer, or one vanished meanwhile
+        raise _RunError(ERROR, f"cannot set up the workers' allocator ({_one_line(exc)}): the workers need "
+                               f"memory-explorer installed") from None
+    warning = unpinned_warning(pinned)
+    if warning:
+        ctx.result.warnings.append(warning)
 
 
 def _measure_workers(ctx: RunContext) -> None:

@@ -254,6 +254,7 @@ def run_probes(operator: str, model, *, n: int = DEFAULT_PROBES, runs_dir=None, 
     from explorer.daskrun import run
     from explorer.recommend import measure_worker_baseline, save_worker_baseline
     from explorer.store import Store
+    from explorer.workersetup import prepare_workers
 
     started = time.perf_counter()
     op = operators.get(operator)
@@ -264,8 +265,10 @@ def run_probes(operator: str, model, *, n: int = DEFAULT_PROBES, runs_dir=None, 
     try:
         with LocalCluster(n_workers=PROBE_WORKERS, threads_per_worker=1, processes=True, dashboard_address=None,
                           silence_logs=logging.CRITICAL, scheduler_kwargs={"dashboard_address": ":0"}) as cluster:
-            # The idle, warmed workers before any task: this machine's baseline, saved.
+            # The idle, warmed workers before any task: this machine's baseline, saved; the
+            # workers first get the profiling server's allocator setting (explorer.workersetup).
             with Client(cluster) as client:
+                prepare_workers(client)
                 baseline = measure_worker_baseline(client, operator)
             baseline.source = "local"
             save_worker_baseline(operator, baseline, runs_dir)

@@ -203,7 +203,8 @@ def _load_local(operator: str, runs_dir) -> WorkerBaseline | None:
 def local_worker_baseline(operator: str, runs_dir=None, *, measure: bool = True) -> WorkerBaseline | None:
     """This machine's worker baseline for ``operator``: saved, or measured now and saved.
 
-    Measuring starts a one-worker ``LocalCluster`` (a few seconds, once per environment).
+    Measuring starts a one-worker ``LocalCluster`` (a few seconds, once per environment),
+    its worker set up as every worker that runs our plans (``explorer.workersetup``).
     ``measure=False``: None instead of measuring.
     """
     saved = _load_local(operator, runs_dir)
@@ -211,9 +212,12 @@ def local_worker_baseline(operator: str, runs_dir=None, *, measure: bool = True)
         return saved
     from distributed import Client, LocalCluster
 
+    from explorer.workersetup import prepare_workers
+
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None,
                       silence_logs=logging.CRITICAL, scheduler_kwargs={"dashboard_address": ":0"}) as cluster, \
             Client(cluster) as client:
+        prepare_workers(client)  # the worker the plans describe: the profiling server's allocator
         baseline = measure_worker_baseline(client, operator)
     baseline.source = "local"
     save_worker_baseline(operator, baseline, runs_dir)
