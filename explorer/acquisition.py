@@ -54,6 +54,7 @@ __all__ = [
     "propose",
     "relative_half_width",
     "safe_mask",
+    "ScaleEvidence",
     "StopDecision",
     "stop_decision",
     "target_mask",
@@ -377,9 +378,8 @@ def relative_half_width(model, targets, confidence: float = 0.99) -> np.ndarray:
         return np.where(mean > 0, (upper - mean) / mean, np.inf)
 
 
-#: How many of the latest profiles the stop checks against their predictions made before they ran.
-N_PREQUENTIAL = 3
-#: Significance level of the stop's two consistency tests.
+#: The level of the evidence's anytime-valid bound on how much the predictions understate their
+#: scale (``explorer.stats.scale_confidence_bound``): it holds with probability ``1 - level``.
 EVIDENCE_LEVEL = 0.05
 
 
@@ -396,6 +396,20 @@ class StopTest:
 
 
 @dataclass(frozen=True)
+class ScaleEvidence:
+    """How much a loop's predictions understated their scale, at most, with confidence: the
+    anytime-valid bound ``factor`` (``explorer.stats.scale_confidence_bound``, taken no smaller
+    than 1) from ``n_predictions`` profiles each predicted before it ran, at ``level``."""
+
+    factor: float
+    n_predictions: int
+    level: float = EVIDENCE_LEVEL
+
+    def describe(self) -> dict:
+        return {"factor": self.factor, "predictions": self.n_predictions, "level": self.level}
+
+
+@dataclass(frozen=True)
 class StopDecision:
     """The stop rule's verdict: ``stop`` when every test passed."""
 
@@ -403,6 +417,7 @@ class StopDecision:
     tests: tuple[StopTest, ...]
     #: The relative half-width at each target (``half_width`` is their largest).
     widths: np.ndarray | None = field(default=None, repr=False, compare=False)
+    evidence: ScaleEvidence | None = None
 
     @property
     def tight(self) -> bool:
@@ -412,62 +427,46 @@ class StopDecision:
     def stop(self) -> bool:
         return all(t.passed for t in self.tests)
 
+    @property
+    def certified_half_width(self) -> float:
+        """The largest relative half-width once the bound is widened by the evidence's factor."""
+        return self.half_width * (self.evidence.factor if self.evidence is not None else math.inf)
+
     def describe(self) -> str:
         return "; ".join(str(t) for t in self.tests)
 
 
 def stop_decision(model, targets, *, tolerance: float = DEFAULT_TOLERANCE, confidence: float = 0.99,
-                  prequential_scores=None, memory_limit_bytes: float | None = None,
-                  n_prequential: int = N_PREQUENTIAL, level: float = EVIDENCE_LEVEL) -> StopDecision:
-    r"""The stop rule, the one place it is written: stop when the bound is tight over the
-    target region *and* the evidence says the model's uncertainty is honest.
+                  evidence: ScaleEvidence | None = None) -> StopDecision:
+    r"""The stop rule, the one place it is written: stop when the bound, widened by what the
+    evidence cannot rule out, is tight over the target region.
 
-    1. **tight**: the relative half-width ``(upper - mean) / mean`` of the bound at
+    1. **tight**: the relative half-width ``w = (upper - mean) / mean`` of the model's bound at
        ``confidence`` is ``<= tolerance`` at every target.
-    2. **predictions**: the last ``K = n_prequential`` profiles, each predicted by the
-       model fitted on the profiles before it (``prequential_scores``: their normal
-       scores ``u_j``, ``MemoryModel.scores``), are consistent with those predictions:
-       ``sum u_j^2 <= chi2_{K}(1 - level)``.  A model whose bound is too narrow for what
-       it then saw fails (its residuals are too large for its own scale).  With fewer
-       than ``K`` scores, or none given, this test has not passed.  ``prequential_scores``
-       may be a sequence or a function returning one, called only when the bound is tight
-       (the scores cost refits).
-    3. **leave-one-out**: no profile in the target region is unexplained by the others,
-       Bonferroni over those ``n`` exact profiles: ``max_i |u_i| <= Phi^{-1}(1 - level / (2 n))``
-       for the leave-one-out normal scores ``u_i`` (``MemoryModel.loo_scores``); a step or a
-       regime the model does not capture shows up here.  The region is
-       :func:`target_mask`'s at ``memory_limit_bytes`` (all exact profiles without it): a
-       misfit of blocks far smaller than any task, e.g. allocator granularity at a few MiB,
-       says nothing about the bound where it is used.
+    2. **evidence**: ``kappa_U w <= tolerance`` at every target, where ``kappa_U >= 1``
+       (``evidence.factor``) bounds, with confidence ``1 - level`` and however often it is
+       looked at, how much the loop's predictions understated their scale: each profile was
+       predicted by the model fitted before it ran, and its standardised residual is data on
+       that factor (``explorer.stats.scale_confidence_bound``, an e-process per candidate
+       factor).  A loop with few predictions has a large ``kappa_U`` (100 with none), so a
+       model whose bound is tight on paper but untested does not stop; one whose residuals
+       are larger than it claims does not either, until its own scale has learnt them.
 
-    Under a right model the scores are independent N(0, 1) (the prequential ones
-    exactly so, Dawid 1984), so each test fails a right model with probability
-    ``level`` (one more profile, then the test again) and a model that claims too much
-    with a probability that grows with the evidence against it.
+    The saved model is ``model.certified(kappa_U)`` (``explorer.exploration.explore``): its
+    bound is this widened one, which the evidence says is wide enough with probability at
+    least ``1 - level``, and which test 2 says is within ``tolerance``.
     """
-    from explorer.stats import chi2_upper, normal_upper
-
     targets = _shapes(targets)
     widths = relative_half_width(model, targets, confidence)
     half_width = float(np.max(widths)) if len(targets) else math.inf
     tests = [StopTest("tight", half_width <= tolerance,
                       f"{confidence:.0%} bound's relative half-width {half_width:.1%} vs tolerance {tolerance:.1%}")]
-    if callable(prequential_scores):
-        prequential_scores = prequential_scores() if half_width <= tolerance else None
-    scores = [] if prequential_scores is None else [float(u) for u in prequential_scores][-n_prequential:]
-    if len(scores) < n_prequential:
-        tests.append(StopTest("predictions", False, f"{len(scores)} of the last {n_prequential} profiles "
-                                                    "checked against their predictions"))
+    if evidence is None:
+        tests.append(StopTest("evidence", False, "no profile was predicted before it ran"))
     else:
-        stat, critical = float(np.sum(np.square(scores))), chi2_upper(n_prequential, level)
-        tests.append(StopTest("predictions", stat <= critical,
-                              f"last {n_prequential} profiles against their predictions: "
-                              f"sum of squared scores {stat:.2f} vs {critical:.2f}"))
-    loo = np.abs(np.asarray(model.loo_scores(), dtype=np.float64))
-    if memory_limit_bytes is not None:
-        exact = model.train_shapes[~model.train_is_lower_bound]
-        loo = loo[target_mask(model, exact, memory_limit_bytes, confidence)]
-    worst, critical = float(loo.max(initial=0.0)), normal_upper(level / (2 * max(len(loo), 1)))
-    tests.append(StopTest("leave-one-out", worst <= critical,
-                          f"largest |score| of the {len(loo)} profiles in the region {worst:.2f} vs {critical:.2f}"))
-    return StopDecision(half_width, tuple(tests), widths)
+        certified = half_width * evidence.factor
+        tests.append(StopTest(
+            "evidence", certified <= tolerance,
+            f"{evidence.n_predictions} profiles predicted before they ran bound the scale's understatement "
+            f"by {evidence.factor:.2f} at {1 - evidence.level:.0%} (anytime): half-width {certified:.1%}"))
+    return StopDecision(half_width, tuple(tests), widths, evidence)

@@ -226,7 +226,7 @@ def _cmd_explore(argv: list[str]) -> int:
                      on_start=started, probes=args.probes, probe_progress=_probe_progress, prior=args.prior)
     if args.json:
         print(json.dumps(result.to_dict()))
-        return 0
+        return 0 if result.model_path else EXIT_FAILURE
     print()
     print(f"{'shape':>15} {'status':<9} {'peak_bytes':>11} {'bytes/voxel':>11} {'seconds':>8}")
     for step in result.steps:
@@ -238,16 +238,24 @@ def _cmd_explore(argv: list[str]) -> int:
     unc = result.max_relative_uncertainty
     print(f"\n{result.operator}: {result.profiles} profiles in the store ({result.new_profiles} new), "
           f"{result.seconds:.1f} s ({result.operator_seconds:.1f} s inside the operator)")
-    print(f"stopped: {result.stopped_because}")
     if result.prior:
         print(f"prior mean: {result.prior}")
     if unc is not None:
-        print(f"max relative half-width of the {result.confidence:.0%} bound over the target region: {unc:.1%}")
+        print(f"max relative half-width of the {result.confidence:.0%} bound over the target region: {unc:.1%}"
+              f" (widened x{result.certified_factor:.2f} by the evidence)")
     _print_probes(result.probes)
     if result.model_path:
         print(f"model:  {result.model_path}")
     if result.report_path:
         print(f"report: {result.report_path}")
+    if not result.model_path:
+        print(f"no model saved: {result.stopped_because}", file=sys.stderr)
+        return EXIT_FAILURE
+    if result.converged:
+        print(result.stopped_because)
+    else:
+        print(f"NOT converged (the saved bound is wider than --tolerance asks, or untested): "
+              f"{result.stopped_because}")
     return 0
 
 

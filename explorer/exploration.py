@@ -89,6 +89,11 @@ class ExploreResult:
     probes: dict | None = None
     #: Where the surrogate's prior mean came from (``MeanPrior.source``), or None: flat.
     prior: str | None = None
+    #: Whether the saved model met the stop rule (False: it ended on its budget, or short of
+    #: profiles; None: no model was saved).
+    converged: bool | None = None
+    #: The factor the saved model's bound is widened by (``MemoryModel.certified``).
+    certified_factor: float | None = None
 
     def to_dict(self) -> dict:
         return {
@@ -106,6 +111,8 @@ class ExploreResult:
             "report_path": self.report_path,
             "probes": self.probes,
             "prior": self.prior,
+            "converged": self.converged,
+            "certified_factor": self.certified_factor,
         }
 
 
@@ -212,6 +219,7 @@ class ExplorationCore:
         self.design = [tuple(int(n) for n in s) for s in acquisition.initial_design(
             N_INITIAL, max_input_bytes=self.memory_limit * INITIAL_INPUT_SHARE, seed=seed)]
         self._fits: dict[tuple, object] = {}
+        self._calibrated: dict[tuple, object] = {}
         #: Shapes this core picked to validate a tight bound (``acquisition.validation_shapes``).
         self.validations: set[tuple[int, int, int]] = set()
         self.prior = None
@@ -230,8 +238,49 @@ class ExplorationCore:
                                    for s in region_design(region[safe], (inputs + mean)[safe], N_INITIAL)]
 
     def fit(self, records: list[Record]):
-        """The surrogate fitted on ``records`` (cached), or None when they cannot determine one
-        (fewer than two exact profiles of different volumes; one with a prior mean)."""
+        """The surrogate fitted on ``records``, its latent scale learnt from their prequential
+        residuals too (:meth:`prequential`), or None when they cannot determine one (fewer than
+        two exact profiles of different volumes; one with a prior mean)."""
+        from explorer import surrogate
+
+        model = self.base_fit(records)
+        if model is None:
+            return None
+        key = self._key(records)
+        if key not in self._calibrated:
+            self._calibrated[key] = surrogate.recalibrate(model, self.prequential(records))
+        return self._calibrated[key]
+
+    def prequential(self, records: list[Record]):
+        """Every exact profile predicted by the ML-II fit on the profiles before it (store
+        order) once that fit's mean was determined (``MemoryModel.mean_determined``), as
+        ``surrogate.Prequential``."""
+        from explorer import surrogate
+
+        usable = _usable(records)
+        terms = []
+        for i, r in enumerate(usable):
+            if r.status != OK or i == 0:
+                continue
+            model = self.base_fit(usable[:i])
+            if model is None or not model.ml2.mean_determined:
+                continue
+            repeats = r.repeats or [r.peak_bytes]
+            terms.append([float(x[0]) for x in model.ml2.prequential_terms([r.shape], [float(np.mean(repeats))],
+                                                                          len(repeats))])
+        if not terms:
+            return surrogate.Prequential()
+        e, c, s = zip(*terms)
+        return surrogate.Prequential(tuple(e), tuple(c), tuple(s))
+
+    @staticmethod
+    def _key(records):
+        shapes, values, _noise, lower, _n = training_data(records)
+        return shapes.tobytes(), values.tobytes(), lower.tobytes()
+
+    def base_fit(self, records: list[Record]):
+        """The surrogate fitted on ``records`` with no prequential evidence (cached; its ``ml2``
+        is the ML-II fit), or None when they cannot determine one."""
         from explorer import surrogate
 
         shapes, values, noise, lower, n_repeats = training_data(records)
@@ -246,18 +295,54 @@ class ExplorationCore:
                                             n_repeats=n_repeats, prior=self.prior, **floors)
         return self._fits[key]
 
-    def prequential_scores(self, records: list[Record], last: int) -> list[float]:
-        """Normal scores of the ``last`` latest validation profiles (exact), each under the model
-        fitted on the profiles before it (``MemoryModel.scores``)."""
+    def evidence(self, records: list[Record]):
+        """``acquisition.ScaleEvidence`` of ``records``: every exact profile standardised by the
+        predictive of the model fitted on the profiles before it (``MemoryModel.standardised``,
+        with that model's degrees of freedom), once that model's mean was determined, and the
+        anytime-valid bound on the factor by which those predictions understated their scale."""
+        from explorer import acquisition
+        from explorer.stats import scale_confidence_bound
+
         usable = _usable(records)
-        scores = []
-        for i in [i for i, r in enumerate(usable) if r.status == OK and r.shape in self.validations][-last:]:
+        residuals, dofs = [], []
+        for i, r in enumerate(usable):
+            if r.status != OK or i == 0:
+                continue
             model = self.fit(usable[:i])
-            if model is not None:
-                r = usable[i]
-                repeats = r.repeats or [r.peak_bytes]
-                scores.append(float(model.scores([r.shape], [float(np.mean(repeats))], len(repeats))[0]))
-        return scores
+            if model is None or not model.ml2.mean_determined:
+                continue
+            repeats = r.repeats or [r.peak_bytes]
+            residuals.append(float(model.standardised([r.shape], [float(np.mean(repeats))], len(repeats))[0]))
+            dofs.append(model.predictive_t(np.asarray([r.shape]))[2])
+        factor = scale_confidence_bound(residuals, dofs, acquisition.EVIDENCE_LEVEL)
+        return acquisition.ScaleEvidence(max(1.0, factor), len(residuals))
+
+    def conclude(self, records: list[Record], stopped_because: str):
+        """The model a loop that stopped for ``stopped_because`` saves, fitted on ``records``:
+        certified by the evidence (:meth:`certify`), ``converged`` when the stop rule holds on
+        exactly these profiles, and why it stopped in ``info["stopped_because"]``; None when
+        the records determine no model."""
+        from explorer import acquisition
+
+        model = self.fit(records)
+        if model is None:
+            return None
+        targets = self.target_shapes(model)
+        decision = acquisition.stop_decision(model, targets, tolerance=self.tolerance, confidence=self.confidence,
+                                             evidence=self.evidence(records))
+        certified = self.certify(model, decision, decision.stop)
+        certified.info["stopped_because"] = f"converged: {decision.describe()}" if decision.stop else stopped_because
+        return certified
+
+    @staticmethod
+    def certify(model, decision, converged: bool):
+        """The model a loop ends with: its bound widened by the evidence's factor
+        (``MemoryModel.certified``), and whether it converged (``info["converged"]``)."""
+        certified = model.certified(decision.evidence.factor, decision.evidence.describe())
+        certified.info["converged"] = bool(converged)
+        # the saved bound's largest relative half-width over the target region (certified)
+        certified.info["half_width"] = decision.certified_half_width
+        return certified
 
     def target_shapes(self, model) -> np.ndarray:
         """The candidates chunk sizing will ask about, at most ``N_TARGETS`` spread over them."""
@@ -285,18 +370,16 @@ class ExplorationCore:
         if model is None:
             if len(pending) and budget_left >= 0:
                 return Ask([])  # their profiles may be what the fit needs: wait for them
-            return Ask([], "too few successful profiles to fit a model (see the errors above)")
+            return Ask([], _too_few(records, 1 if self.prior is not None else 2))
         targets = self.target_shapes(model)
         if len(targets) == 0:
             return Ask([], "no candidate shape falls in the target region; check --memory-limit", model)
-        decision = acquisition.stop_decision(
-            model, targets, tolerance=self.tolerance, confidence=self.confidence,
-            memory_limit_bytes=self.memory_limit,
-            prequential_scores=lambda: self.prequential_scores(usable, acquisition.N_PREQUENTIAL))
+        decision = acquisition.stop_decision(model, targets, tolerance=self.tolerance, confidence=self.confidence,
+                                             evidence=self.evidence(usable))
         if decision.stop:
-            return Ask([], f"converged: {decision.describe()}", model, decision)
+            return Ask([], f"converged: {decision.describe()}", self.certify(model, decision, True), decision)
         if budget_left <= 0:
-            return Ask([], f"budget spent: {decision.describe()}", model, decision)
+            return Ask([], f"budget spent: {decision.describe()}", self.certify(model, decision, False), decision)
         if decision.tight:  # the bound claims enough: test it where it claims the most
             batch = acquisition.validation_shapes(model, targets, self.memory_cap, n=min(n, budget_left),
                                                   confidence=self.confidence, exclude=tried + list(pending))
@@ -309,7 +392,8 @@ class ExplorationCore:
                                         self.memory_cap, n=min(n, budget_left), confidence=self.confidence,
                                         pending=list(pending), exclude=tried)
         if not batch:
-            return Ask([], "no safe candidate left under the profiling memory cap", model, decision)
+            return Ask([], "no safe candidate left under the profiling memory cap",
+                       self.certify(model, decision, False), decision)
         return Ask(batch, None, model, decision, "validation" if decision.tight else "variance reduction")
 
 
@@ -410,6 +494,22 @@ def region_design(shapes, task_bytes, n: int) -> np.ndarray:
         distance = np.sqrt(((z[band][:, None, :] - ref[None, :, :]) ** 2).sum(2)).min(1)
         picked.append(int(band[int(np.argmax(distance))]))
     return shapes[picked]
+
+
+def _too_few(records: list[Record], needed: int) -> str:
+    """Why no model can be fitted: how many profiles succeeded, and what the failures said."""
+    profiles = [r for r in records if r.source == SOURCE_PROFILE]
+    ok = [r for r in profiles if r.status == OK]
+    failed = [r for r in profiles if r.status not in (OK, EXCEEDED)]
+    volumes = len({int(np.prod(r.shape)) for r in ok})
+    text = (f"too few successful profiles to fit a model: {len(ok)} ok ({volumes} distinct volumes), "
+            f"a model needs {needed} of distinct volumes")
+    if failed:
+        errors = sorted({r.error or r.status for r in failed})
+        text += f"; {len(failed)} failed ({'; '.join(str(e) for e in errors[:2])})"
+    else:
+        text += "; raise --budget"
+    return text
 
 
 def _usable(records: list[Record]) -> list[Record]:
@@ -566,8 +666,8 @@ def explore(
             profiler.close()
 
     records = stored_profiles()  # the store's true count now, other processes' profiles included
-    if model is not None:
-        model = core.fit(records) or model  # cached when nothing new arrived
+    if model is not None:  # what the loop ended with, on everyone's profiles (cached when nothing new arrived)
+        model = core.conclude(records, stopped_because or "interrupted") or model
     model_file = report_file = probe_result = None
     if model is not None:
         model_file = paths.model_path(op.name, runs_dir)
@@ -586,10 +686,11 @@ def explore(
         operator=op.name,
         profiles=len(records),
         new_profiles=len(steps),
-        stopped_because=stopped_because or "interrupted",
+        stopped_because=(model.info.get("stopped_because") if model is not None else None)
+        or stopped_because or "interrupted",
         seconds=time.perf_counter() - started,
         operator_seconds=operator_seconds,
-        max_relative_uncertainty=metric,
+        max_relative_uncertainty=metric if model is None else model.info.get("half_width"),
         tolerance=tolerance,
         confidence=confidence,
         memory_limit_bytes=limit,
@@ -598,6 +699,8 @@ def explore(
         steps=steps,
         probes=probe_result,
         prior=core.prior.source if core.prior is not None else None,
+        converged=None if model is None else bool(model.info.get("converged")),
+        certified_factor=None if model is None else model.hyperparameters["certified_factor"],
     )
 
 

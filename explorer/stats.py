@@ -7,6 +7,10 @@ no ``scipy.stats``), each written once.
   residuals give independent N(0, 1) scores whatever their degrees of freedom, so
   scores from predictions with different ``nu`` can be pooled in one chi-square test.
 * :func:`chi2_upper`, :func:`normal_upper`: the critical values of those tests.
+* :func:`scale_posterior`: the posterior of a covariance's overall scale on a grid, from any
+  log-likelihood in it and from residuals predicted before they were observed.
+* :func:`scale_confidence_bound`: an anytime-valid upper confidence bound on how much a
+  sequence of predictive distributions understated their scale (an e-process per candidate).
 * :func:`fit_spread`: the spread ``sd(m)^2 = a^2 + (r m)^2`` of repeated measurements about
   their means, by maximum likelihood from sample variances (the isolated profiles' run noise,
   ``explorer.surrogate``; equal tasks of one run, ``explorer.calibration.fit_within``).
@@ -14,13 +18,14 @@ no ``scipy.stats``), each written once.
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 import math
+from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
-__all__ = ["chi2_upper", "fit_spread", "normal_scores", "normal_upper", "page_bytes", "t_quantile"]
+__all__ = ["LOG_SCALE_GRID", "ScalePosterior", "chi2_upper", "fit_spread", "normal_scores", "normal_upper",
+           "page_bytes", "scale_confidence_bound", "scale_posterior", "t_quantile"]
 
 
 @lru_cache(maxsize=256)
@@ -119,3 +124,152 @@ def fit_spread(means, variances, dof, *, abs_floor: float, rel_floor: float = 0.
                key=lambda result: result.fun)
     a, r = unpack(best.x)
     return float(a), float(r)
+
+
+#: The grid of ``log lambda`` on which a scale's posterior is computed (1e-4 .. 1e4).
+LOG_SCALE_GRID = np.linspace(math.log(1e-4), math.log(1e4), 481)
+#: Prior degrees of freedom of a latent scale ``lambda``: one pseudo-observation of ``lambda = 1``.
+SCALE_PRIOR_DOF = 1.0
+#: Degrees of freedom reported for a scale the evidence pins down (the t is then a normal).
+MAX_DOF = 1e6
+
+
+@dataclass(frozen=True)
+class ScalePosterior:
+    r"""A variance multiplier ``lambda`` integrated out, summarised as the scaled inverse
+    chi-square ``lambda ~ nu s^2 / chi^2_nu`` whose ``E[log lambda]`` and ``Var[log lambda]``
+    equal the posterior's: a Gaussian variance ``c`` scaled by ``lambda`` then predicts a
+    Student-t with ``nu`` degrees of freedom and squared scale ``s^2 c``."""
+
+    #: ``s^2``.
+    scale: float
+    #: ``nu``.
+    dof: float
+    #: How many prequential residuals the posterior learnt from.
+    n_residuals: int
+    #: ``exp E[log lambda]`` and the 2.5% and 97.5% posterior quantiles of ``lambda``.
+    median: float
+    interval: tuple[float, float]
+
+    def describe(self) -> dict:
+        return {"scale": self.scale, "dof": self.dof, "prequential_residuals": self.n_residuals,
+                "median": self.median, "interval_95": list(self.interval)}
+
+
+def scale_posterior(residuals=(), latent_var=(), noise_var=(), *, log_likelihood=None,
+                    prior_dof: float | None = None) -> ScalePosterior:
+    r"""The posterior of a latent variance multiplier ``lambda`` on :data:`LOG_SCALE_GRID`:
+
+    .. math::
+
+        \log p(\lambda \mid \cdot) = \log p_0(\lambda) + \ell_{in}(\lambda)
+            + \sum_j \log N\big(e_j;\, 0,\; \lambda c_j + s_j\big) + \text{const}
+
+    ``p_0``: a scaled inverse chi-square of ``prior_dof`` (default :data:`SCALE_PRIOR_DOF`)
+    pseudo-observations of ``lambda = 1``
+    (``p_0(log lambda) ∝ lambda^{-nu_0/2} exp(-nu_0 / (2 lambda))``); ``log_likelihood``:
+    ``l_in`` on the grid (a fit's own restricted likelihood in ``lambda``, or None); ``e_j``:
+    residuals each predicted before it was observed, whose predictive had latent variance
+    ``c_j`` (scaled by ``lambda``) and measured noise variance ``s_j`` (not scaled: the run
+    noise is learnt from repeats).  Summarised by :class:`ScalePosterior`: ``nu`` solves
+    ``psi'(nu / 2) = Var[log lambda]`` and ``s^2 = exp(E[log lambda] + psi(nu / 2) + log 2) / nu``.
+    """
+    from scipy.special import digamma, polygamma
+
+    grid = LOG_SCALE_GRID
+    lam = np.exp(grid)
+    prior_dof = SCALE_PRIOR_DOF if prior_dof is None else float(prior_dof)
+    log_post = -0.5 * prior_dof * grid - 0.5 * prior_dof / lam
+    if log_likelihood is not None:
+        log_post = log_post + np.asarray(log_likelihood, dtype=np.float64)
+    e = np.asarray(residuals, dtype=np.float64).reshape(-1)
+    c = np.asarray(latent_var, dtype=np.float64).reshape(-1)
+    s = np.asarray(noise_var, dtype=np.float64).reshape(-1)
+    if not (len(e) == len(c) == len(s)):
+        raise ValueError("residuals, latent_var and noise_var must have the same length")
+    if len(e):
+        total = lam[:, None] * np.maximum(c, 0.0)[None, :] + np.maximum(s, 1e-300)[None, :]
+        log_post = log_post - 0.5 * np.sum(np.log(total) + e[None, :] ** 2 / total, axis=1)
+    w = np.exp(log_post - log_post.max())
+    w /= w.sum()
+    mean_log = float(w @ grid)
+    var_log = float(w @ (grid - mean_log) ** 2)
+    dof = _dof_from_log_variance(var_log, polygamma)
+    scale = math.exp(mean_log + float(digamma(dof / 2)) + math.log(2.0)) / dof
+    cdf = np.cumsum(w)
+    lo, hi = (float(lam[min(int(np.searchsorted(cdf, q)), len(lam) - 1)]) for q in (0.025, 0.975))
+    return ScalePosterior(scale=float(scale), dof=float(dof), n_residuals=len(e), median=math.exp(mean_log),
+                          interval=(lo, hi))
+
+
+def _dof_from_log_variance(var_log: float, polygamma) -> float:
+    """``nu`` with ``psi'(nu / 2) = var_log`` (the variance of ``log chi^2_nu``), by bisection in
+    ``log nu`` (``psi'`` is decreasing); :data:`MAX_DOF` when the variance is that small."""
+    if var_log <= float(polygamma(1, MAX_DOF / 2)):
+        return MAX_DOF
+    lo, hi = math.log(1e-3), math.log(MAX_DOF)
+    for _ in range(80):
+        mid = 0.5 * (lo + hi)
+        if float(polygamma(1, math.exp(mid) / 2)) > var_log:
+            lo = mid
+        else:
+            hi = mid
+    return math.exp(0.5 * (lo + hi))
+
+
+#: The candidate factors of :func:`scale_confidence_bound` (0.25 .. 100).
+_FACTOR_GRID = np.geomspace(0.25, 100.0, 241)
+
+
+def scale_confidence_bound(standardised, dof, level: float) -> float:
+    r"""An anytime-valid upper confidence bound on ``kappa``: how much predictive distributions
+    understated their scale, from residuals each standardised by its own predictive before it
+    was observed.
+
+    Residual ``j`` is ``r_j = (y_j - m_j) / a_j`` with the predictive ``m_j + a_j T_{nu_j}``
+    (a Student-t); the hypothesis ``H_kappa`` is that every ``r_j`` is in fact ``sigma_j T_{nu_j}``
+    with ``sigma_j >= kappa``.  Against it, the product of likelihood ratios
+
+    .. math::
+
+        E_m(\kappa) = \prod_{j \le m} \frac{f_{\nu_j}(r_j / \hat\sigma_{j-1}) / \hat\sigma_{j-1}}
+                                            {f_{\nu_j}(r_j / \kappa) / \kappa},
+        \qquad \hat\sigma_{j-1} = \mathrm{clip}\Big(\sqrt{\tfrac{1 + \sum_{i<j} u_i^2}{j}},\;
+                                  \tfrac12,\; \kappa\Big)
+
+    (``u_i = Phi^{-1}(F_{nu_i}(r_i))``, a predictable plug-in) is a nonnegative supermartingale
+    under ``H_kappa``: each factor has expectation 1 at ``sigma_j = kappa`` and less above it
+    (the t family has a likelihood ratio monotone in ``|r|``).  By Ville's inequality,
+    ``P(sup_m E_m(kappa) >= 1 / level) <= level`` however often it is looked at, so the
+    bound ``inf {kappa : E_m(kappa') >= 1 / level for every kappa' >= kappa}`` (on a grid
+    of 0.25 .. 100; 100 when nothing is rejected) covers the true factor with probability at
+    least ``1 - level`` at every ``m`` at once (a confidence sequence; Howard et al. 2021).
+    """
+    from scipy.special import ndtri, stdtr
+
+    r = np.asarray(standardised, dtype=np.float64).reshape(-1)
+    nu = np.broadcast_to(np.asarray(dof, dtype=np.float64), r.shape)
+    if not len(r):
+        return float(_FACTOR_GRID[-1])
+    u = ndtri(np.clip(stdtr(nu, r), 1e-300, 1 - 1e-16))
+    running = np.sqrt((1.0 + np.concatenate([[0.0], np.cumsum(u * u)[:-1]])) / np.arange(1, len(r) + 1))
+    kappa = _FACTOR_GRID[:, None]
+    sigma = np.clip(running[None, :], 0.5, kappa)
+    log_e = np.sum(_log_t_density(r[None, :] / sigma, nu[None, :]) - np.log(sigma)
+                   - _log_t_density(r[None, :] / kappa, nu[None, :]) + np.log(kappa), axis=1)
+    rejected = log_e >= math.log(1.0 / level)
+    # the bound: the smallest grid factor above which every factor is rejected
+    not_rejected = np.flatnonzero(~rejected)
+    if not len(not_rejected):
+        return float(_FACTOR_GRID[0])
+    last = int(not_rejected[-1])
+    return float(_FACTOR_GRID[min(last + 1, len(_FACTOR_GRID) - 1)])
+
+
+def _log_t_density(x, nu):
+    """``log f_nu(x)``, the Student-t density (the normal's where ``nu`` is huge)."""
+    from scipy.special import gammaln
+
+    nu = np.minimum(nu, MAX_DOF)
+    return (gammaln((nu + 1) / 2) - gammaln(nu / 2) - 0.5 * np.log(nu * math.pi)
+            - (nu + 1) / 2 * np.log1p(x * x / nu))

@@ -245,6 +245,8 @@ class Record:
     input_bytes: int | None = None
     context: dict = field(default_factory=dict)
     number: int | None = None
+    #: What went wrong, for a profile that did not end ``ok`` or ``exceeded``.
+    error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -450,6 +452,7 @@ class Store:
                     input_bytes=attrs.get("input_bytes"),
                     context=dict(attrs.get("context") or {}),
                     number=trial.number,
+                    error=attrs.get("error"),
                 )
             )
         return out

@@ -213,7 +213,7 @@ import numpy as np
 
 from explorer import paths
 from explorer.paths import model_path
-from explorer.stats import normal_scores, t_quantile
+from explorer.stats import MAX_DOF, normal_scores, scale_posterior, t_quantile
 
 __all__ = [
     "BASIS_NAMES",
@@ -274,17 +274,15 @@ def class_lengths(log_dims: np.ndarray, axis_classes) -> np.ndarray:
     return np.exp(np.array([per_axis[classes == classes[a]].mean() for a in range(len(classes))]))
 
 
-#: Prior degrees of freedom of the overall scale ``lambda`` (module docstring): one
-#: pseudo-observation's worth of belief in the ML-II fit's own scale.
-SCALE_PRIOR_DOF = 1.0
 #: Default relative noise floor of a single run (0.2 %).
 DEFAULT_REL_NOISE_FLOOR = 0.002
 #: Weak prior of the pooled relative run noise: (typical relative sd, pseudo-degrees of freedom).
 _RUN_NOISE_PRIOR = (0.005, 4.0)
 #: Bumped when the saved layout changes.
-FORMAT_VERSION = 4
-#: Older formats this code still reads: 3 lacks ``basis_map`` and ``axis_classes`` (every axis its own).
-READABLE_FORMATS = (3, FORMAT_VERSION)
+FORMAT_VERSION = 5
+#: Formats this code reads.  4 and older kept one scale for the latent peak and the run noise
+#: alike, truncated at the fit's own: refit them.
+READABLE_FORMATS = (FORMAT_VERSION,)
 
 # Weak priors of the ML-II stage, log-normal given as (mode, sd of the log).  The fit
 # is a MAP on the parameter itself, so with no information a parameter sits at the mode.
@@ -476,9 +474,12 @@ _SCALAR_NAMES = (
     "abs_noise_var",  # a^2 in working units^2
     "amplitude_floor",  # in working units
     "noise_dof",  # nu: degrees of freedom of rho_run^2 (from the repeats; reported)
-    "scale_var",  # s^2: posterior scale of lambda, the overall variance multiplier
-    "scale_dof",  # its degrees of freedom: SCALE_PRIOR_DOF + n_exact - (flat terms: 2, or 0 with a MeanPrior)
+    "latent_scale",  # s^2: the latent scale lambda's posterior scale, applied to outputscale and nugget
+    "latent_dof",  # nu_lambda: its degrees of freedom (module docstring)
     "amplitude_slope",  # kappa: the relative residual scales as e(x)^-kappa (module docstring)
+    "ml2_outputscale",  # sigma_f^2 as ML-II fitted it (lambda = 1)
+    "ml2_relative_nugget_var",  # rho_nug^2 as ML-II fitted it
+    "certified_factor",  # kappa_U >= 1: the predictive's scale widened by the evidence's bound (module docstring)
 )
 
 
@@ -503,10 +504,6 @@ class MemoryModel:
         self.environment = dict(environment) if environment else None
         #: Differences from this process's environment, set by ``load_model`` (empty: none).
         self.stale: list[str] = []
-        if "basis_prior_mean" not in arrays and "beta" in arrays:  # saved before priors existed: none
-            arrays = {**arrays, "basis_prior_mean": np.zeros_like(np.asarray(arrays["beta"]))}
-        if "basis_map" not in arrays:  # saved before axis classes existed: every axis its own
-            arrays = {**arrays, "basis_map": basis_map(), "axis_classes": np.arange(3)}
         missing = [name for name in _ARRAY_FIELDS if name not in arrays]
         if missing:
             raise ValueError(f"model arrays missing: {missing}")
@@ -523,9 +520,14 @@ class MemoryModel:
         self._abs_noise_var = s["abs_noise_var"]
         self._amp_floor = s["amplitude_floor"]
         self._noise_dof = s["noise_dof"]
-        self._scale_var = s["scale_var"]
-        self._scale_dof = s["scale_dof"]
+        self._latent_scale = s["latent_scale"]
+        self._latent_dof = s["latent_dof"]
         self._amp_slope = s["amplitude_slope"]
+        self._ml2 = (s["ml2_outputscale"], s["ml2_relative_nugget_var"])
+        self._certified_factor = s["certified_factor"]
+        #: Degrees of freedom of the predictive of a new run: the smaller of the latent scale's and
+        #: the run noise's (a Welch-Satterthwaite t lies between them: never fewer).
+        self._predictive_dof = float(min(self._latent_dof, self._noise_dof))
         mapping = self._a["basis_map"]
         self._map = None if mapping.shape[0] == mapping.shape[1] and np.allclose(mapping, np.eye(len(mapping))) \
             else mapping  # untied: skip the product on the hot path
@@ -575,33 +577,33 @@ class MemoryModel:
         return mean, v, q, z, amp
 
     def _latent(self, dims):
-        """Mean and scaled variance ``s^2 var`` of the latent peak (working units)."""
+        """Mean and variance of the latent peak (working units), the nugget's misfit included
+        (both scaled by ``lambda``: module docstring)."""
         mean, v, q, _z, amp = self._parts(dims)
         var = self._outputscale * amp * amp - (v * v).sum(0) + (q * q).sum(0)
-        return mean, self._scale_var * np.maximum(var, 0.0)
+        m = np.maximum(mean, 0.0)
+        return mean, np.maximum(var, 0.0) + self._rel_nugget_var * m * m
 
     def _run_noise_var(self, mean):
-        """Scaled variance ``s^2 sigma^2`` of one new run about the latent peak (working units)."""
+        """Variance of one new run about the latent peak (working units): the run noise the
+        repeats measured, ``rho_run^2 m^2 + a^2``."""
         m = np.maximum(mean, 0.0)
-        return self._scale_var * ((self._rel_run_var + self._rel_nugget_var) * m * m + self._abs_noise_var)
+        return self._rel_run_var * m * m + self._abs_noise_var
 
     # ---- public: moments in bytes ---------------------------------------------
     def latent_moments(self, shapes) -> tuple[np.ndarray, np.ndarray]:
-        """Posterior mean (bytes) and scaled variance (bytes^2) of the noise-free peak ``g``.
-
-        Isolated peak, no calibration.  ``var`` is ``s^2`` times the Gaussian posterior
-        variance at ``lambda = 1`` (the square of the Student-t's scale) and includes the
-        basis-coefficient term.
+        """Posterior mean (bytes) and variance (bytes^2) of the noise-free peak ``g`` at each
+        shape, its misfit (the nugget) and the basis-coefficient term included, at the learnt
+        latent scale (the square of the Student-t's latent scale).  Isolated peak.
         """
         mean, var = self._latent(_as_dims(shapes))
         s = self._bytes_scale
         return mean * s, var * s * s
 
     def noise_var(self, shapes_or_mean, *, from_mean: bool = False) -> np.ndarray:
-        """Scaled variance (bytes^2) of one new profiling run about the latent peak.
-
-        ``s^2 (rho_run^2 m^2 + a^2 + rho_nug^2 m^2)`` with ``m`` the posterior mean at
-        the shapes (or the given means in bytes when ``from_mean=True``).
+        """Variance (bytes^2) of one new profiling run about the latent peak: the run noise
+        ``rho_run^2 m^2 + a^2`` with ``m`` the posterior mean at the shapes (or the given
+        means in bytes when ``from_mean=True``).
         """
         s = self._bytes_scale
         if from_mean:
@@ -611,23 +613,22 @@ class MemoryModel:
         return self._run_noise_var(mean) * s * s
 
     def predictive_var(self, shapes) -> np.ndarray:
-        """Squared scale (bytes^2) of a new single isolated run: latent + run noise, times ``s^2``.
-
-        (The predictive is a Student-t with ``scale_dof`` degrees of freedom and this scale.)
+        """Squared scale (bytes^2) of a new single isolated run: latent + run noise (the
+        predictive is a Student-t with :meth:`predictive_t`'s degrees of freedom and this scale).
         """
         mean, var = self._latent(_as_dims(shapes))
         return (var + self._run_noise_var(mean)) * self._bytes_scale**2
 
     def posterior_cov(self, shapes_a, shapes_b) -> np.ndarray:
-        """Joint posterior covariance (bytes^2, scaled by ``s^2``) of the latent peak, ``(m_a, m_b)``.
-
-        ``s^2 (k(a, b) - k_a^T K_y^{-1} k_b + R_a^T A^{-1} R_b)`` (basis term included).
+        """Joint posterior covariance (bytes^2) of the smooth latent peak, ``(m_a, m_b)``:
+        ``k(a, b) - k_a^T K_y^{-1} k_b + R_a^T A^{-1} R_b`` (basis term included; the nugget,
+        independent from shape to shape, is not).
         """
         dims_a, dims_b = _as_dims(shapes_a), _as_dims(shapes_b)
         _, v_a, q_a, z_a, amp_a = self._parts(dims_a)
         _, v_b, q_b, z_b, amp_b = self._parts(dims_b)
         prior = self._kernel(dims_a, dims_b, z_a, z_b, amp_a, amp_b)
-        return self._scale_var * (prior - v_a.T @ v_b + q_a.T @ q_b) * self._bytes_scale**2
+        return (prior - v_a.T @ v_b + q_a.T @ q_b) * self._bytes_scale**2
 
     def predictive_t(self, shapes) -> tuple[np.ndarray, np.ndarray, float]:
         """``(location, scale, dof)`` in bytes of the Student-t predictive of one new isolated
@@ -637,18 +638,18 @@ class MemoryModel:
         task model adds its own shared and per-task terms to it)."""
         mean, var = self._latent(_as_dims(shapes))
         var = var + self._run_noise_var(mean)
-        scale = self._bytes_scale
-        return mean * scale, np.sqrt(var) * scale, float(self._scale_dof)
+        scale = self._bytes_scale * self._certified_factor
+        return mean * self._bytes_scale, np.sqrt(var) * scale, self._predictive_dof
 
     def predict_many(self, shapes, confidence: float = 0.99) -> tuple[np.ndarray, np.ndarray]:
         """Mean and one-sided upper bound (bytes) of the isolated peak of a new run.
 
-        The predictive of a new run is a Student-t with ``nu = scale_dof`` degrees of
-        freedom, location ``m = mean_g`` and squared scale ``v = s^2 (var_g + sigma^2)``
-        (``predictive_var``, :meth:`predictive_t`): ``upper = m + t_nu(confidence) sqrt(v)``.
+        The predictive of a new run is a Student-t with ``nu`` degrees of freedom, location
+        ``m = mean_g`` and squared scale ``v = var_g + sigma^2`` (``predictive_var``,
+        :meth:`predictive_t`): ``upper = m + t_nu(confidence) sqrt(v)``.
         What a task needs inside a Dask worker on top is ``explorer.calibration.TaskModel``'s.
         """
-        t = _bound_quantile(float(confidence), self._scale_dof)
+        t = _bound_quantile(float(confidence), self._predictive_dof) * self._certified_factor
         mean, var = self._latent(_as_dims(shapes))
         var = var + self._run_noise_var(mean)
         scale = self._bytes_scale
@@ -658,33 +659,35 @@ class MemoryModel:
         """Normal scores of observed values under this model's predictive (``explorer.stats``).
 
         A value that is the mean of ``r`` new runs at a shape has the predictive location
-        ``m`` and squared scale ``s^2 (var_g + sigma^2 / r)``; its standardised residual is
-        ``t``-distributed with ``scale_dof`` degrees of freedom when the model is right,
+        ``m`` and squared scale ``var_g + sigma^2 / r``; its standardised residual is
+        ``t``-distributed with the predictive's degrees of freedom when the model is right,
         and its normal score ``Phi^{-1}(F_nu(t))`` is then N(0, 1).  Used on profiles the
         model had not seen (predicted before they ran).
         """
+        return normal_scores(self.standardised(shapes, peak_bytes, n_repeats), self._predictive_dof)
+
+    def standardised(self, shapes, peak_bytes, n_repeats=1) -> np.ndarray:
+        """``(y - m) / sqrt(var_g + sigma^2 / r)``: observed values (each the mean of ``r``
+        runs) standardised by this model's predictive (Student-t with ``predictive_t``'s dof)."""
         dims = _as_dims(shapes)
         mean, var = self._latent(dims)
         r = np.broadcast_to(np.asarray(n_repeats, dtype=np.float64), mean.shape)
         var = var + self._run_noise_var(mean) / np.maximum(r, 1.0)
         y = np.asarray(peak_bytes, dtype=np.float64).reshape(-1) / self._bytes_scale
-        return normal_scores((y - mean) / np.sqrt(var), self._scale_dof)
+        return (y - mean) / (np.sqrt(var) * self._certified_factor)
 
-    def loo_scores(self) -> np.ndarray:
-        """Normal scores of the leave-one-out residuals of the exact observations.
-
-        With ``P = K_y^{-1} - K_y^{-1} H^T A^{-1} H K_y^{-1}`` (the basis coefficients
-        integrated out), the residual of observation ``i`` predicted from all the others
-        is ``(P y)_i / P_ii`` with squared scale ``s^2 / P_ii`` (Dubrule 1983), and
-        ``P y = alpha``; so ``t_i = alpha_i / sqrt(s^2 P_ii)``, mapped to normal scores
-        as in :meth:`scores`.  The hyperparameters are those fitted with ``i`` included.
-        """
-        a = self._a
-        chol_inv = a["chol_inv"]
-        g = chol_inv.T @ (a["whitened_basis"] @ a["chol_a_inv"].T)  # K^{-1} H^T L_A^{-T}
-        p_diag = (chol_inv * chol_inv).sum(0) - (g * g).sum(1)
-        t = a["alpha"] / np.sqrt(self._scale_var * np.maximum(p_diag, 1e-300))
-        return normal_scores(t[~a["train_is_lower_bound"]], self._scale_dof)
+    def prequential_terms(self, shapes, peak_bytes, n_repeats=1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(e, c, s)`` of observed values (each the mean of ``r`` runs) this model had not seen:
+        the residual ``e = y - m`` (bytes), the latent variance ``c`` (bytes^2, at this model's
+        latent scale, misfit included) and the run noise ``s`` of the mean (bytes^2): the data of
+        the latent scale's posterior (``explorer.stats.scale_posterior``, :meth:`calibrated`)."""
+        dims = _as_dims(shapes)
+        mean, var = self._latent(dims)
+        r = np.broadcast_to(np.asarray(n_repeats, dtype=np.float64), mean.shape)
+        noise = self._run_noise_var(mean) / np.maximum(r, 1.0)
+        scale = self._bytes_scale
+        y = np.asarray(peak_bytes, dtype=np.float64).reshape(-1)
+        return y - mean * scale, var * scale**2, noise * scale**2
 
     def predict(self, shape, confidence: float = 0.99) -> tuple[float, float]:
         """``(mean_bytes, upper_bytes)`` of the peak of one run on a block of ``shape``."""
@@ -694,15 +697,15 @@ class MemoryModel:
     def with_observations(self, shapes, peak_bytes, noise_var, *, lower_bound: bool = False) -> "MemoryModel":
         """The posterior conditioned on further observations, hyperparameters held fixed.
 
-        No refit: the same kernel, feature map, noise model and scale ``s^2``;
-        ``noise_var`` (bytes^2, on the scale of :meth:`noise_var`) is each new
-        observation's total noise variance.  Used to check closed-form variance
+        No refit: the same kernel, feature map, noise model and latent scale; ``noise_var``
+        (bytes^2, on the scale of :meth:`noise_var`) is each new observation's run noise (an
+        exact one also has the nugget's misfit).  Used to check closed-form variance
         reductions, and for the censored-observation sites of ``fit``
         (``lower_bound=True`` marks them).
         """
         dims = _as_dims(shapes)
         y = np.asarray(peak_bytes, dtype=np.float64).reshape(-1)
-        v = np.asarray(noise_var, dtype=np.float64).reshape(-1) / self._scale_var
+        v = np.asarray(noise_var, dtype=np.float64).reshape(-1)
         if not (len(y) == len(v) == len(dims)):
             raise ValueError("shapes, peak_bytes and noise_var must have the same length")
         a = dict(self._a)
@@ -710,12 +713,62 @@ class MemoryModel:
         a["train_bytes"] = np.concatenate([a["train_bytes"], y])
         a["train_noise_var"] = np.concatenate([a["train_noise_var"], v])
         a["train_is_lower_bound"] = np.concatenate([a["train_is_lower_bound"], np.full(len(y), lower_bound)])
-        scale = self._bytes_scale
         hyper = {"outputscale": self._outputscale, "lengthscale": a["lengthscale"], "amplitude_slope": self._amp_slope}
-        a.update(_posterior_arrays(a["train_dims"], a["train_bytes"] / scale, a["train_noise_var"] / scale**2,
-                                   a, self._amp_floor, hyper))
+        a.update(_posterior_arrays(a["train_dims"], a["train_bytes"] / self._bytes_scale,
+                                   _training_noise(a, self._rel_nugget_var), a, self._amp_floor, hyper))
         return MemoryModel(self.operator, self.halo, self.n_observations + len(y), a, self.info,
                            environment=self.environment)
+
+    def certified(self, factor: float, evidence: dict | None = None) -> "MemoryModel":
+        """This model with its predictive's scale multiplied by ``max(1, factor)``: ``factor`` an
+        upper confidence bound on how much the model's predictions understated their scale
+        (``explorer.stats.scale_confidence_bound``; module docstring, *The bound, certified*).
+        ``evidence`` is kept in ``info["certified"]``."""
+        a = dict(self._a)
+        names = dict(zip(_SCALAR_NAMES, a["scalars"].tolist()))
+        names["certified_factor"] = max(1.0, float(factor))
+        a["scalars"] = np.array([names[name] for name in _SCALAR_NAMES])
+        model = MemoryModel(self.operator, self.halo, self.n_observations, a,
+                            {**self.info, "certified": {"factor": names["certified_factor"], **(evidence or {})}},
+                            environment=self.environment)
+        if hasattr(self, "ml2"):
+            model.ml2 = self.ml2
+        return model
+
+    def calibrated(self, residuals=(), latent_var=(), noise_var=()) -> "MemoryModel":
+        """This ML-II model (latent scale 1) with its latent scale ``lambda`` integrated out
+        (module docstring, *The latent scale*): the posterior of ``lambda`` from a weak prior,
+        the fit's own restricted likelihood in ``lambda`` and the prequential residuals
+        (:meth:`prequential_terms` of each profile under the ML-II fit before it ran), summarised
+        as ``(s^2, nu_lambda)`` (``explorer.stats.scale_posterior``); the returned model's
+        outputscale and nugget are ``s^2`` times ML-II's, its posterior recomputed with them,
+        its predictive a Student-t with ``min(nu_lambda, nu_run)`` degrees of freedom."""
+        outputscale, nugget = self._ml2
+        if self._latent_scale != 1.0 or outputscale != self._outputscale:
+            raise ValueError("calibrated() takes the ML-II model (latent scale 1), not a calibrated one")
+        posterior = scale_posterior(residuals, latent_var, noise_var,
+                                    log_likelihood=_restricted_log_likelihood_in_scale(self))
+        a = dict(self._a)
+        lam = posterior.scale
+        names = dict(zip(_SCALAR_NAMES, a["scalars"].tolist()))
+        names.update(outputscale=lam * outputscale, relative_nugget_var=lam * nugget, latent_scale=lam,
+                     latent_dof=posterior.dof)
+        a["scalars"] = np.array([names[name] for name in _SCALAR_NAMES])
+        hyper = {"outputscale": lam * outputscale, "lengthscale": a["lengthscale"],
+                 "amplitude_slope": self._amp_slope}
+        a.update(_posterior_arrays(a["train_dims"], a["train_bytes"] / self._bytes_scale,
+                                   _training_noise(a, lam * nugget), a, self._amp_floor, hyper))
+        return MemoryModel(self.operator, self.halo, self.n_observations, a,
+                           {**self.info, "latent_scale": posterior.describe()}, environment=self.environment)
+
+    @property
+    def mean_determined(self) -> bool:
+        """Whether the exact profiles alone determine every term of the mean (more profiles
+        than terms) or a prior mean does (``MeanPrior``): a prediction before then is the
+        vague prior's, not evidence about how this model's scale holds."""
+        n_exact = int(np.sum(~self._a["train_is_lower_bound"]))
+        has_prior = bool(np.any(self._a["basis_prior_mean"] != 0))
+        return has_prior or n_exact > self._a["basis_transform"].shape[0]
 
     # ---- read-only views ----------------------------------------------------------
     @property
@@ -758,8 +811,10 @@ class MemoryModel:
             "relative_nugget_sd": math.sqrt(self._rel_nugget_var),
             "relative_run_sd": math.sqrt(self._rel_run_var),
             "run_noise_dof": self._noise_dof,
-            "residual_scale": math.sqrt(self._scale_var),
-            "scale_dof": self._scale_dof,
+            "latent_scale": self._latent_scale,
+            "latent_dof": self._latent_dof,
+            "predictive_dof": self._predictive_dof,
+            "certified_factor": self._certified_factor,
             "abs_noise_sd_bytes": math.sqrt(self._abs_noise_var) * self._bytes_scale,
         }
 
@@ -887,9 +942,15 @@ def run_noise(y, single_run_var, n_repeats, *, rel_floor: float, abs_floor: floa
 
 def fit(operator: str, shapes, peak_bytes, noise_var, lower_bound, *, halo=(0, 0, 0), n_repeats=None,
         block_multiple=None, axis_classes=None, prior: MeanPrior | None = None,
-        rel_noise_floor: float = DEFAULT_REL_NOISE_FLOOR,
-        abs_noise_floor_bytes: float | None = None) -> MemoryModel:
+        rel_noise_floor: float | None = None, abs_noise_floor_bytes: float | None = None,
+        prequential: "Prequential | None" = None) -> MemoryModel:
     """Fit the surrogate of ``operator`` to its profiles (see the module docstring).
+
+    The ML-II fit, then its latent scale integrated out (:meth:`MemoryModel.calibrated`) on the
+    fit's own evidence and ``prequential``'s (residuals of profiles predicted before they ran:
+    :class:`Prequential`), then the lower bounds as censored observations.  The returned
+    model's ``ml2`` is the ML-II fit (latent scale 1, exact profiles only), what
+    :func:`recalibrate` starts from.
 
     Args:
         shapes: ``(n, 3)`` block shapes that were profiled.
@@ -914,7 +975,7 @@ def fit(operator: str, shapes, peak_bytes, noise_var, lower_bound, *, halo=(0, 0
             which the noise prior dampens).
         rel_noise_floor, abs_noise_floor_bytes: the floors of the single-run noise
             ``sd = sqrt((rho y)^2 + a^2)``, whose ``rho`` and ``a`` are learnt from the repeats
-            (:func:`run_noise`); ``abs_noise_floor_bytes`` None: the kernel's page.
+            (:func:`run_noise`); None: :data:`DEFAULT_REL_NOISE_FLOOR` and the kernel's page.
         prior: what another model says of the peak (:class:`MeanPrior`): the mean basis
             then has the informative prior ``N(b_0, B)`` instead of the flat / vague one,
             and one exact profile is enough to fit.
@@ -945,7 +1006,8 @@ def fit(operator: str, shapes, peak_bytes, noise_var, lower_bound, *, halo=(0, 0
 
     r_eff = np.ones(n) if reps is None else reps.astype(np.float64)
     rel_run_var, abs_var, noise_dof = run_noise(y[exact], r_eff[exact] * v[exact], None if reps is None else reps[exact],
-                                                rel_floor=rel_noise_floor, abs_floor=abs_noise_floor_bytes)
+                                                rel_floor=DEFAULT_REL_NOISE_FLOOR if rel_noise_floor is None
+                                                else rel_noise_floor, abs_floor=abs_noise_floor_bytes)
     # Fixed part of each observation's noise variance (the nugget is added in the fit).
     fixed_var = np.maximum(v, (rel_run_var * y * y + abs_var) / r_eff)
 
@@ -956,17 +1018,40 @@ def fit(operator: str, shapes, peak_bytes, noise_var, lower_bound, *, halo=(0, 0
 
     exceeded = {"exceeded_dims": dims[lb], "exceeded_bytes": y[lb]}
     arrays, fit_info = fit_on(exact, np.zeros(int(exact.sum()), dtype=bool))
-    model = MemoryModel(operator, halo, n, {**arrays, **exceeded}, {})
-    model, n_sites = _with_censored(model, dims[lb], y[lb])
     info = {
         **fit_info,
         "n_exact": int(exact.sum()),
         "n_lower_bounds": int(lb.sum()),
-        "n_lower_bounds_used": n_sites,
         "fit_seconds": time.perf_counter() - started,
         **({"prior": prior.source} if prior is not None else {}),
     }
-    return MemoryModel(operator, halo, n, model._a, info)
+    return recalibrate(MemoryModel(operator, halo, n, {**arrays, **exceeded}, info), prequential)
+
+
+@dataclass(frozen=True)
+class Prequential:
+    """Profiles each predicted by a fit that had not seen it (``MemoryModel.prequential_terms``
+    of the ML-II fit before it ran): residuals ``e`` (bytes), latent variances ``c`` and run
+    noise variances ``s`` (bytes^2), the data of the latent scale (``explorer.stats.scale_posterior``)."""
+
+    residuals: tuple[float, ...] = ()
+    latent_var: tuple[float, ...] = ()
+    noise_var: tuple[float, ...] = ()
+
+    def __len__(self) -> int:
+        return len(self.residuals)
+
+
+def recalibrate(model: MemoryModel, prequential: Prequential | None = None) -> MemoryModel:
+    """``model``'s ML-II fit (``model.ml2``, or ``model`` itself when it is one) with its latent
+    scale integrated out on ``prequential`` too, then its lower bounds as censored observations."""
+    ml2 = getattr(model, "ml2", model)
+    p = prequential or Prequential()
+    calibrated = ml2.calibrated(p.residuals, p.latent_var, p.noise_var)
+    calibrated, n_sites = _with_censored(calibrated, ml2.exceeded_shapes, ml2.exceeded_bytes)
+    calibrated.info["n_lower_bounds_used"] = n_sites
+    calibrated.ml2 = ml2
+    return calibrated
 
 
 def _with_censored(model: MemoryModel, dims, lower_bytes) -> tuple[MemoryModel, int]:
@@ -1135,16 +1220,15 @@ def _fit_posterior(dims, y, fixed_var, is_lower_bound, *, rel_run_var, abs_var, 
                                        y_ref=y_s)
     total_var_s = fixed_s + hyper["relative_nugget_var"] * y_s * y_s
     posterior = _posterior_arrays(dims, y_s, total_var_s, features, amp_floor, hyper)
-    # The overall scale lambda integrated out: (y - H b_0)^T P (y - H b_0) = (y - H b_0)^T alpha.
-    scale_dof = SCALE_PRIOR_DOF + n - n_flat
-    quadratic = float((y_s - offset_s) @ posterior["alpha"])
+    # ML-II's own: latent scale 1 (``MemoryModel.calibrated`` integrates it out)
     scalars.update(outputscale=hyper["outputscale"], relative_nugget_var=hyper["relative_nugget_var"],
-                   amplitude_slope=hyper["amplitude_slope"],
-                   scale_var=max(1.0, (SCALE_PRIOR_DOF + quadratic) / scale_dof), scale_dof=scale_dof)
+                   amplitude_slope=hyper["amplitude_slope"], latent_scale=1.0, latent_dof=MAX_DOF,
+                   ml2_outputscale=hyper["outputscale"], ml2_relative_nugget_var=hyper["relative_nugget_var"],
+                   certified_factor=1.0)
     arrays = {
         "train_dims": dims,
         "train_bytes": y,
-        "train_noise_var": total_var_s * bytes_scale**2,
+        "train_noise_var": fixed_var,
         "train_is_lower_bound": np.asarray(is_lower_bound, dtype=bool),
         **features,
         "lengthscale": hyper["lengthscale"],
@@ -1152,6 +1236,67 @@ def _fit_posterior(dims, y, fixed_var, is_lower_bound, *, rel_run_var, abs_var, 
         **posterior,
     }
     return arrays, {"restricted_log_likelihood": reml}
+
+
+def _training_noise(arrays, relative_nugget_var) -> np.ndarray:
+    """The diagonal of ``K_y`` beyond the kernel (working units): each observation's run noise
+    (``train_noise_var``) and, for an exact one, the nugget's misfit ``rho_nug^2 y^2``."""
+    scale = float(arrays["scalars"][_SCALAR_NAMES.index("bytes_scale")])
+    y_s = arrays["train_bytes"] / scale
+    exact = ~np.asarray(arrays["train_is_lower_bound"], dtype=bool)
+    return arrays["train_noise_var"] / scale**2 + relative_nugget_var * y_s * y_s * exact
+
+
+def _restricted_log_likelihood_in_scale(model: "MemoryModel") -> np.ndarray:
+    """:func:`restricted_log_likelihood_in_scale` of an ML-II model's exact profiles: ``K_f`` its
+    kernel matrix, ``N`` their nugget, ``D`` their measured run noise, ``y - H b_0``."""
+    a = model._a
+    exact = ~a["train_is_lower_bound"]
+    dims = a["train_dims"][exact]
+    y_s = a["train_bytes"][exact] / model._bytes_scale
+    outputscale, nugget = model._ml2
+    z = model._z(dims)
+    amp = model._amplitude(dims)
+    latent = outputscale * amp[:, None] * _matern52(z, z, a["lengthscale"]) * amp[None, :] + np.diag(nugget * y_s**2)
+    h = model._basis(dims)
+    return restricted_log_likelihood_in_scale(latent, a["train_noise_var"][exact] / model._bytes_scale**2, h,
+                                              y_s - h @ a["basis_prior_mean"], a["basis_prior_precision"])
+
+
+def restricted_log_likelihood_in_scale(latent, noise, basis, y, prior_precision) -> np.ndarray:
+    r"""A fit's restricted log-likelihood as a function of the latent scale ``lambda``, on
+    ``explorer.stats.LOG_SCALE_GRID`` (up to a constant):
+
+    .. math::
+
+        \ell(\lambda) = -\tfrac12 y^\top K^{-1} y + \tfrac12 b^\top A^{-1} b
+                        - \tfrac12 \log|K| - \tfrac12 \log|A|, \qquad
+        K = \lambda L + D,\; A = H^\top K^{-1} H + B^{-1},\; b = H^\top K^{-1} y
+
+    ``latent``: ``L`` (``(n, n)``, the kernel matrix plus the nugget's misfit at ``lambda = 1``);
+    ``noise``: the diagonal ``D`` (the run noise the repeats measured, not scaled); ``basis``:
+    ``H`` (``(n, p)``); ``y``: the data less the prior mean; ``prior_precision``: ``B^{-1}``
+    (zero on flat terms).  This is the evidence the profiles themselves give about ``lambda``,
+    the mean's coefficients integrated out: the ``log|A|`` term is what leaves ``n - p_eff``
+    degrees of freedom to the scale (with ``D`` negligible and ``p`` flat terms, exactly the
+    scaled inverse chi-square's ``n - p``).  With ``D^{-1/2} L D^{-1/2} = U diag(d) U^T``, every
+    ``lambda`` costs ``O(n p^2)``.
+    """
+    from explorer.stats import LOG_SCALE_GRID
+
+    root = 1.0 / np.sqrt(np.asarray(noise, dtype=np.float64))
+    eig, u = np.linalg.eigh(root[:, None] * latent * root[None, :])
+    eig = np.maximum(eig, 0.0)
+    y_t = u.T @ (root * y)
+    h_t = u.T @ (root[:, None] * basis)
+    lam = np.exp(LOG_SCALE_GRID)
+    w = 1.0 / (lam[:, None] * eig[None, :] + 1.0)  # the eigenvalues of (lambda L~ + I)^-1, (grid, n)
+    a_mat = np.einsum("gi,ip,iq->gpq", w, h_t, h_t) + np.asarray(prior_precision)[None, :, :]
+    b = np.einsum("gi,ip->gp", w * y_t[None, :], h_t)
+    chol = np.linalg.cholesky(a_mat)
+    c = np.linalg.solve(chol, b[:, :, None])[:, :, 0]
+    return (-0.5 * (w * y_t * y_t).sum(1) + 0.5 * (c * c).sum(1) + 0.5 * np.log(w).sum(1)
+            - np.log(np.diagonal(chol, axis1=1, axis2=2)).sum(1))
 
 
 def _posterior_arrays(dims, y_s, noise_var_s, features, amp_floor, hyper):
@@ -1297,7 +1442,7 @@ def _torch_posterior(model: MemoryModel, shapes):
     feature_map = t.FeatureMap(features, model._amp_floor)
     x = torch.as_tensor(effective_dims(a["train_dims"], a["block_multiple"]), dtype=torch.float64)
     y = torch.as_tensor(a["train_bytes"] / scale, dtype=torch.float64)
-    noise = torch.as_tensor(a["train_noise_var"] / scale**2, dtype=torch.float64)
+    noise = torch.as_tensor(_training_noise(a, model._rel_nugget_var), dtype=torch.float64)
     with gpytorch.settings.min_fixed_noise(float_value=1e-30, double_value=1e-30, half_value=1e-30):
         likelihood = gpytorch.likelihoods.FixedNoiseGaussianLikelihood(noise=noise)
         gp = t.ExplicitBasisGP(x, y, likelihood, feature_map,
@@ -1319,4 +1464,4 @@ def _torch_posterior(model: MemoryModel, shapes):
             r = h_star.T - h.T @ torch.linalg.solve(k_y, k_star)
             a_mat = h.T @ torch.linalg.solve(k_y, h) + feature_map.basis_prior_precision
             cov = cov + r.T @ torch.linalg.solve(a_mat, r)
-    return mean.numpy() * scale, cov.numpy() * scale**2 * model._scale_var
+    return mean.numpy() * scale, cov.numpy() * scale**2

@@ -53,7 +53,7 @@ def main() -> None:
     model = load_model(args.operator, runs)
     hyper = model.hyperparameters
     rho, a = float(hyper["relative_run_sd"]), float(hyper["abs_noise_sd_bytes"])
-    t = t_quantile(0.99, float(hyper["scale_dof"]))
+    t = t_quantile(0.99, float(hyper["predictive_dof"])) * float(hyper["certified_factor"])
     peaks = np.asarray(model.train_bytes, dtype=np.float64)
     small, large = float(peaks.min()), float(peaks.max())
 
