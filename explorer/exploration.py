@@ -32,13 +32,16 @@ import psutil
 
 import operators
 from explorer import paths, validate
-from explorer.profiling import EXCEEDED, OK, Profiler, default_memory_cap
+from explorer.profiling import EXCEEDED, OK, SessionProfiler, default_memory_cap
 from explorer.store import SOURCE_PROFILE, Record, Store
 
 #: Default target worker memory: what a LocalCluster worker gets here, at most 4 GiB.
 DEFAULT_LIMIT_CAP = 4 * 2**30
 #: Profiles of the space-filling start.
 N_INITIAL = 5
+#: Profiling servers a profile's repeats take turns in (``profiling.SessionProfiler``): the run
+#: noise the repeats measure is then that of a new run in another process.
+PROFILE_SESSIONS = 2
 #: Input bytes of the largest start shape, as a share of the target memory.
 INITIAL_INPUT_SHARE = 1 / 256
 #: Seconds per profile outside the operator before the loop has measured its own.
@@ -588,7 +591,7 @@ def explore(
                            noise_floor=member_noise_floor(op, runs_dir))
     cost_model = acquisition.CostModel(DEFAULT_LOOP_OVERHEAD + repeat * 0.01, repeat * 5e-8)
     model, metric, stopped_because = None, None, None
-    profilers = [Profiler(gpu=False) for _ in range(jobs)]
+    profilers = [SessionProfiler(PROFILE_SESSIONS, gpu=False) for _ in range(jobs)]
 
     loop_overhead = []  # seconds per profile the loop spends outside the operator
 

@@ -220,6 +220,7 @@ def serve(stdin, stdout) -> None:
             reply = _run_child(request, x)
             reply["child_wall_seconds"] = time.perf_counter() - started
             reply["input_bytes"] = int(x.nbytes)
+            reply["server_pid"] = os.getpid()
         except Exception as exc:  # the server must outlive any one bad request
             reply = {"status": ERROR, "error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
         stdout.write(json.dumps(reply) + "\n")

@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from explorer.profiling import Measurement, Profiler, profile
+from explorer.profiling import Measurement, Profiler, SessionProfiler, profile
 from tests.plugin_ops import MIB, Allocates
 
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -46,6 +46,19 @@ def test_repeats_of_a_real_operator_agree(profiler):
     peaks = np.array([r["peak_bytes"] for r in m.repeats], dtype=float)
     assert peaks.std() / peaks.mean() < 0.02
     assert m.peak_bytes > m.input_bytes  # gst3d needs many times its input
+
+
+def test_a_session_profiler_runs_each_repeat_in_the_next_server_in_turn():
+    """The loop's repeats: one run per server in turn, so their spread is that of a new run in
+    another process, and a run that does not end ok stops the repeats as with one server."""
+    with SessionProfiler(2, gpu=False) as sessions:
+        m = sessions.profile("gst3d", (40, 36, 30), repeat=3)
+        assert m.status == "ok" and [r["session"] for r in m.repeats] == [0, 1, 0]
+        pids = [r["server_pid"] for r in m.repeats]
+        assert pids[0] == pids[2] != pids[1]
+        assert m.peak_bytes == max(r["peak_bytes"] for r in m.repeats)
+        capped = sessions.profile("gst3d", (128, 128, 128), repeat=2, memory_cap=40 * MIB)
+        assert capped.status == "exceeded" and len(capped.repeats) == 1
 
 
 def test_cap_ends_as_exceeded_lower_bound(profiler):

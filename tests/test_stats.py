@@ -42,3 +42,72 @@ def test_floors_hold_and_no_repeat_gives_the_floors_and_the_prior():
     assert fit_spread([1e6], [5.0], [0], abs_floor=4096.0, rel_floor=0.002, rel_prior=(0.005, 4.0)) == (4096.0, 0.005)
     assert fit_spread([1e6], [5.0], [0], abs_floor=4096.0, rel_floor=0.002) == (4096.0, 0.002)
     assert page_bytes() >= 4096
+
+
+# ---- the latent scale and the evidence (issue 33) -------------------------------------------
+
+
+def test_the_scale_posterior_of_latent_residuals_is_the_conjugate_scaled_inverse_chi_square():
+    from explorer.stats import scale_posterior
+
+    rng = np.random.default_rng(0)
+    c = rng.uniform(0.5, 2.0, 40)
+    e = np.sqrt(3.0 * c) * rng.standard_normal(40)  # lambda = 3, no measured noise
+    post = scale_posterior(e, c, np.zeros(40), prior_dof=1.0)
+    assert post.dof == pytest.approx(41.0, rel=0.02)
+    assert post.scale == pytest.approx((1.0 + np.sum(e * e / c)) / 41.0, rel=0.01)
+    assert post.interval[0] < 3.0 < post.interval[1]
+
+
+def test_the_fits_own_evidence_leaves_n_minus_p_degrees_of_freedom_and_is_not_truncated():
+    """With a negligible run noise and ``p`` flat mean terms, the restricted likelihood in the
+    latent scale is the conjugate one: ``n - p`` degrees of freedom (not ``n``: the mean's
+    terms use some) and scale ``(nu_0 + RSS) / (nu_0 + n - p)``, below 1 when the residuals are
+    smaller than the kernel says (never truncated at the fit's own scale)."""
+    from explorer.stats import scale_posterior
+    from explorer.surrogate import restricted_log_likelihood_in_scale
+
+    rng = np.random.default_rng(1)
+    n, p = 24, 4
+    basis = rng.standard_normal((n, p))
+    y = basis @ rng.standard_normal(p) + 0.4 * rng.standard_normal(n)  # residual variance 0.16 of the kernel's 1
+    ll = restricted_log_likelihood_in_scale(np.eye(n), np.full(n, 1e-9), basis, y, np.zeros((p, p)))
+    post = scale_posterior(log_likelihood=ll, prior_dof=1.0)
+    residual = y - basis @ np.linalg.lstsq(basis, y, rcond=None)[0]
+    assert post.dof == pytest.approx(1 + n - p, rel=1e-3)
+    assert post.scale == pytest.approx((1 + residual @ residual) / (1 + n - p), rel=1e-3)
+    assert post.scale < 0.5
+
+
+def test_residuals_the_measured_run_noise_explains_do_not_shrink_it():
+    """Residuals as large as the measured run noise alone (no latent variance to speak of) say
+    nothing against a small latent scale, and the predictive keeps the run noise: the scale
+    multiplies the latent part only."""
+    from explorer.stats import scale_posterior
+
+    rng = np.random.default_rng(2)
+    s = np.full(30, 4.0)
+    e = 2.0 * rng.standard_normal(30)
+    informative = scale_posterior(e, np.full(30, 4.0), np.zeros(30))
+    noise_only = scale_posterior(e, np.full(30, 1e-6), s)
+    assert informative.dof > 20  # the same residuals pin lambda when they are latent
+    assert noise_only.dof < 5  # and leave it to the prior when the measured noise explains them
+
+
+def test_the_evidence_bound_holds_under_repeated_looks_and_tightens_with_evidence():
+    """Ville's inequality: over 40 looks at honest residuals (t with 8 dof), the bound on how
+    much they understate their scale falls below the truth (1) in at most ~5% of sequences;
+    with 40 predictions it is below 2; residuals twice too large are caught."""
+    from explorer.stats import scale_confidence_bound
+
+    rng = np.random.default_rng(3)
+    fell, last = 0, []
+    for _ in range(300):
+        r = rng.standard_t(8, 40)
+        bounds = [scale_confidence_bound(r[:m], 8.0, 0.05) for m in range(1, 41)]
+        fell += min(bounds) < 1.0
+        last.append(bounds[-1])
+    assert fell / 300 <= 0.05 + 3 * np.sqrt(0.05 * 0.95 / 300)
+    assert np.median(last) < 2.0
+    assert scale_confidence_bound(2.0 * rng.standard_t(8, 40), 8.0, 0.05) > 1.5
+    assert scale_confidence_bound([], 8.0, 0.05) == 100.0
