@@ -39,6 +39,15 @@ its process, so its figure is exact (``exact=True``).  With ``T > 1`` threads, t
 overlap and a figure is the process's growth during the task, which mixes the
 concurrent tasks' allocations into it; such observations carry ``exact=False``.
 
+Order (the cold first task): each report says where the task stood among this operator's tasks
+on its worker: ``task_index``, the operator tasks of this run (this plugin's registration)
+the worker had finished when the task started, and ``first_in_run``, whether that was none
+(the worker's first task of the run; with ``T`` threads, the first ``T`` start before any
+finishes and all are first); ``process_task_index`` counts the same over the worker process's
+life, across runs.  A worker's first task of a run finds none of the run's freed memory in the
+process to reuse and peaked highest on each worker of the first-run trials (issue 33):
+``explorer.calibration`` estimates that offset from groups holding both kinds.
+
 Clocks: each operator task reports its own seconds, the seconds inside ``run``, and the
 seconds and count of the worker's other tasks (reads, overlap slices) since its previous
 report; a task's seconds are its compute as the worker records it (``startstops``, without the
@@ -115,6 +124,9 @@ class _HighWater:
 
 
 _HIGH_WATER = _HighWater()
+
+#: Per operator name: its tasks this worker process has reported, over every run (``process_task_index``).
+_PROCESS_TASKS: dict = {}
 
 #: Per task key: the measured ``run`` calls in that task, as
 #: ``(operator, shape, run_peak_bytes, exact, run_seconds)``.
@@ -224,7 +236,8 @@ class ObservationPlugin(WorkerPlugin):
     ``shape`` (the block ``run`` saw), ``peak_bytes`` (task), ``run_peak_bytes``,
     ``seconds``, ``run_seconds``, ``other_seconds``, ``other_tasks``, ``exact``,
     ``n_runs``, ``rss_before_bytes``, ``process_peak_bytes``, ``worker``, ``threads``,
-    ``memory_limit``, ``environment`` (digest), ``key``, ``id``.
+    ``memory_limit``, ``environment`` (digest), ``key``, ``id``, and the task's order on its
+    worker (module docstring): ``first_in_run``, ``task_index``, ``process_task_index``.
     """
 
     idempotent = False
@@ -253,6 +266,8 @@ class ObservationPlugin(WorkerPlugin):
         self._other_seconds = 0.0
         self._other_tasks = 0
         self._managed = {}
+        self._reported = 0  # this run's operator tasks reported by this worker
+        self._order = {}  # per executing key: (reported, process-wide reported) when it started
 
     def _managed_bytes(self) -> int:
         """Bytes of task data this worker holds (``WorkerState.nbytes``: its managed memory)
@@ -280,6 +295,7 @@ class ObservationPlugin(WorkerPlugin):
             _HIGH_WATER.begin((self.name, key), key)
             with self._lock:
                 self._managed[key] = self._managed_bytes()
+                self._order[key] = (self._reported, _PROCESS_TASKS.get(self.operator, 0))
             return
         if start not in ("executing", "long-running") or finish == "long-running":
             return
@@ -287,6 +303,7 @@ class ObservationPlugin(WorkerPlugin):
         managed_after = self._managed_bytes()
         with self._lock:
             managed_before = self._managed.pop(key, None)
+            order = self._order.pop(key, None)
         with _RUNS_LOCK:
             notes = _RUNS.get(key)
             mine = [n for n in notes if n[0] == self.operator] if notes else []
@@ -308,6 +325,9 @@ class ObservationPlugin(WorkerPlugin):
         with self._lock:
             other_seconds, other_tasks = self._other_seconds, self._other_tasks
             self._other_seconds, self._other_tasks = 0.0, 0
+            self._reported += 1
+            _PROCESS_TASKS[self.operator] = _PROCESS_TASKS.get(self.operator, 0) + 1
+        task_index, process_index = order if order is not None else (None, None)
         largest = max(mine, key=lambda n: math.prod(n[1]))
         self.worker.log_event(self.topic, {
             "id": uuid.uuid4().hex,
@@ -330,6 +350,9 @@ class ObservationPlugin(WorkerPlugin):
             "key": str(key),
             "managed_before_bytes": None if managed_before is None else int(managed_before),
             "managed_after_bytes": int(managed_after),
+            "first_in_run": None if task_index is None else task_index == 0,
+            "task_index": task_index,
+            "process_task_index": process_index,
         })
 
 

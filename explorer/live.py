@@ -18,8 +18,9 @@ The graph must carry the measuring hook: build the operator's Dask form with
 in :mod:`explorer.inworker`'s docstring.
 
 Bound checks: an exact observation (one thread per worker) is over its bound when its
-``peak_bytes`` exceeds the model's upper bound at its block.  With ``T > 1`` threads a
-figure is the process's growth while ``T`` tasks ran, so it is compared with the
+``peak_bytes`` exceeds the model's upper bound on one task at its block (a task model is told
+whether the task was its worker's first of the run: ``first_in_run``, :mod:`explorer.inworker`).
+With ``T > 1`` threads a figure is the process's growth while ``T`` tasks ran, so it is compared with the
 footprint's task term for ``T`` tasks, ``T (input_block_bytes + upper)``, or ``T upper``
 when each task reads its own block (``windowed``: ``explorer.daskrun``'s runs, whose reads
 are inside the tasks' peaks).
@@ -212,7 +213,8 @@ class Observer:
                 threads=int(msg["threads"]), memory_limit=int(msg["memory_limit"]), key=str(msg["key"]),
                 extra={k: msg[k] for k in ("run_seconds", "other_seconds", "other_tasks", "n_runs",
                                            "rss_before_bytes", "process_peak_bytes", "environment",
-                                           "managed_before_bytes", "managed_after_bytes") if k in msg},
+                                           "managed_before_bytes", "managed_after_bytes", "first_in_run",
+                                           "task_index", "process_task_index") if k in msg},
                 windowed=self.windowed,
             )
             self.observations.append(observation)
@@ -263,7 +265,9 @@ class Observer:
     def _check(self, o: Observation) -> None:
         if self.model is None:
             return
-        _mean, upper = self.model.predict(o.shape, self.confidence)
+        first = o.extra.get("first_in_run")
+        order = {"cold": int(bool(first))} if first is not None and _takes_cold(self.model.predict) else {}
+        _mean, upper = self.model.predict(o.shape, self.confidence, **order)
         o.upper_bytes = float(upper)
         if o.peak_bytes <= o.bound_bytes:
             return
@@ -277,6 +281,18 @@ class Observer:
                 f"(worker {o.worker}); the calibration will widen the next plan")
         if self.on_over_bound is not None:
             self.on_over_bound(o)
+
+
+def _takes_cold(predict) -> bool:
+    """Whether ``predict`` takes ``cold`` (``explorer.calibration.TaskModel.predict``: a task
+    that was its worker's first of the run is bounded with the cold offset, one that was not
+    without it; a task of unknown order is bounded as a first)."""
+    import inspect
+
+    try:
+        return "cold" in inspect.signature(predict).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _lower_this_threads_priority() -> None:
