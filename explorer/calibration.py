@@ -24,54 +24,71 @@ the run's conditions (a random effect ``u_g`` of the group) and still differ fro
 another: the worker's allocator holds a different amount of freed memory when each
 starts (measured, gst3d 222x322x236 in one survey run: 1,313-1,624 MiB).  So a task is::
 
-    y_gi = P(b_g) + a + k V_g + u_g + w_gi,    w_gi ~ N(0, sigma_w^2(m_g))
+    y_gi = P(b_g) + a + k V_g + u_g + kappa_g C_gi + w_gi,    w_gi ~ sigma_w(m_g) T_{nu_w}
 
-Observations are grouped by (run, block shape); a group's value is its **mean** task
-``ybar_g``, and its excess ``r_g = ybar_g - P_mean(b_g)`` against the isolated model's
-mean.  Only exact observations count (one thread per worker: ``explorer.live``).
+with ``C_gi = 1`` for the **cold** task, a worker's first of its run (``first_in_run``,
+``explorer.inworker``): it finds none of the run's freed memory to reuse and peaked highest on
+each worker of the first-run trials.  Observations are grouped by (run, block shape); a
+group's value is its mean warm task ``ybar_g`` (its mean task when its tasks are not told
+apart: observations saved before the flag, or a group of one kind), and its excess
+``r_g = ybar_g - P_mean(b_g)`` against the isolated model's mean.  Only exact observations
+count (one thread per worker: ``explorer.live``).
 
 *Within a group* (:func:`fit_within`): the sample variances ``s_g^2`` of the groups
-with two or more tasks, ``(n_g - 1) s_g^2 / sigma_w^2(m_g) ~ chi^2_{n_g - 1}``, with the
+with two or more tasks, about their cold and warm means where told apart,
+``d_g s_g^2 / sigma_w^2(m_g) ~ chi^2_{d_g}`` (``d_g = n_g - 1``, or ``n_g - 2`` with both kinds), with the
 variance function ``sigma_w^2(m) = alpha^2 + beta^2 m^2`` (an absolute floor, which the
 small blocks show, and a spread proportional to the task's peak ``m``, which the large
 ones show), fitted by maximum likelihood; ``alpha`` is at least the kernel's page (the
-resolution of the high-water mark).  ``nu_w = sum (n_g - 1) - 2`` degrees of freedom.
+resolution of the high-water mark).  ``nu_w = sum d_g - 2`` degrees of freedom.
+
+*The cold first task* (:func:`fit_cold`): ``kappa_g = rho m_g``, a share of the group's mean
+task, estimated from the groups holding both kinds (the probes run 8 tasks on 2 workers: 2
+cold, 6 warm) by weighted least squares of their cold-minus-warm means, with its standard
+error ``se``.  The rule: a cold task is bounded as ``max(0, rho) m`` above the warm ones with
+its spread widened by the estimate's error (``se m``, at its ``c``-quantile), so **no offset is
+assumed only when the data put it at or below zero, and then only as precisely as they
+measure it** (an offset of 0 +- 1% still widens each cold task by that 1%).  Without a group
+holding both kinds (old stores) there is no estimate, and the cold tasks stay inside the
+within-group spread, as before the flag.
 
 *Between groups.*  Ordinary least squares of ``r_g`` on ``x_g = [1, V_g / V_ref]`` over
 ``n`` groups (``p = 2`` coefficients, ``V_ref`` the largest group volume, for
-conditioning): ``beta = (X^T X)^{-1} X^T r``, ``s^2 = sum e_g^2 / (n - p)``.
-
-*Bound on a new task* at ``b`` (confidence ``c``), ``m`` its mean task peak::
-
-    delta_mean(b) = x^T beta
-    delta_half(b) = sqrt( (q_c * s * sqrt(1 + x^T (X^T X)^{-1} x))^2 + (q_w * sigma_w(m))^2 )
-
-``q_w``: the Student-t quantile with ``nu_w`` dof, or, once there are enough tasks
-(99 at 99%), the conformal rank quantile of their standardised deviations from their
-groups' means (:meth:`WithinFit.quantile`).
-
-with ``q_c`` the **conformal** rank quantile of the studentised deleted residuals
+conditioning): ``beta = (X^T X)^{-1} X^T r``, ``s^2 = sum e_g^2 / (n - p)``, and a new
+group's excess is ``x^T beta`` with half-width ``delta_half = q_c s sqrt(1 + x^T (X^T X)^{-1} x)``,
+``q_c`` the **conformal** rank quantile of the studentised deleted residuals
 ``t_g = e_g / (s_(g) sqrt(1 - h_gg))``: the ``ceil((n + 1) c)``-th smallest, a
 distribution-free finite-sample guarantee for exchangeable groups, once there are enough
 groups for that rank to exist (``n >= c / (1 - c)``: 99 at 99%).  Before that, ``q_c`` is
 SciPy's Student-t quantile with ``n - p`` degrees of freedom, the exact prediction
 interval under Gaussian residuals.  The count of equal tasks never narrows the between
-term; it teaches the within term ``sigma_w``, which a bound on a single task must carry
-whatever the count (a bound through the groups' *largest* tasks, as before, covers a new
-group's largest of about as many tasks as the probes ran, 4 per worker, and not one of
-the 9 tasks per worker a survey runs).
+term; it teaches the within term ``sigma_w``.
 
-*Combined with the isolated model* (:class:`TaskModel`), ``h_P = upper_P - mean_P`` the
-isolated model's own half-width at ``c``::
+*The bound on the largest of a plan's n tasks* (:func:`task_bound`, confidence ``c``; a
+plan's footprint must hold for every task it runs, on ``w`` workers ``k = min(n, w)`` of them
+cold).  A task's peak is ``y_i = mean + S + D_i``::
 
-    mean  = mean_P(b) + delta_mean(b)
-    upper = max(upper_P(b), mean + sqrt(h_P^2 + delta_half^2))
+    mean = mean_P(b) + x^T beta
+    S    = a T_{nu_P} + b T_{n-p}        shared by the plan's tasks: the isolated model's
+                                         predictive error (a = (upper_P - mean_P) / t_{nu_P}(c),
+                                         MemoryModel.predictive_t's dof) and the line's
+                                         (b = delta_half / t_{n-p}(c))
+    D_i  = W_i  or  kappa + W_i          (cold), W_i = s_w sigma_w(mean) T_{nu_w} iid
 
-written once, in :func:`task_bound`.
+    upper = max(upper_P, mean + u),   P(S + max_i D_i <= u) = E_S[ F_W((u - S) / sigma)^(n-k)
+                                                                  F_W((u - S - kappa) / sigma)^k ] = c
 
-(a task in a fresh worker never needs less than its isolated profile).  With fewer than
-``p + 1`` groups or a single group volume the excess is not identified: no correction
-is applied and ``TaskModel.warnings`` says so.
+solved numerically (:func:`max_task_quantile`: quadrature over the narrower of ``S`` and
+the largest ``D``, Newton's method for ``u``).  ``s_w`` stretches the Student-t until its
+``c``-quantile is the conformal one of the tasks' scores once there are enough
+(:meth:`WithinFit.tail_scale`).  ``n = 1`` is a single task's bound (the check of each
+observation, told whether it was cold).  The rule before combined half-widths in quadrature,
+``sqrt(h_P^2 + h_between^2 + h_within(c^(1/n))^2)`` with a Sidak quantile for the within
+part: 97.7% (n = 9) and 95.7% (n = 100) in simulation at a nominal 99%, because the shared
+error and the largest of many are not a sum of squares.  A task in a fresh worker never
+needs less than its isolated profile: ``upper >= upper_P``.  With fewer than ``p + 1`` groups or
+a single group volume the excess is not identified: no correction is applied and
+``TaskModel.warnings`` says so.
 
 Time
 ----
@@ -109,12 +126,14 @@ replace ``explorer.chunking``'s defaults once a probe or a production run has ta
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
 import os
 import time
 import uuid
+import weakref
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -127,7 +146,9 @@ from explorer.stats import t_quantile
 __all__ = [
     "CALIBRATION_FILE",
     "CalibrationFileError",
+    "ColdFit",
     "ExcessFit",
+    "StandardDistribution",
     "TaskModel",
     "WithinFit",
     "TimingFit",
@@ -137,10 +158,13 @@ __all__ = [
     "environment_digest",
     "fit_excess",
     "fit_clock",
+    "fit_cold",
     "fit_run_overheads",
     "fit_timing",
     "fit_within",
     "load_calibration",
+    "max_task_quantile",
+    "student_t_distribution",
     "task_bound",
     "task_groups",
     "task_model",
@@ -274,15 +298,16 @@ class WithinFit:
         method = "conformal" if conformal_rank(len(self.scores), confidence) is not None else "student-t"
         return float(self.quantiles([confidence])[0]), method
 
-    def half_width(self, task_mean_bytes, confidence: float, tasks=1) -> np.ndarray:
-        """``q sigma_w(m)``: the within-group part of the bound on the largest of ``tasks``
-        tasks (scalar or per row), ``q`` at ``c^(1 / tasks)`` (Sidak: ``c`` that none of
-        them exceeds it); one task: the single task's ``q_c``."""
-        m = np.asarray(task_mean_bytes, dtype=np.float64)
-        counts = np.broadcast_to(np.maximum(np.asarray(tasks, dtype=np.int64), 1), m.shape)
-        unique, inverse = np.unique(counts, return_inverse=True)
-        q = self.quantiles(float(confidence) ** (1.0 / unique.astype(np.float64)))
-        return q[inverse].reshape(m.shape) * self.sd(m)
+    def tail_scale(self, confidence: float) -> float:
+        """``s_w``: the within-group deviation the bound on the largest of ``n`` tasks takes is
+        ``W = s_w sigma_w(m) T_{nu_w}`` (:func:`task_bound`).  Once there are enough scores for the
+        conformal rank quantile at ``confidence``, ``s_w = max(1, q_conformal / t_{nu_w}(c))``: the
+        Student-t stretched until its ``c``-quantile is the scores' (they have shown a heavier
+        upper tail than the t: gst3d's probes, 4.8 sd at the top of 112), never narrowed; else 1.
+        Not the scores' empirical distribution itself: its steps of ``1 / (N + 1)`` sit exactly
+        where the quantile of the largest of ``n`` is decided, and no cheap quadrature resolves
+        them (3-7% off Monte Carlo with 15 nodes on gst3d's scores)."""
+        return _tail_scale(self, float(confidence))
 
     def quantiles(self, confidences) -> np.ndarray:
         """:meth:`quantile` at each of ``confidences`` (vectorised: the planner's hot path)."""
@@ -295,6 +320,15 @@ class WithinFit:
             scores = np.asarray(self.scores, dtype=np.float64)
             q = np.where(conformal, np.maximum(0.0, scores[np.minimum(ranks, n) - 1]), q)
         return q
+
+
+@functools.lru_cache(maxsize=64)
+def _tail_scale(within: WithinFit, confidence: float) -> float:
+    """:meth:`WithinFit.tail_scale` (memoised: the planner asks it on every prediction)."""
+    q, method = within.quantile(confidence)
+    if method != "conformal":
+        return 1.0
+    return max(1.0, q / t_quantile(confidence, float(within.dof)))
 
 
 #: Per ``dof``, the confidences :func:`student_t_quantiles` has met (sorted) and their t
@@ -328,18 +362,24 @@ def student_t_quantiles(dof: float, confidences) -> np.ndarray:
     return values[index].reshape(c.shape)
 
 
-def fit_within(mean_bytes, variances, n_tasks, deviations=()) -> WithinFit | None:
+def fit_within(mean_bytes, variances, n_tasks, deviations=(), dofs=None, cells=None) -> WithinFit | None:
     """Maximum likelihood of ``sigma_w^2(m) = alpha^2 + beta^2 m^2`` from the groups' sample
-    variances ``s_g^2`` (``n_g - 1`` degrees of freedom each, at their means ``m_g``):
-    maximises ``-sum (n_g - 1)/2 (log sigma_w^2(m_g) + s_g^2 / sigma_w^2(m_g))`` with
+    variances ``s_g^2`` (``d_g`` degrees of freedom each, at their means ``m_g``):
+    maximises ``-sum d_g/2 (log sigma_w^2(m_g) + s_g^2 / sigma_w^2(m_g))`` with
     ``alpha >= `` the kernel's page.  None when fewer than ``3`` degrees of freedom remain
-    (``sum (n_g - 1) <= 2``): the between-group residual then carries the whole spread.
-    ``deviations``: per group, its tasks' ``y_gi - ybar_g`` (for the conformal scores)."""
+    (``sum d_g <= 2``): the between-group residual then carries the whole spread.
+
+    ``dofs``: per group ``d_g``, by default ``n_g - 1``; a group whose cold and warm tasks are
+    told apart has ``n_g - 2`` (its variance pooled about the two cells' means: ``task_groups``).
+    ``deviations``: per group, its tasks' deviations from their cell's mean (for the conformal
+    scores), each cell of ``cells`` tasks (per group an array per task; by default the group is
+    one cell): a score is ``deviation / (sigma_w(m_g) sqrt(1 - 1 / cell))``."""
     from explorer.stats import fit_spread, page_bytes
 
     m = np.asarray(mean_bytes, dtype=np.float64).reshape(-1)
     s2 = np.asarray(variances, dtype=np.float64).reshape(-1)
-    dof_g = np.asarray(n_tasks, dtype=np.float64).reshape(-1) - 1.0
+    dof_g = (np.asarray(n_tasks, dtype=np.float64).reshape(-1) - 1.0 if dofs is None
+             else np.asarray(dofs, dtype=np.float64).reshape(-1))
     keep = (dof_g > 0) & np.isfinite(s2) & np.isfinite(m)
     dof = int(dof_g[keep].sum()) - N_WITHIN_PARAMETERS
     if dof < 1:
@@ -347,24 +387,87 @@ def fit_within(mean_bytes, variances, n_tasks, deviations=()) -> WithinFit | Non
     alpha, beta = fit_spread(m[keep], s2[keep], dof_g[keep], abs_floor=page_bytes())
     fit = WithinFit(alpha_bytes=float(alpha), beta=float(beta), dof=dof)
     scores = []
-    for mean, deviation in zip(np.asarray(mean_bytes, dtype=np.float64).reshape(-1), deviations):
+    for g, (mean, deviation) in enumerate(zip(m, deviations)):
         deviation = np.asarray(deviation, dtype=np.float64)
-        if len(deviation) > 1:
-            scores.extend(deviation / (float(fit.sd(abs(mean))) * math.sqrt(1.0 - 1.0 / len(deviation))))
+        cell = (np.full(len(deviation), float(len(deviation))) if cells is None
+                else np.asarray(cells[g], dtype=np.float64))
+        ok = cell > 1
+        scores.extend(deviation[ok] / (float(fit.sd(abs(mean))) * np.sqrt(1.0 - 1.0 / cell[ok])))
     return replace(fit, scores=tuple(sorted(map(float, scores))))
 
 
 @dataclass(frozen=True)
+class ColdFit:
+    """The cold first task's offset over its group's warm tasks, relative to their mean
+    (module docstring, *The cold first task*): ``ratio`` with standard error ``se`` and ``dof``
+    degrees of freedom, from ``n_groups`` groups holding both kinds."""
+
+    ratio: float
+    se: float
+    dof: float
+    n_groups: int
+
+    @property
+    def offset_ratio(self) -> float:
+        """``max(0, ratio)``: the offset the bound gives a cold task (cold tasks shown lower than
+        warm ones are bounded as warm ones, with the estimate's error as their extra spread)."""
+        return max(0.0, self.ratio)
+
+    def spread_ratio(self, confidence: float, within_dof: float) -> float:
+        """The estimate's error as a spread of each cold task, in units of the mean and of
+        a Student-t with ``within_dof``: ``se t_dof(c) / t_{nu_w}(c)`` (the error's ``c``-quantile
+        kept).  Added to each cold task independently: their maxima then come out no smaller
+        than with the one shared error it stands for (Slepian: less correlated maxima are larger)."""
+        c = float(confidence)
+        return self.se * t_quantile(c, float(self.dof)) / t_quantile(c, float(within_dof))
+
+
+def fit_cold(warm_mean, cold_mean, n_warm, n_cold, within: WithinFit | None) -> ColdFit | None:
+    """Weighted least squares through the origin of the groups' cold-minus-warm means
+    ``d_g = ybar_cold - ybar_warm`` on their warm means ``m_g``: ``d_g = rho m_g + e_g``,
+    ``var(e_g) = sigma_w^2(m_g) (1/n_cold + 1/n_warm)`` (:class:`WithinFit`), so
+    ``rho = sum w m d / sum w m^2`` with ``w = 1 / var(e_g)``, and ``se^2 = phi / sum w m^2``,
+    ``phi = max(1, Q / (G - 1))`` with ``Q = sum w (d - rho m)^2`` the groups' chi-square (an
+    offset that varies from group to group more than their tasks' spread explains widens its
+    error; then ``G - 1`` dof, else the within fit's).  None without a group holding both kinds,
+    or without a within fit."""
+    m, cold_m, warm_m = (np.asarray(x, dtype=np.float64).reshape(-1) for x in (warm_mean, cold_mean, warm_mean))
+    nw, nc = (np.asarray(x, dtype=np.float64).reshape(-1) for x in (n_warm, n_cold))
+    both = (nw > 0) & (nc > 0) & np.isfinite(cold_m) & np.isfinite(m) & (m > 0)
+    if within is None or not both.any():
+        return None
+    m, d = m[both], cold_m[both] - warm_m[both]
+    var = within.sd(m) ** 2 * (1.0 / nc[both] + 1.0 / nw[both])
+    w = 1.0 / np.maximum(var, 1e-300)
+    information = float((w * m * m).sum())
+    ratio = float((w * m * d).sum()) / information
+    groups = int(both.sum())
+    q = float((w * (d - ratio * m) ** 2).sum())
+    phi = q / (groups - 1) if groups > 1 else 0.0
+    dof = float(groups - 1) if phi > 1.0 else float(within.dof)
+    return ColdFit(ratio=ratio, se=math.sqrt(max(phi, 1.0) / information), dof=dof, n_groups=groups)
+
+
+@dataclass(frozen=True)
 class TaskGroups:
-    """In-worker tasks, one group per (run, block shape) (module docstring)."""
+    """In-worker tasks, one group per (run, block shape) (module docstring).  A group whose
+    every task says whether it was its worker's first of the run (``first_in_run``) and that
+    holds both kinds has its cold and warm tasks apart: its mean is the warm tasks', its
+    variance pooled about the two means (``dofs = n - 2``).  Otherwise (observations saved
+    before the flag, or one kind only) the group is one cell, as before the flag."""
 
     shapes: np.ndarray  # (n, 3) int64 block shapes
     peak_bytes: np.ndarray  # (n,) the group's largest task
-    mean_bytes: np.ndarray  # (n,) the group's mean task
-    variances: np.ndarray  # (n,) the group's sample variance (0 for a single task)
+    mean_bytes: np.ndarray  # (n,) the group's mean warm task (all its tasks when not told apart)
+    variances: np.ndarray  # (n,) the group's sample variance about its cells' means (0 for a single task)
     n_tasks: np.ndarray  # (n,) tasks in the group
     sources: tuple[str, ...]  # the group's source ("probe" or "production")
-    deviations: tuple = ()  # per group, its tasks' peaks minus the group's mean
+    deviations: tuple = ()  # per group, its tasks' peaks minus their cell's mean
+    dofs: np.ndarray | None = None  # (n,) degrees of freedom of the variance
+    cells: tuple = ()  # per group, the size of each task's cell
+    cold_mean: np.ndarray | None = None  # (n,) the cold tasks' mean (NaN: not told apart)
+    n_cold: np.ndarray | None = None  # (n,) cold tasks (0 when not told apart)
+    n_warm: np.ndarray | None = None  # (n,) warm tasks (all when not told apart)
 
 
 def _is_in_worker(record, environment: str | None) -> bool:
@@ -382,40 +485,533 @@ def task_groups(records, environment: str | None = None) -> TaskGroups:
             key = (str(r.context.get("run", "")), tuple(int(n) for n in r.shape))
             groups.setdefault(key, []).append(r)
     keys = sorted(groups)
-    peaks = [np.asarray([float(r.peak_bytes) for r in groups[k]]) for k in keys]
+    columns = {name: [] for name in ("peak", "mean", "var", "n", "dof", "dev", "cells", "cold_mean", "n_cold",
+                                     "n_warm")}
+    for k in keys:
+        peaks = np.asarray([float(r.peak_bytes) for r in groups[k]])
+        flags = [r.context.get("first_in_run") for r in groups[k]]
+        cold = np.asarray([bool(f) for f in flags])
+        apart = all(f is not None for f in flags) and cold.any() and not cold.all()
+        if apart:
+            cells = [peaks[~cold], peaks[cold]]
+            deviation = np.where(cold, peaks - cells[1].mean(), peaks - cells[0].mean())
+            size = np.where(cold, float(cold.sum()), float((~cold).sum()))
+            dof = len(peaks) - 2
+            mean, cold_mean = cells[0].mean(), cells[1].mean()
+        else:
+            deviation, size, dof = peaks - peaks.mean(), np.full(len(peaks), float(len(peaks))), len(peaks) - 1
+            mean, cold_mean = peaks.mean(), np.nan
+        columns["peak"].append(peaks.max())
+        columns["mean"].append(mean)
+        columns["var"].append(float(deviation @ deviation) / dof if dof > 0 else 0.0)
+        columns["n"].append(len(peaks))
+        columns["dof"].append(dof)
+        columns["dev"].append(deviation)
+        columns["cells"].append(size)
+        columns["cold_mean"].append(cold_mean)
+        columns["n_cold"].append(int(cold.sum()) if apart else 0)
+        columns["n_warm"].append(int((~cold).sum()) if apart else len(peaks))
+    as_float = lambda name: np.asarray(columns[name], dtype=np.float64)  # noqa: E731
     return TaskGroups(
         shapes=np.asarray([k[1] for k in keys], dtype=np.int64).reshape(-1, 3),
-        peak_bytes=np.asarray([p.max() for p in peaks], dtype=np.float64),
-        mean_bytes=np.asarray([p.mean() for p in peaks], dtype=np.float64),
-        variances=np.asarray([p.var(ddof=1) if len(p) > 1 else 0.0 for p in peaks], dtype=np.float64),
-        n_tasks=np.asarray([len(p) for p in peaks], dtype=np.int64),
-        sources=tuple(groups[k][0].source for k in keys),
-        deviations=tuple(p - p.mean() for p in peaks),
+        peak_bytes=as_float("peak"), mean_bytes=as_float("mean"), variances=as_float("var"),
+        n_tasks=np.asarray(columns["n"], dtype=np.int64), sources=tuple(groups[k][0].source for k in keys),
+        deviations=tuple(columns["dev"]), dofs=as_float("dof"), cells=tuple(columns["cells"]),
+        cold_mean=as_float("cold_mean"), n_cold=as_float("n_cold"), n_warm=as_float("n_warm"),
     )
 
 
 def task_bound(mean_isolated, upper_isolated, voxels, excess: ExcessFit | None, within: WithinFit | None,
-               confidence: float, tasks=1) -> tuple[np.ndarray, np.ndarray]:
-    """``(mean, upper)`` bytes of a task in a worker (module docstring): the isolated
-    model's ``(mean_P, upper_P)`` plus the excess between groups and the spread within one::
+               confidence: float, tasks=1, *, cold=None, cold_fit: ColdFit | None = None,
+               isolated_dof: float = math.inf, ceiling=None):
+    r"""``(mean, upper)`` bytes of the largest of ``tasks`` tasks of one plan in workers (module
+    docstring), from the isolated model's ``(mean_P, upper_P)`` at ``c``::
 
         mean  = mean_P + delta_mean(V)
-        upper = max(upper_P, mean + sqrt(h_P^2 + h_between(V)^2 + h_within(mean; tasks)^2))
+        upper = max(upper_P, mean + u),   u: P(S + max_i D_i <= u) = c   (max_task_quantile)
 
-    ``tasks`` (scalar or per row): the bound covers the largest of that many tasks of one
-    run.  Only the spread within a group differs from task to task; the model's and the
-    line's uncertainty is shared by all of them and stays at ``c``
-    (:meth:`WithinFit.half_width`).  The isolated bound alone when the excess is not
-    identified."""
+    with the shared error ``S = a T_{nu_P} + b T_{n-p}``, ``a = (upper_P - mean_P) / t_{nu_P}(c)``
+    (the isolated predictive's scale, ``isolated_dof`` its dof: ``MemoryModel.predictive_t``),
+    ``b = delta_half(V) / t_{n-p}(c)`` (the excess's, whichever quantile ``delta_half`` took), and
+    per task ``D_i = W_i`` (warm, ``W_i = s_w sigma_w(mean) T_{nu_w}``: :meth:`WithinFit.tail_scale`)
+    or ``kappa + W_c`` (cold, ``kappa = max(0, rho) mean``, ``W_c`` with the offset's error added
+    to its spread: :class:`ColdFit`).
+
+    ``tasks`` (scalar or per row): how many tasks the bound covers; ``cold`` (scalar or per row):
+    how many of them are their worker's first (default ``min(tasks, 1)``: a run has at least one,
+    and a task of unknown order is bounded as one).  The isolated bound alone when the excess
+    is not identified.  ``ceiling`` (per row, optional): rows whose lower bound is above it are
+    not solved (:func:`max_task_quantile`; ``upper`` that lower bound); returns ``(mean, upper,
+    exact)`` then."""
     mean_isolated = np.asarray(mean_isolated, dtype=np.float64)
     upper_isolated = np.asarray(upper_isolated, dtype=np.float64)
     if excess is None:
-        return mean_isolated, upper_isolated
-    d_mean, d_half = excess.predict(voxels, confidence)
+        return (mean_isolated, upper_isolated) if ceiling is None else \
+            (mean_isolated, upper_isolated, np.ones(mean_isolated.shape, dtype=bool))
+    c = float(confidence)
+    d_mean, d_half = excess.predict(voxels, c)
     mean = mean_isolated + d_mean
-    w_half = within.half_width(mean, confidence, tasks) if within is not None else 0.0
-    half = np.sqrt((upper_isolated - mean_isolated) ** 2 + d_half**2 + w_half**2)
-    return mean, np.maximum(upper_isolated, mean + half)
+    a = np.maximum(upper_isolated - mean_isolated, 0.0) / t_quantile(c, float(isolated_dof))
+    b = d_half / t_quantile(c, float(excess.dof))
+    sigma = within.sd(mean) * within.tail_scale(c) if within is not None else 0.0
+    tasks = np.maximum(np.asarray(tasks, dtype=np.float64), 1.0)
+    cold = np.minimum(tasks, 1.0) if cold is None else np.asarray(cold, dtype=np.float64)
+    kappa, cold_sd = 0.0, None
+    if cold_fit is not None and within is not None:
+        kappa = cold_fit.offset_ratio * np.maximum(mean, 0.0)
+        cold_sd = np.hypot(sigma, cold_fit.spread_ratio(c, within.dof) * np.maximum(mean, 0.0))
+    solved = max_task_quantile(c, (a, b), (float(isolated_dof), float(excess.dof)), sigma, tasks, cold=cold,
+                               cold_offset=kappa, cold_sd=cold_sd,
+                               within_dof=math.inf if within is None else float(within.dof),
+                               ceiling=None if ceiling is None else np.asarray(ceiling, dtype=np.float64) - mean)
+    u, exact = (solved, None) if ceiling is None else solved
+    upper = np.maximum(upper_isolated, mean + u.reshape(mean.shape))
+    return (mean, upper) if ceiling is None else (mean, upper, exact.reshape(mean.shape))
+
+
+# --------------------------------------------------------------------------- the largest of n tasks
+
+
+#: The standardised distributions below are tabulated on one grid, uniform in
+#: ``y = z / (1 + |z| / Z0)``: spacing 0.0078 near 0, wider in the tails, ``|z|`` up to ~8,000.
+_Z0 = 16.0
+_TABLE_SIZE = 4096
+_Y_MAX = _Z0 * (1.0 - 1.0 / 512.0)
+_TABLE_Y = np.linspace(-_Y_MAX, _Y_MAX, _TABLE_SIZE)
+_TABLE_Z = _TABLE_Y / (1.0 - np.abs(_TABLE_Y) / _Z0)
+_INV_DY = 1.0 / (_TABLE_Y[1] - _TABLE_Y[0])
+_LAST = _TABLE_SIZE - 1.000001
+
+
+def _grid_index(z) -> tuple[np.ndarray, np.ndarray]:
+    """``(i, frac)``: where ``z`` falls on the tables' grid (clipped to its ends)."""
+    p = np.abs(z)
+    p *= 1.0 / _Z0
+    p += 1.0
+    np.divide(z, p, out=p)
+    p += _Y_MAX
+    p *= _INV_DY
+    np.clip(p, 0.0, _LAST, out=p)
+    i = p.astype(np.intp)
+    p -= i
+    return i, p
+
+
+def _lerp(table, i, frac):
+    low = table[i]
+    return low + (table[i + 1] - low) * frac
+
+
+def _pairs(first, second) -> np.ndarray:
+    """``(N, 4)``: each grid point's ``first``, its step to the next, ``second``, its step:
+    one gather (``np.take`` along rows) interpolates both (:func:`_log_terms`)."""
+    return np.stack([first, np.diff(first, append=first[-1]), second, np.diff(second, append=second[-1])], axis=1)
+
+
+class StandardDistribution:
+    """A standardised distribution tabulated on the grid: ``F``, the density ``f``, ``log F``,
+    ``f / F`` (for the largest of ``n``: ``G = F^n``, ``log G = n log F``), and its quantile
+    at ``logit p`` (a second table, uniform in ``logit p`` on [-60, 60])."""
+
+    _LOGIT = 60.0
+    _N_LOGIT = 8192
+
+    def __init__(self, cdf, density):
+        F = np.clip(np.maximum.accumulate(np.asarray(cdf, dtype=np.float64)), 1e-300, 1.0)
+        self.F, self.f = F, np.maximum(np.asarray(density, dtype=np.float64), 0.0)
+        self.log_F = np.log(F)
+        self.dlog_F = self.f / F
+        self.log_pairs = _pairs(self.log_F, self.dlog_F)
+        #: :class:`_Tables`' layout of this distribution alone (float32: one gather's temporary
+        #: stays small; ``log F`` to a relative 6e-8).
+        self.rows = np.zeros((_TABLE_SIZE, 8), dtype=np.float32)
+        self.rows[:, :4] = self.log_pairs
+        logit = self.log_F - np.log(np.clip(1.0 - F, 1e-300, 1.0))
+        rising = np.concatenate([[True], np.diff(logit) > 0])
+        levels = np.linspace(-self._LOGIT, self._LOGIT, self._N_LOGIT)
+        self._q_of_logit = np.interp(levels, logit[rising], _TABLE_Z[rising])
+        self._q_scale = (self._N_LOGIT - 1) / (2 * self._LOGIT)
+
+    def quantile_at_logit(self, logit) -> np.ndarray:
+        """``F^{-1}(p)`` at ``logit p`` (elementwise)."""
+        p = np.clip((np.asarray(logit, dtype=np.float64) + self._LOGIT) * self._q_scale, 0.0,
+                    self._N_LOGIT - 1.000001)
+        i = p.astype(np.intp)
+        return _lerp(self._q_of_logit, i, p - i)
+
+    def max_range(self, count) -> np.ndarray:
+        """The 10-90% range of the largest of ``count`` draws (elementwise; tabulated at
+        ``count = 2^0 .. 2^30``, linear in ``log2 count`` between)."""
+        table = getattr(self, "_max_range", None)
+        if table is None:
+            powers = 2.0 ** np.arange(31)
+            spread = [self.quantile_at_logit(lq - np.log(-np.expm1(lq))) for lq in
+                      (math.log(0.9) / powers, math.log(0.1) / powers)]
+            table = self._max_range = spread[0] - spread[1]
+        return np.interp(np.log2(np.maximum(count, 1.0)), np.arange(31.0), table)
+
+
+@functools.lru_cache(maxsize=64)
+def student_t_distribution(dof: float) -> StandardDistribution:
+    """The standard Student-t with ``dof`` degrees of freedom (``inf``: the normal), tabulated."""
+    from scipy.special import gammaln, ndtr, stdtr
+
+    dof = float(dof)
+    z = _TABLE_Z
+    if math.isinf(dof):
+        return StandardDistribution(ndtr(z), np.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi))
+    log_c = gammaln((dof + 1.0) / 2.0) - gammaln(dof / 2.0) - 0.5 * math.log(dof * math.pi)
+    return StandardDistribution(stdtr(dof, z), np.exp(log_c - (dof + 1.0) / 2.0 * np.log1p(z * z / dof)))
+
+
+#: Columns of the shared error's table: ``theta`` in ``[0, pi/2]`` in this many steps.
+THETA_STEPS = 64
+#: Nodes of the logit trapezoid rule that builds a column of a sum of two Student-t's.
+_COLUMN_NODES = 241
+
+
+@functools.lru_cache(maxsize=1024)
+def _sum_column(dof1: float, dof2: float, j: int) -> StandardDistribution:
+    """``Z = cos(theta) T_1 + sin(theta) T_2`` at ``theta = j pi / (2 THETA_STEPS)`` (independent
+    standard Student-t's with ``dof1``, ``dof2``): ``F(z) = E[F_a((z - s T_b) / c)]`` over the
+    component with the smaller weight ``s`` (the other's ``c >= s``: its cdf is the smoother), by
+    the trapezoid rule in ``logit p``."""
+    t1, t2 = (student_t_distribution(d) for d in (dof1, dof2))
+    if j == 0:
+        return t1
+    if j == THETA_STEPS:
+        return t2
+    theta = j * (math.pi / 2.0) / THETA_STEPS
+    cos, sin = math.cos(theta), math.sin(theta)
+    (big, wide), (small, narrow) = ((t1, cos), (t2, sin)) if cos >= sin else ((t2, sin), (t1, cos))
+    v = np.linspace(-30.0, 30.0, _COLUMN_NODES)
+    weights = 1.0 / (np.exp(v) + 2.0 + np.exp(-v))
+    weights /= weights.sum()
+    i, frac = _grid_index((_TABLE_Z[:, None] - narrow * small.quantile_at_logit(v)[None, :]) / wide)
+    return StandardDistribution(_lerp(big.F, i, frac) @ weights, (_lerp(big.f, i, frac) @ weights) / wide)
+
+
+#: The slot of the within-group distribution in :class:`_Tables` (after the shared error's columns).
+_WITHIN_SLOT = THETA_STEPS + 1
+
+
+class _Tables:
+    """What a bound's evaluation gathers from, in one array of 8-wide rows per grid point:
+    ``log F`` and ``f / F`` with their steps to the next grid point (:func:`_pairs`), then the
+    same of the next slot's minus this one's (``log F`` linear in ``theta`` between two columns
+    in one gather).  Slots ``0 .. THETA_STEPS``: the shared error's columns (:func:`_sum_column`,
+    copied in when first needed, with their neighbour); slot :data:`_WITHIN_SLOT`: the
+    within-group distribution (its differences zero).  And each built column's quantiles at
+    levels asked before (memoised)."""
+
+    def __init__(self, dof1: float, dof2: float, within: StandardDistribution):
+        self.dofs = (float(dof1), float(dof2))
+        self.rows = np.zeros(((_WITHIN_SLOT + 1) * _TABLE_SIZE, 8), dtype=np.float32)
+        self.rows[_WITHIN_SLOT * _TABLE_SIZE:] = within.rows
+        self.F = np.zeros((THETA_STEPS + 1, _TABLE_SIZE))
+        self.built = np.zeros(THETA_STEPS + 1, dtype=bool)
+        self.version = 0  # bumped when a column is built (the quantiles' memo is then refilled)
+        self._quantiles: dict = {}
+
+    def _slot(self, j: int) -> np.ndarray:
+        return self.rows[j * _TABLE_SIZE:(j + 1) * _TABLE_SIZE]
+
+    def build(self, columns) -> None:
+        """Columns ``columns`` and, for each, the next one (its ``theta`` difference)."""
+        for j in np.unique(np.minimum(np.concatenate([np.asarray(columns), np.asarray(columns) + 1]), THETA_STEPS)):
+            if not self.built[j]:
+                column = _sum_column(*self.dofs, int(j))
+                self.F[j] = column.F
+                self._slot(j)[:] = column.rows
+                self.built[j] = True
+                self.version += 1
+                for lower in (j - 1, j):
+                    if 0 <= lower < THETA_STEPS and self.built[lower] and self.built[lower + 1]:
+                        upper, here = _sum_column(*self.dofs, lower + 1), _sum_column(*self.dofs, lower)
+                        self._slot(lower)[:, 4:] = upper.log_pairs - here.log_pairs
+
+    def quantiles(self, levels: tuple) -> np.ndarray:
+        """``(THETA_STEPS + 1, len(levels))``: each built column's quantiles at ``levels``."""
+        entry = self._quantiles.get(levels)
+        if entry is not None and entry[1] == self.version:
+            return entry[0]
+        table = np.full((THETA_STEPS + 1, len(levels)), np.nan) if entry is None else entry[0]
+        for j in np.flatnonzero(self.built & np.isnan(table[:, 0])):
+            table[j] = np.interp(levels, self.F[j], _TABLE_Z)
+        self._quantiles[levels] = (table, self.version)
+        return table
+
+
+@functools.lru_cache(maxsize=8)
+def _tables(dof1: float, dof2: float, within: StandardDistribution) -> _Tables:
+    return _Tables(dof1, dof2, within)
+
+
+class _Rule:
+    """A quadrature over an integrated variable's quantiles ``p_k`` with weights ``w_k``: the
+    trapezoid rule in ``v = logit p`` on ``[v_lo, v_hi]`` (weights ``p_k (1 - p_k)`` normalised),
+    or, with ``gauss_hermite``, Gauss-Hermite in the normal score ``Phi^{-1}(p)`` with that many
+    nodes (spectrally accurate when the variable's quantile is smooth in its normal score: light
+    tails)."""
+
+    def __init__(self, nodes: int, v_lo: float = 0.0, v_hi: float = 0.0, *, gauss_hermite: bool = False):
+        if gauss_hermite:
+            from numpy.polynomial.hermite_e import hermegauss
+            from scipy.special import ndtr
+
+            z, w = hermegauss(nodes)
+            self.p = ndtr(z)
+        else:
+            v = np.linspace(v_lo, v_hi, nodes)
+            self.p = 1.0 / (1.0 + np.exp(-v))
+            w = self.p * (1.0 - self.p)
+        self.w = w / w.sum()
+        self.levels = tuple(float(p) for p in self.p)
+
+
+#: Every Student-t involved with 10 or more dof: 8 Gauss-Hermite nodes.  Against numerical
+#: integration (the configurations below with ``c`` 95% to 99.9%, ``n`` 1 to 1,000, with and
+#: without cold tasks): within ``1.8e-3 (a + sigma)``, median ``2e-5``.
+LIGHT_RULE = _Rule(8, gauss_hermite=True)
+#: 5 or more dof: 15 trapezoid nodes in ``logit p`` to ``p = 1 - 3e-10`` (the integrated
+#: variable's lower tail matters little, the other's cdf is ~1 there; its upper tail holds the
+#: ``1 - c``): within ``2.5e-3 (a + sigma)``, median ``2e-4``.
+QUADRATURE_RULE = _Rule(15, -6.0, 22.0)
+#: Fewer than 5: within ``4e-4 (a + sigma)`` down to 4 dof; with 3 dof, ``1e-4`` at 99%, 2.5% at
+#: 99.9%.  (An error of ``1e-3 (a + sigma)`` in ``u`` is one of about ``3e-5`` in ``P`` at 99%.)
+FINE_RULE = _Rule(97, -14.0, 28.0)
+
+
+def _rule(dof: float) -> _Rule:
+    """The quadrature for the smallest dof among the Student-t's a bound involves."""
+    return LIGHT_RULE if dof >= 10.0 else QUADRATURE_RULE if dof >= 5.0 else FINE_RULE
+#: Rows are solved in blocks of at most this many: the temporaries stay under glibc's 128 KiB
+#: mmap threshold (above it each is a fresh mapping whose page faults took 4x the time here).
+BLOCK_ROWS = 256
+
+
+def max_task_quantile(confidence: float, shared_scales, shared_dofs, within_sd, tasks, *, cold=0, cold_offset=0.0,
+                      cold_sd=None, within_dof: float = math.inf, ceiling=None):
+    r"""The ``c``-quantile ``u`` of ``S + max_i D_i`` over ``n`` tasks, per row (bytes above the
+    tasks' common location).
+
+    ``S = a T_1 + b T_2`` is shared by all the tasks of a plan (``shared_scales`` ``(a, b)``,
+    ``shared_dofs`` ``(nu_1, nu_2)``: independent standard Student-t's); ``D_i = W_i`` for the
+    ``n - k`` warm tasks and ``kappa + sigma_c Z_i`` for the ``k`` cold ones (``cold`` ``k``,
+    ``cold_offset`` ``kappa``, ``cold_sd`` ``sigma_c``, by default ``sigma``), ``W_i = sigma Z_i`` iid
+    (``within_sd`` ``sigma``; ``Z`` a standard Student-t with ``within_dof``).  With
+    ``G(x) = F_Z(x / sigma)^{n-k} F_Z((x - kappa) / sigma_c)^k`` the distribution function of the
+    largest ``D``::
+
+        P(S + max_i D_i <= u) = E_S[ G(u - S) ] = E_M[ F_S(u - M) ] = c
+
+    solved for ``u`` by Newton's method on ``logit P`` from the quadrature sum of the two
+    ``c``-quantiles (the rule this replaces, ``sqrt(Q_S(c)^2 + Q_M(c)^2)``, usually a little
+    below), steps at most one spread long and bisected inside the bracket the evaluations have
+    found, until a step is under 1% of the spread (the error left is of its square).  The
+    expectation is taken over whichever of ``S`` and ``M`` is the narrower (10-90% range), at
+    its quantiles (:func:`_rule`: Gauss-Hermite in the normal score when every Student-t
+    involved has 10 or more dof, else the trapezoid rule in ``logit p``): the other's
+    distribution function is then smooth on the nodes' scale.  ``S``'s quantiles and ``F_S``
+    come from a table of ``cos(theta) T_1 + sin(theta) T_2`` over ``theta = atan(b / a)``
+    (columns every ``pi / 128``, ``log F`` linear between them); ``M``'s quantiles are
+    ``sigma F_Z^{-1}(p^{1/n})`` without cold tasks, else found by Newton's method on ``log G``
+    from the larger factor's.  Rows go in blocks of :data:`BLOCK_ROWS`, one Newton iteration
+    per block (:func:`_solve_block`).
+
+    ``n = 1`` without cold tasks: the quantile of ``S + W``; ``sigma = 0``: ``Q_S(c)`` plus the
+    cold offset when there is a cold task; ``a = b = 0``: ``G^{-1}(c)``.
+
+    ``ceiling`` (per row, optional): a row whose lower bound ``L = Q_S(c) + kappa [k >= 1]`` is above
+    it is not solved, its ``u`` is ``L``; returns ``(u, exact)`` then.  ``L`` holds for ``c >= 1/2``:
+    ``S`` and ``W`` are symmetric and unimodal (Student-t's and their sums), so for either,
+    ``P(X + Y <= Q_X(c)) = E[(F_X(Q_X - |Y|) + F_X(Q_X + |Y|)) / 2] <= c`` (the mass of ``X`` just
+    above ``Q_X`` is no more than just below it), and ``max_i D_i >= D_1`` (a cold one when any).
+    """
+    c = float(confidence)
+    a = np.maximum(np.asarray(shared_scales[0], dtype=np.float64).reshape(-1), 0.0)
+    rows = len(a)
+
+    def per_row(value):
+        return np.broadcast_to(np.asarray(value, dtype=np.float64), (rows,))
+
+    b = np.maximum(per_row(shared_scales[1]), 0.0)
+    sigma, n, kappa = per_row(within_sd), np.maximum(per_row(tasks), 1.0), np.maximum(per_row(cold_offset), 0.0)
+    stretch = np.ones(rows) if cold_sd is None else \
+        np.where(sigma > 0, per_row(cold_sd) / np.where(sigma > 0, sigma, 1.0), 1.0)
+    k = np.where((kappa > 0) | (stretch != 1.0), np.minimum(per_row(cold), n), 0.0)
+    dof1, dof2 = (float(d) for d in shared_dofs)
+    within = student_t_distribution(float(within_dof))
+    tables = _tables(dof1, dof2, within)
+    rule = _rule(min(dof1 if np.any(a > 0) else math.inf, dof2 if np.any(b > 0) else math.inf,
+                     float(within_dof) if np.any(sigma > 0) else math.inf))
+    limit = None if ceiling is None else per_row(ceiling)
+    u, exact = np.empty(rows), np.ones(rows, dtype=bool)
+    for start in range(0, rows, BLOCK_ROWS):
+        part = slice(start, start + BLOCK_ROWS)
+        u[part], exact[part] = _solve_block(c, a[part], b[part], tables, sigma[part], n[part] - k[part], k[part],
+                                            kappa[part], stretch[part], within, rule,
+                                            None if limit is None else limit[part])
+    return u if ceiling is None else (u, exact)
+
+
+def _max_levels(sigma, kappa, warm, cold, log_p, within: StandardDistribution, stretch=1.0):
+    """The larger of the warm maximum's and the cold maximum's ``p``-quantiles,
+    ``sigma F^{-1}(p^(1 / (n - k)))`` and ``kappa + stretch sigma F^{-1}(p^(1 / k))``: a lower bound
+    of ``M``'s (``G`` is at most either factor), and ``M``'s own without cold tasks."""
+    out = None
+    for count, shift, scale in ((warm, 0.0, sigma), (cold, kappa, sigma * stretch)) if np.any(cold > 0) \
+            else ((warm, 0.0, sigma),):
+        log_q = log_p / np.maximum(count, 1.0)
+        x = shift + scale * within.quantile_at_logit(log_q - np.log(-np.expm1(log_q)))
+        x = np.where(count > 0, x, -np.inf)
+        out = x if out is None else np.maximum(out, x)
+    return out
+
+
+def _log_terms(rows, z, base, weight):
+    """``L`` and ``dL / dz`` at ``z`` in slot ``base`` of ``rows`` (:class:`_Tables`), with
+    ``weight`` of the next slot's difference (``None``: none)."""
+    i, frac = _grid_index(z)
+    t = np.take(rows, i + base, axis=0)
+    log_g = t[..., 0] + t[..., 1] * frac
+    slope = t[..., 2] + t[..., 3] * frac
+    if weight is not None:
+        log_g += (t[..., 4] + t[..., 5] * frac) * weight
+        slope += (t[..., 6] + t[..., 7] * frac) * weight
+    return log_g, slope
+
+
+def _newton(evaluate, u, scale, target: float, iterations: int = 40, rtol: float = 1e-2):
+    """``u`` with ``logit P(u) = target`` per row (``P`` increasing; ``evaluate(u) -> (P, P')``)
+    from ``u``: Newton's steps of at most ``scale``, bisection when one leaves the bracket the
+    evaluations have found; stops once every step is below ``rtol scale`` (quadratic
+    convergence: the step taken then leaves an error of order its square)."""
+    low, high = np.full(u.shape, -np.inf), np.full(u.shape, np.inf)
+    tolerance = rtol * scale
+    for _ in range(iterations):
+        P, slope = evaluate(u)
+        np.clip(P, 1e-300, 1.0 - 1e-16, out=P)
+        q = 1.0 - P
+        f = np.log(P / q)
+        f -= target
+        below = f < 0
+        np.copyto(low, u, where=below)
+        np.copyto(high, u, where=~below)
+        step = f * P * q
+        step /= np.maximum(slope, 1e-300)
+        np.clip(step, -scale, scale, out=step)
+        new = u - step
+        outside = (new <= low) | (new >= high)
+        if outside.any():
+            new[outside] = 0.5 * (low[outside] + high[outside])
+        elif np.all(np.abs(step) <= tolerance):
+            return new
+        u = new
+    return u
+
+
+def _solve_block(c, a, b, tables: _Tables, sigma, warm, cold, kappa, stretch, within, rule, ceiling=None):
+    """:func:`max_task_quantile` on one block of rows: each row's expectation as
+    ``P(u) = sum_k w_k exp(c L(z_k) + k L_Z((z_k - kappa / sigma) / r))``, ``z_k = alpha u - beta_k``,
+    ``r = sigma_c / sigma``:
+    over ``S`` (``L = log F_Z``, ``c = n - k``, ``alpha = 1 / sigma``, ``beta_k = s_k / sigma``) or
+    over ``M`` (``L = log F_S``, linear in ``theta`` between the shared error's two nearest
+    columns, ``c = 1``, no cold term, ``alpha = 1 / rho``, ``beta_k = m_k / rho``): one Newton
+    iteration for the whole block."""
+    rows = len(a)
+    rho = np.hypot(a, b)
+    if np.any(b > 0):
+        position = np.arctan2(b, a) * (THETA_STEPS / (math.pi / 2.0))
+        j = np.minimum(position.astype(np.intp), THETA_STEPS - 1)
+        theta_frac = position - j
+        tables.build(j)
+    else:
+        j, theta_frac = np.zeros(rows, dtype=np.intp), np.zeros(rows)
+        tables.build([0])
+
+    def shared_quantiles(at, levels: tuple):
+        table = tables.quantiles(levels)
+        jj, w = j[at], theta_frac[at, None]
+        low = table[jj]
+        if np.any(w > 0):
+            low = low + (table[np.minimum(jj + 1, THETA_STEPS)] - low) * w
+        return low * rho[at, None]
+
+    q = shared_quantiles(slice(None), (0.1, 0.9, c))
+    has_cold = cold > 0
+    u = q[:, 2] + np.where(has_cold, kappa, 0.0)  # sigma = 0; else a lower bound (max_task_quantile)
+    still = sigma <= 0  # no spread within: the largest task is the cold offset above the rest
+    exact = np.ones(rows, dtype=bool)
+    if ceiling is not None:
+        exact = still | ~(u > ceiling)
+        still = still | ~exact
+    if still.all():
+        return u, exact
+    todo = slice(None) if not still.any() else np.flatnonzero(~still)
+    if not isinstance(todo, slice):
+        q, j, theta_frac, rho = q[todo], j[todo], theta_frac[todo], rho[todo]
+        sigma, warm, cold, kappa, has_cold = sigma[todo], warm[todo], cold[todo], kappa[todo], has_cold[todo]
+        stretch = stretch[todo]
+    sig = sigma
+    spread_m = sig * within.max_range(np.maximum(warm, 1.0)) + np.where(has_cold, kappa, 0.0)
+    scale = q[:, 1] - q[:, 0] + spread_m
+    start = np.hypot(np.maximum(q[:, 2], 0.0),
+                     np.maximum(_max_levels(sig, kappa, warm, cold, math.log(c), within, stretch), 0.0))
+    over_m = (q[:, 1] - q[:, 0]) > spread_m  # S the wider: integrate over M
+    alpha = np.where(over_m, 1.0 / np.maximum(rho, 1e-300), 1.0 / sig)
+    beta = np.empty((len(sig), len(rule.p)))
+    over_s = np.flatnonzero(~over_m)
+    if len(over_s):
+        beta[over_s] = shared_quantiles(over_s, rule.levels) / sig[over_s, None]
+    at = np.flatnonzero(over_m)
+    if len(at):
+        beta[at] = _max_nodes(sig[at, None], kappa[at, None], warm[at, None], cold[at, None], stretch[at, None],
+                              rule, within) / np.maximum(rho[at], 1e-300)[:, None]
+    coef = np.where(over_m, 1.0, warm)[:, None]
+    mix = np.where(over_m, theta_frac, 0.0)[:, None] if np.any(theta_frac[over_m] > 0) else None
+    base = (np.where(over_m, j, _WITHIN_SLOT) * _TABLE_SIZE)[:, None]
+    few = np.where(over_m, 0.0, cold)[:, None] if np.any(cold[~over_m] > 0) else None
+    shift = np.where(over_m, 0.0, kappa / sig)[:, None]
+    narrow = (1.0 / stretch)[:, None]
+    rows_, weights = tables.rows, rule.w
+
+    def evaluate(x):
+        z = (x * alpha)[:, None] - beta
+        log_g, slope = _log_terms(rows_, z, base, mix)
+        log_g *= coef
+        slope *= coef
+        if few is not None:  # the cold tasks' factor F((x - kappa) / sigma_c)^k
+            log_c, slope_c = _log_terms(rows_, (z - shift) * narrow, _WITHIN_SLOT * _TABLE_SIZE, None)
+            log_g += log_c * few
+            slope += slope_c * (few * narrow)
+        g = np.exp(log_g)
+        slope *= g
+        return g @ weights, (slope @ weights) * alpha
+    u[todo] = _newton(evaluate, start, scale, math.log(c) - math.log1p(-c))
+    return u, exact
+
+
+def _max_nodes(sigma, kappa, warm, cold, stretch, rule: _Rule, within: StandardDistribution):
+    """``M``'s quantiles at the rule's levels (``(m, 1)`` columns in, ``(m, K)`` out): without
+    cold tasks in closed form, else by Newton's method on ``log G`` from the larger factor's
+    (below them: ``G`` is at most either factor), steps at most ``sigma``."""
+    log_p = np.log(rule.p)[None, :]
+    x = _max_levels(sigma, kappa, warm, cold, log_p, within, stretch)
+    if np.any(cold > 0):
+        kappa_z, narrow = kappa / sigma, 1.0 / stretch
+        rows = within.rows
+        for _ in range(20):
+            z = x / sigma
+            log_g, slope = _log_terms(rows, z, 0, None)
+            log_c, slope_c = _log_terms(rows, (z - kappa_z) * narrow, 0, None)
+            log_g = warm * log_g + cold * log_c
+            slope = warm * slope + cold * narrow * slope_c
+            step = np.minimum((log_g - log_p) * sigma / np.maximum(slope, 1e-300), 0.0)
+            x = x - np.maximum(step, -sigma)
+            if np.all(step >= -1e-5 * sigma):
+                break
+    return x
 
 
 # --------------------------------------------------------------------------- time
@@ -622,8 +1218,10 @@ class WorkerCalibration:
     ``excess`` is None while not identified (see the module docstring); ``environment``
     is the workers' stamp (``explorer.environment``) the observations were made in;
     ``within`` the spread of tasks within a group (None while fewer than three degrees
-    of freedom); ``n_groups_over_bound`` counts the groups whose largest task is above its
-    own in-sample single-task bound at ``confidence`` (a diagnostic).
+    of freedom); ``cold`` the offset of a worker's first task of a run (None without a group
+    holding both kinds: files saved before the flag, or observations without it);
+    ``n_groups_over_bound`` counts the groups whose largest task is above the bound on the
+    largest of their tasks at ``confidence``, in sample (a diagnostic).
     """
 
     operator: str
@@ -637,6 +1235,7 @@ class WorkerCalibration:
     environment: dict | None
     within: WithinFit | None = None
     updated: float = field(default_factory=time.time)
+    cold: ColdFit | None = None
     #: Differences from this process's environment, set by :func:`load_calibration`.
     stale: list = field(default_factory=list)
 
@@ -650,6 +1249,8 @@ class WorkerCalibration:
                                  method=self.excess.quantile(self.confidence)[1])
         if self.within is not None:
             out["within"]["method"] = self.within.quantile(self.confidence)[1]
+        if self.cold is not None:
+            out["cold"]["offset_ratio"] = self.cold.offset_ratio
         out["timing"]["seconds_per_voxel"] = self.timing.seconds_per_voxel
         return out
 
@@ -673,6 +1274,12 @@ class WorkerCalibration:
             if not (math.isfinite(within.alpha_bytes) and math.isfinite(within.beta) and within.alpha_bytes >= 0
                     and within.beta >= 0 and within.dof >= 1):
                 raise ValueError("the within-group fit is malformed")
+        cold = data.get("cold")
+        if cold is not None:
+            cold = ColdFit(ratio=float(cold["ratio"]), se=float(cold["se"]), dof=float(cold["dof"]),
+                           n_groups=int(cold["n_groups"]))
+            if not (math.isfinite(cold.ratio) and math.isfinite(cold.se) and cold.se >= 0 and cold.dof > 0):
+                raise ValueError("the cold-task fit is malformed")
         t = data["timing"]
         timing = TimingFit(**{k: t.get(k) for k in ("operator_seconds_per_voxel", "io_seconds_per_voxel",
                                                     "graph_task_seconds", "run_fixed_seconds")},
@@ -681,7 +1288,8 @@ class WorkerCalibration:
         return cls(operator=str(data["operator"]), excess=excess, timing=timing, n_groups=int(data["n_groups"]),
                    n_probe_groups=int(data.get("n_probe_groups", 0)), n_tasks=int(data["n_tasks"]),
                    confidence=float(data["confidence"]), n_groups_over_bound=int(data["n_groups_over_bound"]),
-                   environment=data.get("environment"), within=within, updated=float(data.get("updated", 0.0)))
+                   environment=data.get("environment"), within=within, updated=float(data.get("updated", 0.0)),
+                   cold=cold)
 
 
 def calibration_path(operator: str, runs_dir=None) -> Path:
@@ -717,19 +1325,23 @@ def calibrate(operator: str, store, model, *, confidence: float = 0.99, runs_dir
     timing = fit_timing(records, digest)
     if len(groups.peak_bytes) == 0 and timing.n_tasks == 0:
         return None
-    excess, within, over = None, None, 0
+    excess, within, cold, over = None, None, None, 0
     if len(groups.peak_bytes):
         mean, upper = model.predict_many(groups.shapes, confidence)
         voxels = groups.shapes.prod(axis=1).astype(np.float64)
         excess = fit_excess(voxels, groups.mean_bytes - mean)
-        within = fit_within(groups.mean_bytes, groups.variances, groups.n_tasks, groups.deviations)
+        within = fit_within(groups.mean_bytes, groups.variances, groups.n_tasks, groups.deviations, groups.dofs,
+                            groups.cells)
+        cold = fit_cold(groups.mean_bytes, groups.cold_mean, groups.n_warm, groups.n_cold, within)
         if excess is not None:
-            _, bound = task_bound(mean, upper, voxels, excess, within, confidence)
+            _, bound = task_bound(mean, upper, voxels, excess, within, confidence, groups.n_tasks,
+                                  cold=np.maximum(groups.n_cold, 1.0), cold_fit=cold,
+                                  isolated_dof=_predictive_dof(model))
             over = int((groups.peak_bytes > bound).sum())
     result = WorkerCalibration(
         operator=operator, excess=excess, timing=timing, n_groups=len(groups.peak_bytes),
         n_probe_groups=sum(s == "probe" for s in groups.sources), n_tasks=int(groups.n_tasks.sum()),
-        confidence=float(confidence), n_groups_over_bound=over, environment=stamp, within=within)
+        confidence=float(confidence), n_groups_over_bound=over, environment=stamp, within=within, cold=cold)
     if save:
         runs = runs_dir if runs_dir is not None else getattr(store, "runs_dir", None)
         _save(result, calibration_path(operator, runs))
@@ -861,40 +1473,87 @@ class TaskModel:
         """The workers' learnt :class:`~explorer.chunking.TaskClock` (None: not learnt yet)."""
         return None if self.calibration is None else self.calibration.timing.clock
 
-    def predict_many(self, shapes, confidence: float = 0.99, tasks=1, ceiling=None) -> tuple[np.ndarray, np.ndarray]:
-        """``(mean, upper)`` bytes of a task's in-worker peak on blocks of ``shapes``; with
-        ``tasks`` (scalar or per row), ``upper`` bounds the largest of that many tasks of
-        one run (:func:`task_bound`: what a plan's worker footprint must hold for).
+    @functools.cached_property
+    def isolated_dof(self) -> float:
+        """The dof of the isolated model's Student-t predictive (:func:`_predictive_dof`)."""
+        return _predictive_dof(self.isolated)
 
-        ``ceiling`` (``(m,)`` bytes; the planner's, ``explorer.chunking.Predictor``) is passed
-        to a composed isolated model, which may stop short on blocks it shows above their
-        ceiling (``mean`` NaN, ``upper`` a lower bound of the isolated upper): the task's
-        upper is at least the isolated one (:func:`task_bound`), so those blocks are returned
-        as they are; the others get the task bound."""
+    def predict_many(self, shapes, confidence: float = 0.99, tasks=1, ceiling=None,
+                     cold=None) -> tuple[np.ndarray, np.ndarray]:
+        """``(mean, upper)`` bytes of a task's in-worker peak on blocks of ``shapes``; with
+        ``tasks`` (scalar or per row), ``upper`` bounds the largest of that many tasks of one
+        run, ``cold`` of them their worker's first (default one; :func:`task_bound`: what a
+        plan's worker footprint must hold for; the planner passes ``min(tasks, slots)``).
+
+        ``ceiling`` (``(m,)`` bytes; the planner's, ``explorer.chunking.Predictor``): a block
+        whose upper is shown above its ceiling is not solved further: its ``mean`` is NaN and
+        its ``upper`` that lower bound (the isolated upper, which the task's never falls below,
+        or :func:`max_task_quantile`'s; a composed isolated model may stop short itself, on one
+        member's bound)."""
         if ceiling is not None and getattr(self.isolated, "composed", False):
             mean, upper = self.isolated.predict_many(shapes, confidence, ceiling=ceiling)
         else:
             mean, upper = self.isolated.predict_many(shapes, confidence)
         if self.excess is None:
             return mean, upper
-        voxels = row_product(np.asarray(shapes, dtype=np.float64).reshape(-1, 3))
-        if ceiling is None:
-            return task_bound(mean, upper, voxels, self.excess, self.calibration.within, confidence, tasks)
         mean, upper = np.array(mean, dtype=np.float64), np.array(upper, dtype=np.float64)
+        voxels = row_product(np.asarray(shapes, dtype=np.float64).reshape(-1, 3))
         rows = ~np.isnan(mean)
-        per_row = np.broadcast_to(np.asarray(tasks), mean.shape)[rows]
-        mean[rows], upper[rows] = task_bound(mean[rows], upper[rows], voxels[rows], self.excess,
-                                             self.calibration.within, confidence, per_row)
+        limit = None
+        if ceiling is not None:
+            limit = np.broadcast_to(np.asarray(ceiling, dtype=np.float64), mean.shape)
+            rows &= ~(upper > limit)
+            mean[~rows] = np.nan
+
+        every = bool(rows.all())
+        pick = slice(None) if every else rows
+
+        def per_row(value):
+            value = np.asarray(value, dtype=np.float64)
+            return value if value.ndim == 0 else np.broadcast_to(value, mean.shape)[pick]
+        solved = task_bound(mean[pick], upper[pick], voxels[pick], self.excess, self.within, confidence,
+                            per_row(tasks), cold=None if cold is None else per_row(cold),
+                            cold_fit=self.calibration.cold, isolated_dof=self.isolated_dof,
+                            ceiling=None if limit is None else limit[pick])
+        if limit is None:
+            mean[pick], upper[pick] = solved
+        else:
+            m, u, exact = solved
+            mean[pick], upper[pick] = np.where(exact, m, np.nan), u
         return mean, upper
 
-    def predict(self, shape, confidence: float = 0.99) -> tuple[float, float]:
-        mean, upper = self.predict_many(np.asarray(shape).reshape(1, 3), confidence)
+    def predict(self, shape, confidence: float = 0.99, cold=None) -> tuple[float, float]:
+        """One task on a block of ``shape`` (``cold``: 1 when it is its worker's first of the
+        run, 0 when it is not; default: bounded as a first)."""
+        mean, upper = self.predict_many(np.asarray(shape).reshape(1, 3), confidence, cold=cold)
         return float(mean[0]), float(upper[0])
 
     def __repr__(self) -> str:
         e = self.excess
         excess = "none" if e is None else f"{e.intercept_bytes / 2**20:+.2f} MiB + {e.bytes_per_voxel:.2f} B/voxel"
         return f"<TaskModel {self.operator} excess={excess}>"
+
+
+_PREDICTIVE_DOF: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _predictive_dof(model) -> float:
+    """The degrees of freedom of ``model``'s Student-t predictive (``predictive_t(shapes) ->
+    (location, scale, dof)``: ``explorer.surrogate.MemoryModel``, ``explorer.composed.ComposedModel``);
+    a model without one is taken as normal (``inf``).  Memoised per model object (models are
+    cached by their files' mtimes)."""
+    try:
+        return _PREDICTIVE_DOF[model]
+    except (KeyError, TypeError):
+        pass
+    predictive = getattr(model, "predictive_t", None)
+    dof = math.inf if predictive is None else float(predictive(np.full((1, 3), 32, dtype=np.int64))[2])
+    dof = dof if dof > 0 else math.inf
+    try:
+        _PREDICTIVE_DOF[model] = dof
+    except TypeError:
+        pass
+    return dof
 
 
 def task_model(operator: str, runs_dir=None, environment: dict | None = None) -> TaskModel:

@@ -209,7 +209,10 @@ FALLBACK_PAUSE_FRACTION = 0.8
 #: still fits) may stop short on a row once it has shown that the row's ``upper`` exceeds
 #: its ceiling: it returns ``mean = nan`` there and, as ``upper``, a lower bound of the
 #: row's upper that is above the ceiling (``explorer.composed.ComposedModel``: one member's
-#: term bounds the pipeline's peak from below).
+#: term bounds the pipeline's peak from below; ``explorer.calibration.TaskModel``: the isolated
+#: bound, or its quantile's bracket).  A predictor that takes ``cold=`` (``(m,)``) is told how
+#: many of each row's tasks are their slot's first of the run, ``min(tasks, slots)``: a
+#: worker's first task finds none of the run's freed memory to reuse (the task model's cold offset).
 Predictor = Callable[..., tuple[np.ndarray, np.ndarray]]
 
 
@@ -1129,7 +1132,7 @@ def evaluate_candidates(c: Candidates, predict: Predictor | None, *, confidence:
         takes_tasks, ceiling_budget = _takes_tasks(predict), (budget if _takes(predict, "ceiling") else None)
 
         def fill(rows):
-            _predict_rows(predict, c, rows, confidence, footprint, takes_tasks, ceiling_budget)
+            _predict_rows(predict, c, rows, confidence, footprint, takes_tasks, ceiling_budget, slots)
 
     first_key, tie = _first_key(c, slots)
     probe = np.ones(len(c.blocks), dtype=bool)
@@ -1244,7 +1247,7 @@ def plan_chunks(
     if not (candidates.upper_total <= budget).any():
         takes_tasks = _takes_tasks(predict)
         _complete_smallest(candidates, lambda: candidates.exact, lambda rows: _predict_rows(
-            predict, candidates, rows, confidence, footprint, takes_tasks))
+            predict, candidates, rows, confidence, footprint, takes_tasks, slots=slots))
         raise ChunkPlanError(_no_fit_message(candidates, shape, operator, threads, confidence, pause_fraction,
                                              limit_bytes, budget, int(baseline_bytes)))
     index = rank_candidates(candidates, shape, whole, budget=budget, slots=slots)
@@ -1338,7 +1341,7 @@ def _no_fit_message(c: Candidates, shape, operator, threads, confidence, pause_f
 
 
 def _predict_rows(predict, c: Candidates, rows, confidence, footprint, takes_tasks: bool,
-                  ceiling_budget: int | None = None) -> None:
+                  ceiling_budget: int | None = None, slots: int | None = None) -> None:
     """Fill ``mean_peak``, ``upper_peak`` (>= mean), ``upper_total`` and ``exact`` of ``c`` at
     ``rows`` (:func:`_predict_blocks`); a non-finite prediction leaves the total at int64 max
     (never fits).  With ``ceiling_budget`` (the predictor takes ``ceiling``), each row's
@@ -1351,7 +1354,7 @@ def _predict_rows(predict, c: Candidates, rows, confidence, footprint, takes_tas
     if ceiling_budget is not None:
         empty = footprint(blocks, 0.0, **kept)
         ceiling = ((int(ceiling_budget) - empty.total) // empty.threads_per_worker).astype(np.float64)
-    mean, upper, exact = _predict_blocks(predict, blocks, c.n_tasks[rows], confidence, takes_tasks, ceiling)
+    mean, upper, exact = _predict_blocks(predict, blocks, c.n_tasks[rows], confidence, takes_tasks, ceiling, slots)
     finite = np.isfinite(upper)
     total = footprint(blocks, np.where(finite, upper, 0.0), **kept).total
     c.mean_peak[rows], c.upper_peak[rows] = mean, upper
@@ -1360,17 +1363,21 @@ def _predict_rows(predict, c: Candidates, rows, confidence, footprint, takes_tas
 
 
 def _predict_blocks(predict, blocks, n_tasks, confidence, takes_tasks: bool,
-                    ceiling=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                    ceiling=None, slots: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(mean, upper, exact)`` task peaks at ``blocks`` (``upper >= mean``, NaN as inf),
     predicted in slices of ``PREDICT_BATCH_ROWS``; a predictor taking ``tasks``
     (``takes_tasks``) gets each row's count from ``n_tasks``, and given ``ceiling`` (``(m,)``)
-    it gets each row's.  ``exact`` is False where the predictor stopped short above the
-    ceiling (:data:`Predictor`): ``mean`` inf and ``upper`` its lower bound there."""
+    it gets each row's; given ``slots`` a predictor taking ``cold`` gets ``min(tasks, slots)``.
+    ``exact`` is False where the predictor stopped short above the ceiling (:data:`Predictor`):
+    ``mean`` inf and ``upper`` its lower bound there."""
     means, uppers, exacts = [], [], []
+    takes_cold = takes_tasks and slots is not None and _takes(predict, "cold")
     for start in range(0, len(blocks), PREDICT_BATCH_ROWS):
         part = slice(start, start + PREDICT_BATCH_ROWS)
         m = len(blocks[part])
         keywords = {"tasks": n_tasks[part]} if takes_tasks else {}
+        if takes_cold:
+            keywords["cold"] = np.minimum(n_tasks[part], int(slots))
         if ceiling is not None:
             keywords["ceiling"] = ceiling[part]
         raw_mean, upper = predict(blocks[part], confidence=confidence, **keywords)
@@ -1585,7 +1592,7 @@ def plan_staged_chunks(
                 break
             stage, b = stages[i], blocks[i][alive]
             mean, upper, _ = _predict_blocks(stage.predict, b, c.n_tasks[alive], per_stage,
-                                             _takes_tasks(stage.predict))
+                                             _takes_tasks(stage.predict), slots=slots)
             predicted[0] += len(alive)
             terms = functools.partial(worker_footprint, b, threads_per_worker=threads, baseline_bytes=0,
                                       itemsize=stage.itemsize, output_itemsize=stage.output_itemsize,
@@ -1656,6 +1663,8 @@ REPLAN_MAX_DONE_FRACTION = 0.5
 def plan_fits(plan: ChunkPlan, predict: Predictor) -> bool:
     """Whether ``plan``'s upper worker footprint still fits its budget under ``predict``."""
     tasks = {"tasks": np.asarray([plan.n_tasks])} if _takes_tasks(predict) else {}
+    if tasks and _takes(predict, "cold"):
+        tasks["cold"] = np.asarray([min(plan.n_tasks, plan.slots)])
     _mean, upper = predict(np.asarray([plan.block], dtype=np.int64), confidence=plan.confidence, **tasks)
     total = worker_footprint(plan.block, float(np.asarray(upper)[0]), threads_per_worker=plan.threads_per_worker,
                              itemsize=plan.itemsize, output_itemsize=plan.output_itemsize,

@@ -93,7 +93,7 @@ def _output_bytes(op, shapes: np.ndarray) -> np.ndarray:
 class ComposedModel:
     """A pipeline's isolated peak from its members' models (module docstring).  Offers what
     the planner and ``TaskModel`` use of a ``MemoryModel``: ``predict_many``, ``predict``,
-    ``operator``, ``halo``, ``info``, ``stale``."""
+    ``predictive_t``, ``operator``, ``halo``, ``info``, ``stale``."""
 
     composed = True
 
@@ -214,6 +214,24 @@ class ComposedModel:
     def predict(self, shape, confidence: float = 0.99) -> tuple[float, float]:
         mean, upper = self.predict_many(np.asarray(shape).reshape(1, 3), confidence)
         return float(mean[0]), float(upper[0])
+
+    def predictive_t(self, shapes, confidence: float = 0.99) -> tuple[np.ndarray, np.ndarray, float]:
+        """``(location, scale, dof)`` of a Student-t matched to the composed bound at
+        ``confidence``: ``location`` the composed mean, ``dof`` the members' fewest (the
+        heaviest tail among them), ``scale = (upper(c) - mean) / t_dof(c)``, so that
+        ``upper(c) = location + scale t_dof(c)`` as for a member (``MemoryModel.predictive_t``).
+        The composed bound is a largest of Bonferroni bounds, not a Student-t: away from
+        ``confidence`` this is an approximation.  What the in-worker task model builds on
+        (``explorer.calibration.task_bound``), which takes the scale from the bound it is
+        given and only the dof from here."""
+        from explorer.stats import t_quantile
+
+        shapes = np.asarray(shapes, dtype=np.int64).reshape(-1, 3)
+        dofs = [float(m.predictive_t(shapes[:1])[2]) if hasattr(m, "predictive_t") else float("inf")
+                for m in self.members.values()]
+        dof = min(dofs) if dofs else float("inf")
+        mean, upper = self.predict_many(shapes, confidence)
+        return mean, np.maximum(upper - mean, 0.0) / t_quantile(float(confidence), dof), dof
 
     def in_order(self, branch_order) -> "_InOrder":
         """This model predicting the fan-out run in ``branch_order`` (names) at every block, not

@@ -1,0 +1,236 @@
+"""The bound on the largest of a plan's tasks in workers (issue 33 item 4): the exact quantile of
+a shared error plus the largest of n within-group deviations, against Monte Carlo and numerical
+integration (pure); the cold first task per worker, recorded by real workers and estimated from
+synthetic groups."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import integrate, stats
+
+from explorer import calibration as cal
+from explorer.store import Record
+
+MiB = 2**20
+
+
+def simulate(rng, plans, a, b, sigma, n, *, k=0, kappa=0.0, cold_sd=None, dofs=(10.0, 12.0), within_dof=96.0):
+    """``plans`` draws of ``S + max_i D_i`` (``S = a T_1 + b T_2``; ``n - k`` warm ``sigma T``,
+    ``k`` cold ``kappa + cold_sd T``): the largest of each plan's tasks above their location."""
+    shared = a * rng.standard_t(dofs[0], plans) + b * rng.standard_t(dofs[1], plans)
+    # the largest of m iid draws from its distribution function F^m: F^{-1}(U^(1/m))
+    largest = np.full(plans, -np.inf)
+    for count, shift, scale in ((n - k, 0.0, sigma), (k, kappa, sigma if cold_sd is None else cold_sd)):
+        if count:
+            largest = np.maximum(largest, shift + scale * stats.t.ppf(rng.random(plans) ** (1.0 / count), within_dof))
+    return shared + largest
+
+
+@pytest.mark.parametrize("a, b, sigma, n, k, kappa, cold_sd, dofs, within_dof", [
+    (1.0, 0.0, 0.1, 1, 0, 0.0, None, (10.0, 12.0), 96.0),     # the shared error alone, one task
+    (1.0, 0.3, 1.0, 9, 0, 0.0, None, (10.0, 12.0), 96.0),     # comparable, a survey's 9 tasks
+    (1.0, 0.2, 3.0, 100, 0, 0.0, None, (20.0, 5.0), 30.0),    # the spread within dominates, 100 tasks
+    (1.0, 0.1, 0.3, 100, 2, 0.6, None, (6.0, 12.0), 96.0),    # shared dominates, two cold tasks
+    (0.5, 0.5, 1.0, 40, 8, 1.5, None, (4.0, 4.0), 20.0),      # heavy tails, eight cold tasks well above
+    (1.0, 0.2, 1.0, 30, 2, 0.0, 1.6, (10.0, 12.0), 96.0),     # cold tasks no higher but wider
+])
+def test_the_quantile_matches_monte_carlo_of_shared_plus_the_largest(a, b, sigma, n, k, kappa, cold_sd, dofs,
+                                                                     within_dof):
+    """The share of simulated plans whose largest task is under the bound is ``c`` within
+    Monte Carlo error (3.5 binomial standard deviations at 300,000 draws)."""
+    c, plans = 0.99, 300_000
+    u = cal.max_task_quantile(c, ([a], [b]), dofs, sigma, n, cold=k, cold_offset=kappa, cold_sd=cold_sd,
+                              within_dof=within_dof)[0]
+    x = simulate(np.random.default_rng(11), plans, a, b, sigma, n, k=k, kappa=kappa, cold_sd=cold_sd, dofs=dofs,
+                 within_dof=within_dof)
+    covered = float((x <= u).mean())
+    assert abs(covered - c) <= 3.5 * math.sqrt(c * (1 - c) / plans), (covered, u)
+
+
+def test_one_task_is_the_quantile_of_the_shared_error_plus_one_deviation():
+    """``n = 1``: ``P(S + W <= u) = c`` by numerical integration over ``S``; the limits: no
+    spread within gives ``S``'s own quantile, no shared error the within one's."""
+    c, a, sigma, nu, nu_w = 0.99, 1.0, 0.7, 8.0, 30.0
+    u = cal.max_task_quantile(c, ([a], [0.0]), (nu, 12.0), sigma, 1, within_dof=nu_w)[0]
+    p, _ = integrate.quad(lambda s: stats.t.cdf((u - a * s) / sigma, nu_w) * stats.t.pdf(s, nu), -np.inf, np.inf,
+                          epsabs=1e-12)
+    assert p == pytest.approx(c, abs=5e-5)
+    assert cal.max_task_quantile(c, ([a], [0.0]), (nu, 12.0), 0.0, 1)[0] == pytest.approx(stats.t.ppf(c, nu), rel=2e-3)
+    assert cal.max_task_quantile(c, ([0.0], [0.0]), (nu, 12.0), sigma, 1, within_dof=nu_w)[0] == \
+        pytest.approx(sigma * stats.t.ppf(c, nu_w), rel=2e-3)
+    # the largest of n warm deviations alone is exactly Sidak's: F^{-1}(c^(1/n))
+    assert cal.max_task_quantile(c, ([0.0], [0.0]), (nu, 12.0), sigma, 50, within_dof=nu_w)[0] == \
+        pytest.approx(sigma * stats.t.ppf(c ** (1 / 50), nu_w), rel=2e-3)
+
+
+def test_the_bound_on_many_tasks_is_at_least_one_tasks_and_grows_with_their_count():
+    counts = np.array([1, 2, 4, 9, 30, 100, 1000, 10_000], dtype=float)
+    for a, sigma in ((1.0, 0.2), (1.0, 1.0), (0.2, 1.0)):
+        u = cal.max_task_quantile(0.99, (np.full(counts.size, a), 0.1), (10.0, 12.0), sigma, counts,
+                                  within_dof=96.0)
+        assert np.all(np.diff(u) > 0) and u[0] > 0
+        # never below either part's own quantile (S and W symmetric and unimodal)
+        assert np.all(u >= a * stats.t.ppf(0.99, 10.0) - 1e-9)
+        assert np.all(u >= sigma * stats.t.ppf(0.99 ** (1 / counts), 96.0) - 1e-3 * (a + sigma))
+
+
+def test_the_quadrature_sum_covers_too_few_plans_of_100_tasks_and_the_exact_quantile_covers_c():
+    """Regression for issue 33 (review point 5): the rule before, ``sqrt(h_P^2 + h_between^2 +
+    h_within(c^(1/n))^2)``, covered 95.7% of simulated plans of 100 tasks at a nominal 99%.
+    ``task_bound`` (what the planner calls) must cover 99%: this fails if the combination
+    reverts to a quadrature sum."""
+    c, n, plans = 0.99, 100, 200_000
+    rng = np.random.default_rng(5)
+    v = np.geomspace(1e4, 3e7, 6)
+    excess = cal.fit_excess(v, 0.5 * MiB + 16.0 * v + np.array([1, -1, 0.5, -0.5, 0.3, -0.3]) * 2 * MiB)
+    within = cal.WithinFit(alpha_bytes=0.3 * MiB, beta=0.03, dof=96)
+    voxels = np.array([2e7])
+    mean_p, nu_p = np.array([900 * MiB]), 10.0
+    d_mean, d_half = excess.predict(voxels, c)
+    sigma = float(within.sd(mean_p[0] + d_mean[0]))
+    a = 1.4 * sigma  # the isolated model's scale: the shared and the largest's quantiles alike
+    upper_p = mean_p + stats.t.ppf(c, nu_p) * a
+    mean, upper = cal.task_bound(mean_p, upper_p, voxels, excess, within, c, n, cold=0, isolated_dof=nu_p)
+    # plans drawn from the model the bound describes: S = a T_nu_P + b T_{n-p}, W = sigma_w T_nu_w
+    b = d_half[0] / stats.t.ppf(c, excess.dof)
+    largest = mean[0] + simulate(rng, plans, a, b, sigma, n, dofs=(nu_p, excess.dof), within_dof=within.dof)
+    covered = float((largest <= upper[0]).mean())
+    assert covered >= c - 3.5 * math.sqrt(c * (1 - c) / plans)
+    old = mean[0] + math.sqrt((upper_p[0] - mean_p[0]) ** 2 + d_half[0] ** 2
+                              + (stats.t.ppf(c ** (1 / n), within.dof) * sigma) ** 2)
+    assert float((largest <= old).mean()) < 0.97 < 0.985 < covered
+
+
+def test_the_planner_bounds_the_largest_of_a_plans_tasks_with_one_cold_task_per_slot():
+    """``plan_chunks`` passes each candidate's task count and ``min(tasks, workers x threads)``
+    cold tasks to a predictor that takes them."""
+    from explorer.chunking import plan_chunks
+
+    seen = []
+
+    def predict(shapes, confidence=0.99, tasks=1, cold=None):
+        seen.append((np.asarray(tasks).copy(), np.asarray(cold).copy()))
+        v = np.asarray(shapes, dtype=float).prod(1)
+        return 50.0 * v, 60.0 * v
+
+    plan = plan_chunks((300, 300, 300), (2, 2, 2), (), predict, 2**31, baseline_bytes=100 * MiB, workers=3,
+                       threads_per_worker=2)
+    tasks, cold = (np.concatenate(x) for x in zip(*seen))
+    assert np.array_equal(cold, np.minimum(tasks, 6)) and plan.n_tasks >= 1
+
+
+# --------------------------------------------------------------------------- the cold first task
+
+
+def cold_groups(rng, ratio, *, n_groups=7, workers=2, per_worker=4, alpha=0.2 * MiB, beta=0.02):
+    """Records of ``n_groups`` probe-like runs (``workers x per_worker`` tasks each, the first on
+    each worker cold, ``ratio`` of the mean above the warm ones)."""
+    records = []
+    for g, m in enumerate(np.geomspace(2 * MiB, 2048 * MiB, n_groups)):
+        sd = math.sqrt(alpha**2 + (beta * m) ** 2)
+        for w in range(workers):
+            for i in range(per_worker):
+                peak = m * (1 + ratio * (i == 0)) + rng.normal(0, sd)
+                records.append(Record(shape=(10 + g, 10 + g, 10 + g), peak_bytes=float(peak), status="ok",
+                                      source="probe", context={"run": f"r{g}", "exact": True, "worker": f"w{w}",
+                                                               "first_in_run": i == 0, "task_index": i}))
+    return records
+
+
+def fit_cold_of(records):
+    groups = cal.task_groups(records)
+    within = cal.fit_within(groups.mean_bytes, groups.variances, groups.n_tasks, groups.deviations, groups.dofs,
+                            groups.cells)
+    return groups, within, cal.fit_cold(groups.mean_bytes, groups.cold_mean, groups.n_warm, groups.n_cold, within)
+
+
+def test_the_cold_offset_is_estimated_from_groups_holding_both_kinds():
+    rng = np.random.default_rng(3)
+    records = cold_groups(rng, 0.05)
+    groups, within, cold = fit_cold_of(records)
+    assert cold.n_groups == 7 and cold.ratio == pytest.approx(0.05, abs=0.01)
+    assert cold.offset_ratio == cold.ratio > 0 and 0 < cold.spread_ratio(0.99, within.dof) < 0.02
+    # told apart: the group's value is its warm mean, its variance pooled about two means
+    assert np.all(groups.n_cold == 2) and np.all(groups.n_warm == 6) and np.all(groups.dofs == 6)
+    assert within.dof == 7 * 6 - 2 and within.beta == pytest.approx(0.02, rel=0.3)
+    # the within spread is not inflated by the cold tasks (it is, taken as one cell)
+    _, one_cell, none = fit_cold_of([Record(shape=r.shape, peak_bytes=r.peak_bytes, status=r.status, source=r.source,
+                                            context={**r.context, "first_in_run": None}) for r in records])
+    assert none is None and within.beta < 0.8 * one_cell.beta
+
+
+def test_no_offset_only_where_the_data_put_it_and_then_with_its_error():
+    rng = np.random.default_rng(4)
+    _, _, none = fit_cold_of(cold_groups(rng, 0.0))
+    assert abs(none.ratio) < 0.015 and none.offset_ratio == max(0.0, none.ratio) and none.se > 0
+    _, _, lower = fit_cold_of(cold_groups(rng, -0.08))
+    assert lower.ratio < -0.05 and lower.offset_ratio == 0.0  # cold tasks below the warm ones: no offset
+    # observations saved before the flag: not told apart, no estimate, the spread carries them
+    records = [Record(shape=r.shape, peak_bytes=r.peak_bytes, status=r.status, source=r.source,
+                      context={k: v for k, v in r.context.items() if k != "first_in_run"})
+               for r in cold_groups(rng, 0.05)]
+    groups, within, cold = fit_cold_of(records)
+    assert cold is None and np.all(groups.n_cold == 0) and np.all(groups.dofs == 7)
+
+
+def test_the_bound_takes_the_cold_tasks_into_the_largest():
+    """Cold tasks raise the bound on a plan's largest task; a warm task alone is bounded
+    without the offset, one of unknown order with it."""
+    v = np.geomspace(1e4, 3e7, 6)
+    excess = cal.fit_excess(v, 0.5 * MiB + 16.0 * v + np.array([1, -1, 0.5, -0.5, 0.3, -0.3]) * MiB)
+    within = cal.WithinFit(alpha_bytes=0.3 * MiB, beta=0.02, dof=96)
+    cold = cal.ColdFit(ratio=0.04, se=0.005, dof=40, n_groups=7)
+    m, u = np.array([800 * MiB]), np.array([840 * MiB])
+    bound = lambda **kw: cal.task_bound(m, u, [2e7], excess, within, 0.99, cold_fit=cold, **kw)[1][0]  # noqa: E731
+    warm_one, cold_one, unknown = bound(cold=0), bound(cold=1), bound()
+    assert warm_one < cold_one == unknown
+    assert bound(tasks=100, cold=0) < bound(tasks=100, cold=2) < bound(tasks=100, cold=8)
+    assert cal.task_bound(m, u, [2e7], excess, within, 0.99, 100, cold=2)[1][0] < bound(tasks=100, cold=2)
+    # an offset measured as nothing still widens the cold tasks by its error
+    measured_none = cal.ColdFit(ratio=-0.01, se=0.01, dof=40, n_groups=7)
+    none = cal.task_bound(m, u, [2e7], excess, within, 0.99, 9, cold=2, cold_fit=measured_none)[1][0]
+    assert cal.task_bound(m, u, [2e7], excess, within, 0.99, 9, cold=2)[1][0] < none < \
+        cal.task_bound(m, u, [2e7], excess, within, 0.99, 9, cold=2, cold_fit=cold)[1][0]
+
+
+def test_a_saved_calibration_keeps_its_cold_fit_and_an_old_file_reads_without_one(tmp_path):
+    from explorer.environment import environment_stamp
+
+    cold = cal.ColdFit(ratio=0.03, se=0.004, dof=12.0, n_groups=6)
+    c = cal.WorkerCalibration("gst3d", None, cal.fit_timing([]), 6, 6, 48, 0.99, 0, environment_stamp("gst3d"),
+                              cold=cold)
+    data = c.to_dict()
+    assert data["cold"]["offset_ratio"] == cold.offset_ratio == 0.03
+    assert cal.WorkerCalibration.from_dict(data).cold == cold
+    del data["cold"]
+    assert cal.WorkerCalibration.from_dict(data).cold is None
+
+
+def test_real_workers_record_each_ones_first_task_of_a_run(probed_runs):
+    """The probes (a real LocalCluster of two one-thread workers) store whether each task was
+    its worker's first of the run, its place among them and over the worker process's life;
+    the calibration fits the cold offset from them."""
+    from explorer.store import Store
+
+    records = [r for r in Store(probed_runs).records("gst3d") if r.source == "probe"]
+    runs: dict = {}
+    for r in records:
+        runs.setdefault(r.context["run"], []).append(r)
+    assert len(runs) >= 3
+    for run in runs.values():
+        by_worker: dict = {}
+        for r in run:
+            by_worker.setdefault(r.context["worker"], []).append(r)
+        for tasks in by_worker.values():
+            assert sum(bool(r.context["first_in_run"]) for r in tasks) == 1
+            assert sorted(r.context["task_index"] for r in tasks) == list(range(len(tasks)))
+            first = [r for r in tasks if r.context["first_in_run"]][0]
+            assert first.context["task_index"] == 0
+            assert first.context["process_task_index"] == min(r.context["process_task_index"] for r in tasks)
+    # the workers live across the probes: later runs' first tasks are not the process's first
+    assert max(r.context["process_task_index"] for r in records) >= len(records) // 2
+    saved = cal.load_calibration("gst3d", probed_runs)
+    assert saved.cold is not None and saved.cold.n_groups >= 3
