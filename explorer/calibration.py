@@ -42,15 +42,15 @@ small blocks show, and a spread proportional to the task's peak ``m``, which the
 ones show), fitted by maximum likelihood; ``alpha`` is at least the kernel's page (the
 resolution of the high-water mark).  ``nu_w = sum d_g - 2`` degrees of freedom.
 
-*The cold first task* (:func:`fit_cold`): ``kappa_g = rho m_g``, a share of the group's mean
-task, estimated from the groups holding both kinds (the probes run 8 tasks on 2 workers: 2
-cold, 6 warm) by weighted least squares of their cold-minus-warm means, with its standard
-error ``se``.  The rule: a cold task is bounded as ``max(0, rho) m`` above the warm ones with
-its spread widened by the estimate's error (``se m``, at its ``c``-quantile), so **no offset is
-assumed only when the data put it at or below zero, and then only as precisely as they
-measure it** (an offset of 0 +- 1% still widens each cold task by that 1%).  Without a group
-holding both kinds (old stores) there is no estimate, and the cold tasks stay inside the
-within-group spread, as before the flag.
+*The cold first task* (:func:`fit_cold`): ``kappa_g = k0 + k1 m_g``, a fixed part and a share
+of the group's mean task, estimated from the groups holding both kinds (the probes run 8 tasks
+on 2 workers: 2 cold, 6 warm) by weighted least squares of their cold-minus-warm means, with
+its covariance.  The rule: a cold task is bounded ``max(0, kappa(m))`` above the warm ones, its
+spread widened by the estimate's standard error at ``m`` (at its ``c``-quantile), so **no
+offset is assumed only where the data put it at or below zero, and then only as precisely as
+they measure it** (an offset of 0 +- 1 MiB still widens each cold task by that MiB).  Without
+a group holding both kinds (old stores) there is no estimate, and the cold tasks stay inside
+the within-group spread, as before the flag.
 
 *Between groups.*  Ordinary least squares of ``r_g`` on ``x_g = [1, V_g / V_ref]`` over
 ``n`` groups (``p = 2`` coefficients, ``V_ref`` the largest group volume, for
@@ -73,10 +73,10 @@ cold).  A task's peak is ``y_i = mean + S + D_i``::
                                          predictive error (a = (upper_P - mean_P) / t_{nu_P}(c),
                                          MemoryModel.predictive_t's dof) and the line's
                                          (b = delta_half / t_{n-p}(c))
-    D_i  = W_i  or  kappa + W_i          (cold), W_i = s_w sigma_w(mean) T_{nu_w} iid
+    D_i  = W_i  or  kappa + W_c          (cold), W_i = s_w sigma_w(mean) T_{nu_w} iid
 
     upper = max(upper_P, mean + u),   P(S + max_i D_i <= u) = E_S[ F_W((u - S) / sigma)^(n-k)
-                                                                  F_W((u - S - kappa) / sigma)^k ] = c
+                                                                  F_W((u - S - kappa) / sigma_c)^k ] = c
 
 solved numerically (:func:`max_task_quantile`: quadrature over the narrower of ``S`` and
 the largest ``D``, Newton's method for ``u``).  ``s_w`` stretches the Student-t until its
@@ -398,54 +398,75 @@ def fit_within(mean_bytes, variances, n_tasks, deviations=(), dofs=None, cells=N
 
 @dataclass(frozen=True)
 class ColdFit:
-    """The cold first task's offset over its group's warm tasks, relative to their mean
-    (module docstring, *The cold first task*): ``ratio`` with standard error ``se`` and ``dof``
-    degrees of freedom, from ``n_groups`` groups holding both kinds."""
+    """The cold first task's offset over its group's warm tasks (module docstring, *The cold
+    first task*): ``kappa(m) = k0 + k1 m / m_ref`` at a warm mean task ``m``, the coefficients'
+    covariance under the within spread (``cov``) and from the groups' own residuals
+    (``cov_robust``, row-major 2x2 each), ``dof`` degrees of freedom, from ``n_groups`` groups
+    holding both kinds.  One group or two: ``k1 = 0`` (no slope)."""
 
-    ratio: float
-    se: float
+    coef: tuple[float, float]
+    cov: tuple[float, float, float, float]
+    m_ref: float
     dof: float
     n_groups: int
+    cov_robust: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
 
-    @property
-    def offset_ratio(self) -> float:
-        """``max(0, ratio)``: the offset the bound gives a cold task (cold tasks shown lower than
-        warm ones are bounded as warm ones, with the estimate's error as their extra spread)."""
-        return max(0.0, self.ratio)
+    def offset(self, mean_bytes) -> np.ndarray:
+        """``max(0, kappa(m))``: the offset the bound gives a cold task (cold tasks shown lower
+        than warm ones are bounded as warm ones, with the estimate's error as extra spread)."""
+        x = np.asarray(mean_bytes, dtype=np.float64) / self.m_ref
+        return np.maximum(0.0, self.coef[0] + self.coef[1] * x)
 
-    def spread_ratio(self, confidence: float, within_dof: float) -> float:
-        """The estimate's error as a spread of each cold task, in units of the mean and of
-        a Student-t with ``within_dof``: ``se t_dof(c) / t_{nu_w}(c)`` (the error's ``c``-quantile
-        kept).  Added to each cold task independently: their maxima then come out no smaller
-        than with the one shared error it stands for (Slepian: less correlated maxima are larger)."""
+    def error(self, mean_bytes, confidence: float, within_dof: float) -> np.ndarray:
+        """The estimate's standard error at ``m``, the larger of ``sqrt(x^T cov x)`` and
+        ``sqrt(x^T cov_robust x)`` with ``x = [1, m / m_ref]``, as a spread of each cold task in the units of a Student-t with ``within_dof``: times
+        ``t_dof(c) / t_{nu_w}(c)`` (its ``c``-quantile kept).  Added to each cold task
+        independently: their maxima then come out no smaller than with the one shared error it
+        stands for (Slepian: less correlated maxima are larger)."""
+        x = np.asarray(mean_bytes, dtype=np.float64) / self.m_ref
+        variance = [c00 + (c01 + c10) * x + c11 * x * x for c00, c01, c10, c11 in (self.cov, self.cov_robust)]
+        se = np.sqrt(np.maximum(np.maximum(*variance), 0.0))
         c = float(confidence)
-        return self.se * t_quantile(c, float(self.dof)) / t_quantile(c, float(within_dof))
+        return se * (t_quantile(c, float(self.dof)) / t_quantile(c, float(within_dof)))
 
 
 def fit_cold(warm_mean, cold_mean, n_warm, n_cold, within: WithinFit | None) -> ColdFit | None:
-    """Weighted least squares through the origin of the groups' cold-minus-warm means
-    ``d_g = ybar_cold - ybar_warm`` on their warm means ``m_g``: ``d_g = rho m_g + e_g``,
-    ``var(e_g) = sigma_w^2(m_g) (1/n_cold + 1/n_warm)`` (:class:`WithinFit`), so
-    ``rho = sum w m d / sum w m^2`` with ``w = 1 / var(e_g)``, and ``se^2 = phi / sum w m^2``,
-    ``phi = max(1, Q / (G - 1))`` with ``Q = sum w (d - rho m)^2`` the groups' chi-square (an
-    offset that varies from group to group more than their tasks' spread explains widens its
-    error; then ``G - 1`` dof, else the within fit's).  None without a group holding both kinds,
-    or without a within fit."""
-    m, cold_m, warm_m = (np.asarray(x, dtype=np.float64).reshape(-1) for x in (warm_mean, cold_mean, warm_mean))
+    """Weighted least squares of the groups' cold-minus-warm means ``d_g = ybar_cold - ybar_warm``
+    on ``x_g = [1, m_g / m_ref]`` (``m_g`` the warm mean, ``m_ref`` the largest): an offset with a
+    fixed part (gst3d's probes: +0.5-1 MiB on 24^3 blocks of 0.7 MiB) and a part that grows with
+    the task (none shown on its 250^3 blocks of 1.4 GiB).  ``var(e_g) = sigma_w^2(m_g) (1/n_cold +
+    1/n_warm)`` (:class:`WithinFit`), ``w = 1 / var``; ``coef = A^{-1} X^T W d`` with ``A = X^T W X``,
+    ``cov = A^{-1}`` (right when the within spread is the whole story) and ``cov_robust =
+    A^{-1} (sum_g w_g^2 e_g^2 x_g x_g^T) A^{-1} G / (G - p)`` (the sandwich, HC1: from the groups'
+    own residuals, so an offset that varies between tiny blocks more than their tasks' spread
+    explains widens the fixed part's error, not the slope's on large blocks); the bound takes the
+    larger of the two at each ``m``, with ``G - p`` dof (the within fit's with ``G = p``).
+    ``p = 2`` from three groups, else the fixed part alone.  None without a group holding both
+    kinds, or without a within fit."""
+    m = np.asarray(warm_mean, dtype=np.float64).reshape(-1)
+    d = np.asarray(cold_mean, dtype=np.float64).reshape(-1) - m
     nw, nc = (np.asarray(x, dtype=np.float64).reshape(-1) for x in (n_warm, n_cold))
-    both = (nw > 0) & (nc > 0) & np.isfinite(cold_m) & np.isfinite(m) & (m > 0)
+    both = (nw > 0) & (nc > 0) & np.isfinite(d) & np.isfinite(m) & (m > 0)
     if within is None or not both.any():
         return None
-    m, d = m[both], cold_m[both] - warm_m[both]
-    var = within.sd(m) ** 2 * (1.0 / nc[both] + 1.0 / nw[both])
-    w = 1.0 / np.maximum(var, 1e-300)
-    information = float((w * m * m).sum())
-    ratio = float((w * m * d).sum()) / information
+    m, d = m[both], d[both]
     groups = int(both.sum())
-    q = float((w * (d - ratio * m) ** 2).sum())
-    phi = q / (groups - 1) if groups > 1 else 0.0
-    dof = float(groups - 1) if phi > 1.0 else float(within.dof)
-    return ColdFit(ratio=ratio, se=math.sqrt(max(phi, 1.0) / information), dof=dof, n_groups=groups)
+    m_ref = float(m.max())
+    w = 1.0 / np.maximum(within.sd(m) ** 2 * (1.0 / nc[both] + 1.0 / nw[both]), 1e-300)
+    p = 2 if groups >= 3 and len(np.unique(m)) > 1 else 1
+    x = np.column_stack([np.ones(groups), m / m_ref])[:, :p]
+    information = np.linalg.inv((x * w[:, None]).T @ x)
+    coef = information @ ((x * w[:, None]).T @ d)
+    residual = d - x @ coef
+    meat = (x * (w * residual)[:, None]).T @ (x * (w * residual)[:, None])
+    cov, robust = np.zeros((2, 2)), np.zeros((2, 2))
+    cov[:p, :p] = information
+    if groups > p:
+        robust[:p, :p] = information @ meat @ information * (groups / (groups - p))
+    return ColdFit(coef=(float(coef[0]), float(coef[1]) if p == 2 else 0.0),
+                   cov=tuple(float(v) for v in cov.ravel()), m_ref=m_ref,
+                   dof=float(groups - p) if groups > p else float(within.dof), n_groups=groups,
+                   cov_robust=tuple(float(v) for v in robust.ravel()))
 
 
 @dataclass(frozen=True)
@@ -534,8 +555,8 @@ def task_bound(mean_isolated, upper_isolated, voxels, excess: ExcessFit | None, 
     (the isolated predictive's scale, ``isolated_dof`` its dof: ``MemoryModel.predictive_t``),
     ``b = delta_half(V) / t_{n-p}(c)`` (the excess's, whichever quantile ``delta_half`` took), and
     per task ``D_i = W_i`` (warm, ``W_i = s_w sigma_w(mean) T_{nu_w}``: :meth:`WithinFit.tail_scale`)
-    or ``kappa + W_c`` (cold, ``kappa = max(0, rho) mean``, ``W_c`` with the offset's error added
-    to its spread: :class:`ColdFit`).
+    or ``kappa + W_c`` (cold, ``kappa = max(0, kappa(mean))``, ``W_c`` with the offset's error at
+    ``mean`` added to its spread: :class:`ColdFit`).
 
     ``tasks`` (scalar or per row): how many tasks the bound covers; ``cold`` (scalar or per row):
     how many of them are their worker's first (default ``min(tasks, 1)``: a run has at least one,
@@ -558,8 +579,8 @@ def task_bound(mean_isolated, upper_isolated, voxels, excess: ExcessFit | None, 
     cold = np.minimum(tasks, 1.0) if cold is None else np.asarray(cold, dtype=np.float64)
     kappa, cold_sd = 0.0, None
     if cold_fit is not None and within is not None:
-        kappa = cold_fit.offset_ratio * np.maximum(mean, 0.0)
-        cold_sd = np.hypot(sigma, cold_fit.spread_ratio(c, within.dof) * np.maximum(mean, 0.0))
+        kappa = cold_fit.offset(mean)
+        cold_sd = np.hypot(sigma, cold_fit.error(mean, c, within.dof))
     solved = max_task_quantile(c, (a, b), (float(isolated_dof), float(excess.dof)), sigma, tasks, cold=cold,
                                cold_offset=kappa, cold_sd=cold_sd,
                                within_dof=math.inf if within is None else float(within.dof),
@@ -1250,7 +1271,8 @@ class WorkerCalibration:
         if self.within is not None:
             out["within"]["method"] = self.within.quantile(self.confidence)[1]
         if self.cold is not None:
-            out["cold"]["offset_ratio"] = self.cold.offset_ratio
+            out["cold"]["intercept_bytes"], slope = self.cold.coef[0], self.cold.coef[1] / self.cold.m_ref
+            out["cold"]["bytes_per_byte"] = slope
         out["timing"]["seconds_per_voxel"] = self.timing.seconds_per_voxel
         return out
 
@@ -1276,9 +1298,13 @@ class WorkerCalibration:
                 raise ValueError("the within-group fit is malformed")
         cold = data.get("cold")
         if cold is not None:
-            cold = ColdFit(ratio=float(cold["ratio"]), se=float(cold["se"]), dof=float(cold["dof"]),
-                           n_groups=int(cold["n_groups"]))
-            if not (math.isfinite(cold.ratio) and math.isfinite(cold.se) and cold.se >= 0 and cold.dof > 0):
+            cold = ColdFit(coef=tuple(float(v) for v in cold["coef"]), cov=tuple(float(v) for v in cold["cov"]),
+                           m_ref=float(cold["m_ref"]), dof=float(cold["dof"]), n_groups=int(cold["n_groups"]),
+                           cov_robust=tuple(float(v) for v in cold.get("cov_robust") or (0.0,) * 4))
+            values = [*cold.coef, *cold.cov, *cold.cov_robust, cold.m_ref]
+            if len(cold.coef) != 2 or len(cold.cov) != 4 or len(cold.cov_robust) != 4 \
+                    or not all(map(math.isfinite, values)) \
+                    or cold.m_ref <= 0 or cold.dof <= 0:
                 raise ValueError("the cold-task fit is malformed")
         t = data["timing"]
         timing = TimingFit(**{k: t.get(k) for k in ("operator_seconds_per_voxel", "io_seconds_per_voxel",

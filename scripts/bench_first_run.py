@@ -373,8 +373,8 @@ def cold_text(cal: dict) -> str:
     c = cal.get("cold")
     if not c:
         return ""
-    return (f", a worker's first task of a run {c['ratio']:+.1%} of the mean +- {c['se']:.1%} "
-            f"({c['n_groups']} groups)")
+    return (f", a worker's first task of a run {c['intercept_bytes'] / 2**20:+.2f} MiB {c['bytes_per_byte']:+.2%} "
+            f"of its mean task above the others ({c['n_groups']} groups, {c['dof']:.0f} dof)")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from explorer import calibration as cal
 from explorer.store import Record
 
 MiB = 2**20
+GiB = 2**30
 
 
 def simulate(rng, plans, a, b, sigma, n, *, k=0, kappa=0.0, cold_sd=None, dofs=(10.0, 12.0), within_dof=96.0):
@@ -125,15 +126,15 @@ def test_the_planner_bounds_the_largest_of_a_plans_tasks_with_one_cold_task_per_
 # --------------------------------------------------------------------------- the cold first task
 
 
-def cold_groups(rng, ratio, *, n_groups=7, workers=2, per_worker=4, alpha=0.2 * MiB, beta=0.02):
+def cold_groups(rng, ratio, fixed=0.0, *, n_groups=7, workers=2, per_worker=4, alpha=0.2 * MiB, beta=0.02):
     """Records of ``n_groups`` probe-like runs (``workers x per_worker`` tasks each, the first on
-    each worker cold, ``ratio`` of the mean above the warm ones)."""
+    each worker cold, ``fixed + ratio m`` above the warm ones)."""
     records = []
     for g, m in enumerate(np.geomspace(2 * MiB, 2048 * MiB, n_groups)):
         sd = math.sqrt(alpha**2 + (beta * m) ** 2)
         for w in range(workers):
             for i in range(per_worker):
-                peak = m * (1 + ratio * (i == 0)) + rng.normal(0, sd)
+                peak = m + (fixed + ratio * m) * (i == 0) + rng.normal(0, sd)
                 records.append(Record(shape=(10 + g, 10 + g, 10 + g), peak_bytes=float(peak), status="ok",
                                       source="probe", context={"run": f"r{g}", "exact": True, "worker": f"w{w}",
                                                                "first_in_run": i == 0, "task_index": i}))
@@ -151,8 +152,13 @@ def test_the_cold_offset_is_estimated_from_groups_holding_both_kinds():
     rng = np.random.default_rng(3)
     records = cold_groups(rng, 0.05)
     groups, within, cold = fit_cold_of(records)
-    assert cold.n_groups == 7 and cold.ratio == pytest.approx(0.05, abs=0.01)
-    assert cold.offset_ratio == cold.ratio > 0 and 0 < cold.spread_ratio(0.99, within.dof) < 0.02
+    top = groups.mean_bytes.max()
+    assert cold.n_groups == 7 and cold.offset(top) / top == pytest.approx(0.05, abs=0.01)
+    assert 0 < cold.error(top, 0.99, within.dof) / top < 0.02
+    # a fixed part (a first task's own buffers): recovered on small and large blocks alike
+    _, _, fixed = fit_cold_of(cold_groups(rng, 0.0, fixed=1 * MiB))
+    assert fixed.offset(2 * MiB) == pytest.approx(1 * MiB, abs=0.3 * MiB)
+    assert fixed.offset(top) == pytest.approx(1 * MiB, abs=3 * fixed.error(top, 0.84, within.dof))
     # told apart: the group's value is its warm mean, its variance pooled about two means
     assert np.all(groups.n_cold == 2) and np.all(groups.n_warm == 6) and np.all(groups.dofs == 6)
     assert within.dof == 7 * 6 - 2 and within.beta == pytest.approx(0.02, rel=0.3)
@@ -164,10 +170,11 @@ def test_the_cold_offset_is_estimated_from_groups_holding_both_kinds():
 
 def test_no_offset_only_where_the_data_put_it_and_then_with_its_error():
     rng = np.random.default_rng(4)
-    _, _, none = fit_cold_of(cold_groups(rng, 0.0))
-    assert abs(none.ratio) < 0.015 and none.offset_ratio == max(0.0, none.ratio) and none.se > 0
+    groups, within, none = fit_cold_of(cold_groups(rng, 0.0))
+    top = groups.mean_bytes.max()
+    assert none.offset(top) < 3 * none.error(top, 0.84, within.dof) and none.error(top, 0.99, within.dof) > 0
     _, _, lower = fit_cold_of(cold_groups(rng, -0.08))
-    assert lower.ratio < -0.05 and lower.offset_ratio == 0.0  # cold tasks below the warm ones: no offset
+    assert lower.coef[1] < 0 and lower.offset(top) == 0.0  # cold tasks below the warm ones: no offset
     # observations saved before the flag: not told apart, no estimate, the spread carries them
     records = [Record(shape=r.shape, peak_bytes=r.peak_bytes, status=r.status, source=r.source,
                       context={k: v for k, v in r.context.items() if k != "first_in_run"})
@@ -182,7 +189,8 @@ def test_the_bound_takes_the_cold_tasks_into_the_largest():
     v = np.geomspace(1e4, 3e7, 6)
     excess = cal.fit_excess(v, 0.5 * MiB + 16.0 * v + np.array([1, -1, 0.5, -0.5, 0.3, -0.3]) * MiB)
     within = cal.WithinFit(alpha_bytes=0.3 * MiB, beta=0.02, dof=96)
-    cold = cal.ColdFit(ratio=0.04, se=0.005, dof=40, n_groups=7)
+    cold = cal.ColdFit(coef=(0.0, 0.04 * GiB), cov=(0.0, 0.0, 0.0, (0.005 * GiB) ** 2), m_ref=GiB, dof=40,
+                       n_groups=7)
     m, u = np.array([800 * MiB]), np.array([840 * MiB])
     bound = lambda **kw: cal.task_bound(m, u, [2e7], excess, within, 0.99, cold_fit=cold, **kw)[1][0]  # noqa: E731
     warm_one, cold_one, unknown = bound(cold=0), bound(cold=1), bound()
@@ -190,7 +198,8 @@ def test_the_bound_takes_the_cold_tasks_into_the_largest():
     assert bound(tasks=100, cold=0) < bound(tasks=100, cold=2) < bound(tasks=100, cold=8)
     assert cal.task_bound(m, u, [2e7], excess, within, 0.99, 100, cold=2)[1][0] < bound(tasks=100, cold=2)
     # an offset measured as nothing still widens the cold tasks by its error
-    measured_none = cal.ColdFit(ratio=-0.01, se=0.01, dof=40, n_groups=7)
+    measured_none = cal.ColdFit(coef=(0.0, -0.01 * GiB), cov=(0.0, 0.0, 0.0, (0.01 * GiB) ** 2), m_ref=GiB,
+                                dof=40, n_groups=7)
     none = cal.task_bound(m, u, [2e7], excess, within, 0.99, 9, cold=2, cold_fit=measured_none)[1][0]
     assert cal.task_bound(m, u, [2e7], excess, within, 0.99, 9, cold=2)[1][0] < none < \
         cal.task_bound(m, u, [2e7], excess, within, 0.99, 9, cold=2, cold_fit=cold)[1][0]
@@ -199,11 +208,11 @@ def test_the_bound_takes_the_cold_tasks_into_the_largest():
 def test_a_saved_calibration_keeps_its_cold_fit_and_an_old_file_reads_without_one(tmp_path):
     from explorer.environment import environment_stamp
 
-    cold = cal.ColdFit(ratio=0.03, se=0.004, dof=12.0, n_groups=6)
+    cold = cal.ColdFit(coef=(0.5 * MiB, 0.03 * GiB), cov=(1e10, -1e9, -1e9, 1e14), m_ref=GiB, dof=12.0, n_groups=6)
     c = cal.WorkerCalibration("gst3d", None, cal.fit_timing([]), 6, 6, 48, 0.99, 0, environment_stamp("gst3d"),
                               cold=cold)
     data = c.to_dict()
-    assert data["cold"]["offset_ratio"] == cold.offset_ratio == 0.03
+    assert data["cold"]["intercept_bytes"] == 0.5 * MiB and data["cold"]["bytes_per_byte"] == pytest.approx(0.03)
     assert cal.WorkerCalibration.from_dict(data).cold == cold
     del data["cold"]
     assert cal.WorkerCalibration.from_dict(data).cold is None
