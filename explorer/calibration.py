@@ -419,8 +419,9 @@ class ColdFit:
 
     def error(self, mean_bytes, confidence: float, within_dof: float) -> np.ndarray:
         """The estimate's standard error at ``m``, the larger of ``sqrt(x^T cov x)`` and
-        ``sqrt(x^T cov_robust x)`` with ``x = [1, m / m_ref]``, as a spread of each cold task in the units of a Student-t with ``within_dof``: times
-        ``t_dof(c) / t_{nu_w}(c)`` (its ``c``-quantile kept).  Added to each cold task
+        ``sqrt(x^T cov_robust x)`` with ``x = [1, m / m_ref]``, as a spread of each cold task in
+        the units of a Student-t with ``within_dof``: times ``t_dof(c) / t_{nu_w}(c)`` (its
+        ``c``-quantile kept).  Added to each cold task
         independently: their maxima then come out no smaller than with the one shared error it
         stands for (Slepian: less correlated maxima are larger)."""
         x = np.asarray(mean_bytes, dtype=np.float64) / self.m_ref
@@ -612,7 +613,8 @@ def _grid_index(z) -> tuple[np.ndarray, np.ndarray]:
     np.divide(z, p, out=p)
     p += _Y_MAX
     p *= _INV_DY
-    np.clip(p, 0.0, _LAST, out=p)
+    np.maximum(p, 0.0, out=p)
+    np.minimum(p, _LAST, out=p)
     i = p.astype(np.intp)
     p -= i
     return i, p
@@ -644,9 +646,12 @@ class StandardDistribution:
         self.dlog_F = self.f / F
         self.log_pairs = _pairs(self.log_F, self.dlog_F)
         #: :class:`_Tables`' layout of this distribution alone (float32: one gather's temporary
-        #: stays small; ``log F`` to a relative 6e-8).
+        #: stays small; ``log F`` to a relative 6e-8), and ``d(f / F) / dz`` with its step in the
+        #: columns a table's ``theta`` differences take (for :func:`_max_nodes`' Halley steps).
         self.rows = np.zeros((_TABLE_SIZE, 8), dtype=np.float32)
         self.rows[:, :4] = self.log_pairs
+        curvature = np.gradient(self.dlog_F, _TABLE_Z)
+        self.rows[:, 4:6] = _pairs(curvature, curvature)[:, :2]
         logit = self.log_F - np.log(np.clip(1.0 - F, 1e-300, 1.0))
         rising = np.concatenate([[True], np.diff(logit) > 0])
         levels = np.linspace(-self._LOGIT, self._LOGIT, self._N_LOGIT)
@@ -659,6 +664,20 @@ class StandardDistribution:
                     self._N_LOGIT - 1.000001)
         i = p.astype(np.intp)
         return _lerp(self._q_of_logit, i, p - i)
+
+    def max_quantiles(self, levels: tuple, count) -> np.ndarray:
+        """``(m, len(levels))``: the ``levels``-quantiles of the largest of ``count`` draws (per row;
+        tabulated at ``count = 2^0 .. 2^30``, linear in ``log2 count`` between: within about
+        ``0.01`` of the standard scale, a starting point, not an answer)."""
+        tables = self.__dict__.setdefault("_max_quantiles", {})
+        table = tables.get(levels)
+        if table is None:
+            log_q = np.log(np.asarray(levels, dtype=np.float64))[:, None] / 2.0 ** np.arange(31)[None, :]
+            table = tables[levels] = self.quantile_at_logit(log_q - np.log(-np.expm1(log_q))).T.copy()
+        position = np.minimum(np.log2(np.maximum(np.asarray(count, dtype=np.float64), 1.0)), 29.999999)
+        j = position.astype(np.intp)
+        low = table[j]
+        return low + (table[j + 1] - low) * (position - j)[:, None]
 
     def max_range(self, count) -> np.ndarray:
         """The 10-90% range of the largest of ``count`` draws (elementwise; tabulated at
@@ -728,7 +747,7 @@ class _Tables:
     def __init__(self, dof1: float, dof2: float, within: StandardDistribution):
         self.dofs = (float(dof1), float(dof2))
         self.rows = np.zeros(((_WITHIN_SLOT + 1) * _TABLE_SIZE, 8), dtype=np.float32)
-        self.rows[_WITHIN_SLOT * _TABLE_SIZE:] = within.rows
+        self.rows[_WITHIN_SLOT * _TABLE_SIZE:, :4] = within.rows[:, :4]
         self.F = np.zeros((THETA_STEPS + 1, _TABLE_SIZE))
         self.built = np.zeros(THETA_STEPS + 1, dtype=bool)
         self.version = 0  # bumped when a column is built (the quantiles' memo is then refilled)
@@ -739,11 +758,14 @@ class _Tables:
 
     def build(self, columns) -> None:
         """Columns ``columns`` and, for each, the next one (its ``theta`` difference)."""
+        columns = np.asarray(columns)
+        if self.built[columns].all() and self.built[np.minimum(columns + 1, THETA_STEPS)].all():
+            return
         for j in np.unique(np.minimum(np.concatenate([np.asarray(columns), np.asarray(columns) + 1]), THETA_STEPS)):
             if not self.built[j]:
                 column = _sum_column(*self.dofs, int(j))
                 self.F[j] = column.F
-                self._slot(j)[:] = column.rows
+                self._slot(j)[:, :4] = column.rows[:, :4]
                 self.built[j] = True
                 self.version += 1
                 for lower in (j - 1, j):
@@ -854,7 +876,8 @@ def max_task_quantile(confidence: float, shared_scales, shared_dofs, within_sd, 
     rows = len(a)
 
     def per_row(value):
-        return np.broadcast_to(np.asarray(value, dtype=np.float64), (rows,))
+        value = np.asarray(value, dtype=np.float64)
+        return np.full(rows, float(value.reshape(-1)[0])) if value.size == 1 else value.reshape(rows)
 
     b = np.maximum(per_row(shared_scales[1]), 0.0)
     sigma, n, kappa = per_row(within_sd), np.maximum(per_row(tasks), 1.0), np.maximum(per_row(cold_offset), 0.0)
@@ -864,8 +887,8 @@ def max_task_quantile(confidence: float, shared_scales, shared_dofs, within_sd, 
     dof1, dof2 = (float(d) for d in shared_dofs)
     within = student_t_distribution(float(within_dof))
     tables = _tables(dof1, dof2, within)
-    rule = _rule(min(dof1 if np.any(a > 0) else math.inf, dof2 if np.any(b > 0) else math.inf,
-                     float(within_dof) if np.any(sigma > 0) else math.inf))
+    rule = _rule(min(dof1 if (a > 0).any() else math.inf, dof2 if (b > 0).any() else math.inf,
+                     float(within_dof) if (sigma > 0).any() else math.inf))
     limit = None if ceiling is None else per_row(ceiling)
     u, exact = np.empty(rows), np.ones(rows, dtype=bool)
     for start in range(0, rows, BLOCK_ROWS):
@@ -881,7 +904,7 @@ def _max_levels(sigma, kappa, warm, cold, log_p, within: StandardDistribution, s
     ``sigma F^{-1}(p^(1 / (n - k)))`` and ``kappa + stretch sigma F^{-1}(p^(1 / k))``: a lower bound
     of ``M``'s (``G`` is at most either factor), and ``M``'s own without cold tasks."""
     out = None
-    for count, shift, scale in ((warm, 0.0, sigma), (cold, kappa, sigma * stretch)) if np.any(cold > 0) \
+    for count, shift, scale in ((warm, 0.0, sigma), (cold, kappa, sigma * stretch)) if (cold > 0).any() \
             else ((warm, 0.0, sigma),):
         log_q = log_p / np.maximum(count, 1.0)
         x = shift + scale * within.quantile_at_logit(log_q - np.log(-np.expm1(log_q)))
@@ -912,7 +935,8 @@ def _newton(evaluate, u, scale, target: float, iterations: int = 40, rtol: float
     tolerance = rtol * scale
     for _ in range(iterations):
         P, slope = evaluate(u)
-        np.clip(P, 1e-300, 1.0 - 1e-16, out=P)
+        np.maximum(P, 1e-300, out=P)
+        np.minimum(P, 1.0 - 1e-16, out=P)
         q = 1.0 - P
         f = np.log(P / q)
         f -= target
@@ -921,12 +945,13 @@ def _newton(evaluate, u, scale, target: float, iterations: int = 40, rtol: float
         np.copyto(high, u, where=~below)
         step = f * P * q
         step /= np.maximum(slope, 1e-300)
-        np.clip(step, -scale, scale, out=step)
+        np.maximum(step, -scale, out=step)
+        np.minimum(step, scale, out=step)
         new = u - step
         outside = (new <= low) | (new >= high)
         if outside.any():
             new[outside] = 0.5 * (low[outside] + high[outside])
-        elif np.all(np.abs(step) <= tolerance):
+        elif (np.abs(step) <= tolerance).all():
             return new
         u = new
     return u
@@ -942,7 +967,7 @@ def _solve_block(c, a, b, tables: _Tables, sigma, warm, cold, kappa, stretch, wi
     iteration for the whole block."""
     rows = len(a)
     rho = np.hypot(a, b)
-    if np.any(b > 0):
+    if (b > 0).any():
         position = np.arctan2(b, a) * (THETA_STEPS / (math.pi / 2.0))
         j = np.minimum(position.astype(np.intp), THETA_STEPS - 1)
         theta_frac = position - j
@@ -955,7 +980,7 @@ def _solve_block(c, a, b, tables: _Tables, sigma, warm, cold, kappa, stretch, wi
         table = tables.quantiles(levels)
         jj, w = j[at], theta_frac[at, None]
         low = table[jj]
-        if np.any(w > 0):
+        if (w > 0).any():
             low = low + (table[np.minimum(jj + 1, THETA_STEPS)] - low) * w
         return low * rho[at, None]
 
@@ -977,8 +1002,12 @@ def _solve_block(c, a, b, tables: _Tables, sigma, warm, cold, kappa, stretch, wi
     sig = sigma
     spread_m = sig * within.max_range(np.maximum(warm, 1.0)) + np.where(has_cold, kappa, 0.0)
     scale = q[:, 1] - q[:, 0] + spread_m
-    start = np.hypot(np.maximum(q[:, 2], 0.0),
-                     np.maximum(_max_levels(sig, kappa, warm, cold, math.log(c), within, stretch), 0.0))
+    largest = sig * within.max_quantiles((c,), warm)[:, 0]
+    if has_cold.any():
+        largest = np.where(warm > 0, largest, -np.inf)
+        largest = np.maximum(largest, np.where(has_cold, kappa + sig * stretch * within.max_quantiles((c,), cold)[:, 0],
+                                               -np.inf))
+    start = np.hypot(np.maximum(q[:, 2], 0.0), np.maximum(largest, 0.0))
     over_m = (q[:, 1] - q[:, 0]) > spread_m  # S the wider: integrate over M
     alpha = np.where(over_m, 1.0 / np.maximum(rho, 1e-300), 1.0 / sig)
     beta = np.empty((len(sig), len(rule.p)))
@@ -990,9 +1019,9 @@ def _solve_block(c, a, b, tables: _Tables, sigma, warm, cold, kappa, stretch, wi
         beta[at] = _max_nodes(sig[at, None], kappa[at, None], warm[at, None], cold[at, None], stretch[at, None],
                               rule, within) / np.maximum(rho[at], 1e-300)[:, None]
     coef = np.where(over_m, 1.0, warm)[:, None]
-    mix = np.where(over_m, theta_frac, 0.0)[:, None] if np.any(theta_frac[over_m] > 0) else None
+    mix = np.where(over_m, theta_frac, 0.0)[:, None] if (theta_frac[over_m] > 0).any() else None
     base = (np.where(over_m, j, _WITHIN_SLOT) * _TABLE_SIZE)[:, None]
-    few = np.where(over_m, 0.0, cold)[:, None] if np.any(cold[~over_m] > 0) else None
+    few = np.where(over_m, 0.0, cold)[:, None] if (cold[~over_m] > 0).any() else None
     shift = np.where(over_m, 0.0, kappa / sig)[:, None]
     narrow = (1.0 / stretch)[:, None]
     rows_, weights = tables.rows, rule.w
@@ -1015,24 +1044,38 @@ def _solve_block(c, a, b, tables: _Tables, sigma, warm, cold, kappa, stretch, wi
 
 def _max_nodes(sigma, kappa, warm, cold, stretch, rule: _Rule, within: StandardDistribution):
     """``M``'s quantiles at the rule's levels (``(m, 1)`` columns in, ``(m, K)`` out): without
-    cold tasks in closed form, else by Newton's method on ``log G`` from the larger factor's
-    (below them: ``G`` is at most either factor), steps at most ``sigma``."""
+    cold tasks in closed form, else by Halley's method on ``log G(x) = log p`` from the larger
+    factor's (tabulated: :meth:`StandardDistribution.max_quantiles`), steps at most ``sigma``,
+    until every step is under ``1e-3 sigma``."""
+    if not (cold > 0).any():
+        return _max_levels(sigma, kappa, warm, cold, np.log(rule.p)[None, :], within)
     log_p = np.log(rule.p)[None, :]
-    x = _max_levels(sigma, kappa, warm, cold, log_p, within, stretch)
-    if np.any(cold > 0):
-        kappa_z, narrow = kappa / sigma, 1.0 / stretch
-        rows = within.rows
-        for _ in range(20):
-            z = x / sigma
-            log_g, slope = _log_terms(rows, z, 0, None)
-            log_c, slope_c = _log_terms(rows, (z - kappa_z) * narrow, 0, None)
-            log_g = warm * log_g + cold * log_c
-            slope = warm * slope + cold * narrow * slope_c
-            step = np.minimum((log_g - log_p) * sigma / np.maximum(slope, 1e-300), 0.0)
-            x = x - np.maximum(step, -sigma)
-            if np.all(step >= -1e-5 * sigma):
-                break
+    x = np.maximum(np.where(warm > 0, sigma * within.max_quantiles(rule.levels, warm[:, 0]), -np.inf),
+                   np.where(cold > 0, kappa + sigma * stretch * within.max_quantiles(rule.levels, cold[:, 0]), -np.inf))
+    inv, kappa_z, narrow = 1.0 / sigma, kappa / sigma, 1.0 / stretch
+    rows = within.rows
+    for _ in range(20):
+        z = x * inv
+        log_g, slope, bend = _curved_terms(rows, z)
+        log_c, slope_c, bend_c = _curved_terms(rows, (z - kappa_z) * narrow)
+        f = warm * log_g + cold * log_c - log_p
+        d1 = np.maximum(warm * slope + cold * narrow * slope_c, 1e-300)
+        d2 = warm * bend + cold * narrow * narrow * bend_c
+        # Halley's step, at most twice Newton's and one sigma long
+        step = 2.0 * f * d1 / np.maximum(2.0 * d1 * d1 - f * d2, d1 * d1) * sigma
+        np.maximum(step, -sigma, out=step)
+        np.minimum(step, sigma, out=step)
+        x = x - step
+        if (np.abs(step) <= 1e-3 * sigma).all():
+            break
     return x
+
+
+def _curved_terms(rows, z):
+    """``log F``, ``f / F`` and its derivative at ``z`` (a distribution's own ``rows``)."""
+    i, frac = _grid_index(z)
+    t = np.take(rows, i, axis=0)
+    return t[..., 0] + t[..., 1] * frac, t[..., 2] + t[..., 3] * frac, t[..., 4] + t[..., 5] * frac
 
 
 # --------------------------------------------------------------------------- time
