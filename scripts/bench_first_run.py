@@ -28,6 +28,12 @@ Every step is the command a user runs (``explore`` through its CLI, in a fresh p
    the operator's working memory) and ``explore run unet3d`` from a copy of the explored runs
    directory.  Whether ``auto`` lost its workers there is reported, not assumed.
 
+0. **In simulation** (``--skip-simulation`` leaves it out): plans of ``n`` tasks drawn from the
+   model the bound describes (a shared Student-t error of scale ``a`` with 10 dof, ``n`` within
+   deviations of scale ``sigma`` with 88 dof, two of them cold when said), the share whose
+   largest task is under the rule before (quadrature sum with a Sidak within term) and under
+   ``explorer.calibration.max_task_quantile``, 400,000 plans each (Monte Carlo sd 0.016%).
+
 Each run's tasks are counted twice against their bounds: against one task's 99% bound (the
 run's own check, which knows whether the task was its worker's first of the run) and
 against the plan's bound on the largest of its ``n`` tasks (``task_peak_bytes`` of its
@@ -84,6 +90,39 @@ def last_json(out: subprocess.CompletedProcess) -> dict:
 
 def warnings_of(out: subprocess.CompletedProcess) -> list[str]:
     return [line for line in out.stderr.splitlines() if line.startswith("warning:")]
+
+
+def simulation_table(plans: int = 400_000, confidence: float = 0.99) -> None:
+    """Step 0 (module docstring)."""
+    import numpy as np
+    from scipy import stats
+
+    sys.path.insert(0, str(ROOT))
+    from explorer.calibration import max_task_quantile
+
+    rng = np.random.default_rng(20261126)
+    c, nu_p, nu_w = confidence, 10.0, 88.0
+    print("### The bound on the largest of n tasks, in simulation\n")
+    print(f"Share of {plans:,} simulated plans whose largest task is under the {c:.0%} bound.\n")
+    print("| n | a / sigma | cold tasks (k, offset / sigma, their sd / sigma) | quadrature + Sidak (before) | "
+          "exact quantile of shared + max |")
+    print("|---|---|---|---|---|")
+    for n in (1, 9, 100):
+        for ratio in (0.5, 1.4, 3.0):
+            for k, kappa, cold_sd in ((0, 0.0, 1.0), (2, 0.5, 1.2)):
+                if n == 1 and k:
+                    continue
+                shared = ratio * rng.standard_t(nu_p, plans)
+                largest = stats.t.ppf(rng.random(plans) ** (1.0 / (n - k)), nu_w)
+                if k:
+                    largest = np.maximum(largest, kappa + cold_sd * stats.t.ppf(rng.random(plans) ** (1.0 / k), nu_w))
+                x = shared + largest
+                before = math.hypot(ratio * stats.t.ppf(c, nu_p), stats.t.ppf(c ** (1 / n), nu_w))
+                exact = max_task_quantile(c, ([ratio], [0.0]), (nu_p, 12.0), 1.0, n, cold=k, cold_offset=kappa,
+                                          cold_sd=cold_sd, within_dof=nu_w)[0]
+                print(f"| {n} | {ratio} | {f'{k}, {kappa}, {cold_sd}' if k else 'none'} | {(x <= before).mean():.2%} | "
+                      f"{(x <= exact).mean():.2%} |")
+    print()
 
 
 def run_tasks(runs: Path, operator: str, run_id: str | None) -> list:
@@ -172,6 +211,7 @@ def main() -> None:
     parser.add_argument("--unet-runs", type=Path, default=None,
                         help="a runs directory where `explore unet3d` ran already (copied, not changed)")
     parser.add_argument("--skip-unet", action="store_true")
+    parser.add_argument("--skip-simulation", action="store_true")
     args = parser.parse_args()
     cache = args.cache.resolve()
     explored = cache / "explored"  # explore only: no production run
@@ -179,6 +219,8 @@ def main() -> None:
     verdicts = []
     p = print
     p("## The bound on a first production run\n")
+    if not args.skip_simulation:
+        simulation_table()
 
     # 1. The README's first command.
     out = cli("gst3d", "--budget", args.budget, "--json", runs=explored)
