@@ -4,7 +4,7 @@ anything yet, and the 99% bound must already hold for the tasks inside the worke
     python scripts/bench_first_run.py [--cache runs/bench/first-run] [--budget 30]
         [--survey 651x951x462] [--survey-limit 4GiB] [--workers 2] [--skip-survey]
         [--unet-shape 240x240x128] [--unet-limits 1.5GiB,2GiB,3GiB] [--unet-runs DIR] [--skip-unet]
-        [--unet-only] [--skip-simulation]
+        [--unet-only] [--skip-simulation] [--warm-up-timeout SECONDS]
 
 Every step is the command a user runs (``explore`` through its CLI, in a fresh process):
 
@@ -76,9 +76,19 @@ def mib(n) -> str:
     return "—" if n is None else f"{n / 2**20:,.0f} MiB"
 
 
+#: ``--warm-up-timeout``: run the CLI with ``explorer.recommend.WARM_UP_TIMEOUT_SECONDS`` raised
+#: (the workers' warm-up graph before a baseline; for unet3d, eight tasks on 145^3 blocks).
+WARM_UP_TIMEOUT: list = [None]
+
+
 def cli(*args, runs: Path, timeout=3600) -> subprocess.CompletedProcess:
     started = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "explorer.cli", *map(str, args), "--runs-dir", str(runs)],
+    if WARM_UP_TIMEOUT[0] is None:
+        command = [sys.executable, "-m", "explorer.cli"]
+    else:
+        command = [sys.executable, "-c", "import sys, explorer.recommend as r; r.WARM_UP_TIMEOUT_SECONDS = "
+                   f"{WARM_UP_TIMEOUT[0]!r}; from explorer.cli import main; sys.exit(main())"]
+    out = subprocess.run([*command, *map(str, args), "--runs-dir", str(runs)],
                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     log(f"explore {' '.join(map(str, args))}: exit {out.returncode} in {time.perf_counter() - started:.1f} s")
     if out.returncode != 0:
@@ -215,7 +225,10 @@ def main() -> None:
     parser.add_argument("--skip-unet", action="store_true")
     parser.add_argument("--skip-simulation", action="store_true")
     parser.add_argument("--unet-only", action="store_true", help="steps 0 and 5 only")
+    parser.add_argument("--warm-up-timeout", type=float, default=None,
+                        help="seconds the workers' warm-up graph may take (explorer.recommend's 60 s by default)")
     args = parser.parse_args()
+    WARM_UP_TIMEOUT[0] = args.warm_up_timeout
     cache = args.cache.resolve()
     cache.mkdir(parents=True, exist_ok=True)
     p = print
