@@ -254,6 +254,9 @@ def recommend_chunks(
     form ``explore run`` uses, each task reading its own block from the file
     (``operator.dask(operators.segy_volume(path), chunks=plan.chunks)``): a ``map_overlap``
     on a chunked Dask array also keeps its chunks for their neighbours, which it does not count.
+    The bound is for workers with the profiling server's allocator setting: run the plan on
+    workers set up as ``docs/workers.md`` says (``explorer.workersetup.prepare_workers(client)``,
+    ``dask worker --preload explorer.workersetup``, or ``MALLOC_MMAP_THRESHOLD_=131072``).
 
     ``strategy`` (a pipeline's; :data:`STRATEGY_CHOICES`): ``"fused"`` plans one task per
     block for all stages (the pipeline's own model, or the one composed from its members');

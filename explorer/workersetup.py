@@ -6,8 +6,9 @@ not pin it has glibc's *dynamic* threshold: freeing an mmapped block of ``s`` by
 the current threshold (up to 32 MiB) raises the threshold to ``s``, so later arrays up to that size
 land on the heap, whose freed pages are reused in place or kept, and the peak of the same
 ``operator.run`` then depends on what the process freed before.  Measured on unet3d at
-200x96x64 (``scripts/results/allocator.md``): 376 MiB pinned, as profiled, against 437-462
-MiB in processes with the dynamic threshold; gst3d and envelope are unaffected.
+200x96x64 (``scripts/results/allocator.md``): 375.7 MiB pinned, as profiled, against 449-468
+MiB in fresh processes with the dynamic threshold and 375-422 MiB in such a worker, by the
+tasks before; gst3d and envelope peak the same in fresh processes.
 
 So the workers that run the work get the profiling server's setting, and the model's
 bound describes them:
