@@ -7,6 +7,9 @@ The public surface is four functions::
     load_model(operator, runs_dir=None)      -> MemoryModel    (explorer.surrogate)
     recommend_chunks(operator, shape, memory_limit, ...) -> ChunkPlan (explorer.recommend)
 
+and ``prepare_workers(client)`` (``explorer.workersetup``): gives a cluster's workers the
+allocator setting the profiles were taken with (``docs/workers.md``).
+
 They are imported lazily so that ``import explorer`` stays cheap: the
 profiling child and ``recommend_chunks`` never import torch.
 """
@@ -29,6 +32,7 @@ _PUBLIC = {
     "MemoryModel": "explorer.surrogate",
     "recommend_chunks": "explorer.recommend",
     "ChunkPlan": "explorer.chunking",
+    "prepare_workers": "explorer.workersetup",
 }
 
 __all__ = sorted(_PUBLIC)

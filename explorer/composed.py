@@ -93,7 +93,7 @@ def _output_bytes(op, shapes: np.ndarray) -> np.ndarray:
 class ComposedModel:
     """A pipeline's isolated peak from its members' models (module docstring).  Offers what
     the planner and ``TaskModel`` use of a ``MemoryModel``: ``predict_many``, ``predict``,
-    ``predictive_t``, ``operator``, ``halo``, ``info``, ``stale``."""
+    ``predictive_t``, ``operator``, ``halo``, ``info``, ``stale``, ``warnings``."""
 
     composed = True
 
@@ -108,6 +108,8 @@ class ComposedModel:
             "seconds_per_voxel": (sum(float(s) for s in speeds) if all(s is not None for s in speeds) else None),
         }
         self.stale = [f"{name}: {reason}" for name, m in members.items() for reason in (getattr(m, "stale", None) or [])]
+        #: The members' own warnings (a member whose loop did not converge).
+        self.warnings = [w for m in members.values() for w in getattr(m, "warnings", [])]
         #: The members' names in decreasing bound, once a call with a ``ceiling`` has ranked them.
         self._heaviest_first: list[str] | None = None
 

@@ -762,6 +762,18 @@ class MemoryModel:
                            {**self.info, "latent_scale": posterior.describe()}, environment=self.environment)
 
     @property
+    def warnings(self) -> list[str]:
+        """What a plan made from this model must say of it: that the explore loop ended without
+        meeting its stop rule (on its budget, or short of safe shapes), so its bound, certified
+        by the evidence it has, is wider than the tolerance asked or barely tested."""
+        if self.info.get("converged", True):
+            return []
+        why = str(self.info.get("stopped_because") or "the loop ended before its stop rule held").split(":")[0]
+        return [f"{self.operator}'s model did not converge ({why}): its bound holds on the evidence it has but is "
+                f"wider than asked; run `{paths.explore_command(self.operator)} --budget N` with a larger budget "
+                "to tighten it"]
+
+    @property
     def mean_determined(self) -> bool:
         """Whether the exact profiles alone determine every term of the mean (more profiles
         than terms) or a prior mean does (``MeanPrior``): a prediction before then is the
