@@ -565,14 +565,14 @@ def task_bound(mean_isolated, upper_isolated, voxels, excess: ExcessFit | None, 
     ``tasks`` (scalar or per row): how many tasks the bound covers; ``cold`` (scalar or per row):
     how many of them are their worker's first (default ``min(tasks, 1)``: a run has at least one,
     and a task of unknown order is bounded as one).  The isolated bound alone when the excess
-    is not identified.  ``ceiling`` (per row, optional): rows whose lower bound is above it are
-    not solved (:func:`max_task_quantile`; ``upper`` that lower bound); returns ``(mean, upper,
-    exact)`` then."""
+    is not identified.  ``ceiling`` (per row, optional): rows shown above it or at or below it
+    are not solved (:func:`max_task_quantile`: ``upper`` a lower, resp. an upper bound); returns
+    ``(mean, upper, state)`` then."""
     mean_isolated = np.asarray(mean_isolated, dtype=np.float64)
     upper_isolated = np.asarray(upper_isolated, dtype=np.float64)
     if excess is None:
         return (mean_isolated, upper_isolated) if ceiling is None else \
-            (mean_isolated, upper_isolated, np.ones(mean_isolated.shape, dtype=bool))
+            (mean_isolated, upper_isolated, np.zeros(mean_isolated.shape, dtype=np.int8))
     c = float(confidence)
     d_mean, d_half = excess.predict(voxels, c)
     mean = mean_isolated + d_mean
@@ -589,9 +589,9 @@ def task_bound(mean_isolated, upper_isolated, voxels, excess: ExcessFit | None, 
                                cold_offset=kappa, cold_sd=cold_sd,
                                within_dof=math.inf if within is None else float(within.dof),
                                ceiling=None if ceiling is None else np.asarray(ceiling, dtype=np.float64) - mean)
-    u, exact = (solved, None) if ceiling is None else solved
+    u, state = (solved, None) if ceiling is None else solved
     upper = np.maximum(upper_isolated, mean + u.reshape(mean.shape))
-    return (mean, upper) if ceiling is None else (mean, upper, exact.reshape(mean.shape))
+    return (mean, upper) if ceiling is None else (mean, upper, state.reshape(mean.shape))
 
 
 # --------------------------------------------------------------------------- the largest of n tasks
@@ -681,6 +681,14 @@ class StandardDistribution:
         j = position.astype(np.intp)
         low = table[j]
         return low + (table[j + 1] - low) * (position - j)[:, None]
+
+    def max_quantiles_above(self, levels: tuple, count) -> np.ndarray:
+        """:meth:`max_quantiles` at the next power of two at or above ``count``: the largest of
+        more draws, so no less (for an upper bound)."""
+        self.max_quantiles(levels, [1.0])
+        table = self.__dict__["_max_quantiles"][levels]
+        j = np.minimum(np.ceil(np.log2(np.maximum(np.asarray(count, dtype=np.float64), 1.0)) - 1e-9), 30.0)
+        return table[j.astype(np.intp)]
 
     def max_range(self, count) -> np.ndarray:
         """The 10-90% range of the largest of ``count`` draws (elementwise; tabulated at
@@ -834,6 +842,9 @@ def _rule(dof: float) -> _Rule:
 #: Rows are solved in blocks of at most this many: the temporaries stay under glibc's 128 KiB
 #: mmap threshold (above it each is a fresh mapping whose page faults took 4x the time here).
 BLOCK_ROWS = 256
+#: :func:`max_task_quantile`'s states of a row not solved: its ``u`` a lower bound above the
+#: ceiling, or an upper bound at or below it.
+ABOVE, BELOW = 1, 2
 
 
 def max_task_quantile(confidence: float, shared_scales, shared_dofs, within_sd, tasks, *, cold=0, cold_offset=0.0,
@@ -868,11 +879,18 @@ def max_task_quantile(confidence: float, shared_scales, shared_dofs, within_sd, 
     ``n = 1`` without cold tasks: the quantile of ``S + W``; ``sigma = 0``: ``Q_S(c)`` plus the
     cold offset when there is a cold task; ``a = b = 0``: ``G^{-1}(c)``.
 
-    ``ceiling`` (per row, optional): a row whose lower bound ``L = Q_S(c) + kappa [k >= 1]`` is above
-    it is not solved, its ``u`` is ``L``; returns ``(u, exact)`` then.  ``L`` holds for ``c >= 1/2``:
-    ``S`` and ``W`` are symmetric and unimodal (Student-t's and their sums), so for either,
-    ``P(X + Y <= Q_X(c)) = E[(F_X(Q_X - |Y|) + F_X(Q_X + |Y|)) / 2] <= c`` (the mass of ``X`` just
-    above ``Q_X`` is no more than just below it), and ``max_i D_i >= D_1`` (a cold one when any).
+    ``ceiling`` (per row, optional): a row whose lower bound ``L`` is above it, or whose upper
+    bound ``U`` is at or below it, is not solved: its ``u`` is that bound.  Returns ``(u, state)``
+    then, ``state`` 0 where solved, :data:`ABOVE` where ``u = L``, :data:`BELOW` where ``u = U``.
+    ``L = Q_S(c) + kappa [k >= 1]`` holds for ``c >= 1/2``: ``S`` and ``W`` are symmetric and
+    unimodal (Student-t's and their sums), so for either, ``P(X + Y <= Q_X(c)) = E[(F_X(Q_X - |Y|)
+    + F_X(Q_X + |Y|)) / 2] <= c`` (the mass of ``X`` just above ``Q_X`` is no more than just below
+    it), and ``max_i D_i >= D_1`` (a cold one when any).  ``U = min_s Q_S(1 - s(1 - c)) +
+    max(sigma, kappa + sigma_c) Q_n(1 - (1 - s)(1 - c))`` over ``s`` in 0.1, 0.3, 0.5, 0.7
+    (Bonferroni: ``P(S > x) + P(M > y) = 1 - c``; ``Q_n(p) = F_Z^{-1}(p^{1/n})``, at the power of
+    two at or above ``n``, bounds ``M``'s quantile: each warm factor of ``G`` is then at least
+    ``p^{1/n}``, each cold one too), plus 0.1% for the tables' interpolation.  On gst3d's plans
+    ``U`` is 1.2-1.5 times ``u``, and still shows 92% of the candidates a planner predicts to fit.
     """
     c = float(confidence)
     a = np.maximum(np.asarray(shared_scales[0], dtype=np.float64).reshape(-1), 0.0)
@@ -893,13 +911,13 @@ def max_task_quantile(confidence: float, shared_scales, shared_dofs, within_sd, 
     rule = _rule(min(dof1 if (a > 0).any() else math.inf, dof2 if (b > 0).any() else math.inf,
                      float(within_dof) if (sigma > 0).any() else math.inf))
     limit = None if ceiling is None else per_row(ceiling)
-    u, exact = np.empty(rows), np.ones(rows, dtype=bool)
+    u, state = np.empty(rows), np.zeros(rows, dtype=np.int8)
     for start in range(0, rows, BLOCK_ROWS):
         part = slice(start, start + BLOCK_ROWS)
-        u[part], exact[part] = _solve_block(c, a[part], b[part], tables, sigma[part], n[part] - k[part], k[part],
+        u[part], state[part] = _solve_block(c, a[part], b[part], tables, sigma[part], n[part] - k[part], k[part],
                                             kappa[part], stretch[part], within, rule,
                                             None if limit is None else limit[part])
-    return u if ceiling is None else (u, exact)
+    return u if ceiling is None else (u, state)
 
 
 def _max_levels(sigma, kappa, warm, cold, log_p, within: StandardDistribution, stretch=1.0):
@@ -991,12 +1009,21 @@ def _solve_block(c, a, b, tables: _Tables, sigma, warm, cold, kappa, stretch, wi
     has_cold = cold > 0
     u = q[:, 2] + np.where(has_cold, kappa, 0.0)  # sigma = 0; else a lower bound (max_task_quantile)
     still = sigma <= 0  # no spread within: the largest task is the cold offset above the rest
-    exact = np.ones(rows, dtype=bool)
+    state = np.zeros(rows, dtype=np.int8)
     if ceiling is not None:
-        exact = still | ~(u > ceiling)
-        still = still | ~exact
+        state[~still & (u > ceiling)] = ABOVE
+        shares = (0.1, 0.3, 0.5, 0.7)
+        s_part = shared_quantiles(slice(None), tuple(1.0 - s * (1.0 - c) for s in shares))
+        widest = np.maximum(sigma, np.where(has_cold, sigma * stretch, 0.0))[:, None]
+        m_part = np.where(has_cold, kappa, 0.0)[:, None] + widest * within.max_quantiles_above(
+            tuple(1.0 - (1.0 - s) * (1.0 - c) for s in shares), warm + cold)
+        upper = s_part + m_part
+        upper = upper.min(axis=1) + 1e-3 * (np.abs(s_part) + np.abs(m_part)).max(axis=1)
+        below = ~still & (state == 0) & (upper <= ceiling)
+        u[below], state[below] = upper[below], BELOW
+        still = still | (state != 0)
     if still.all():
-        return u, exact
+        return u, state
     todo = slice(None) if not still.any() else np.flatnonzero(~still)
     if not isinstance(todo, slice):
         q, j, theta_frac, rho = q[todo], j[todo], theta_frac[todo], rho[todo]
@@ -1042,7 +1069,7 @@ def _solve_block(c, a, b, tables: _Tables, sigma, warm, cold, kappa, stretch, wi
         slope *= g
         return g @ weights, (slope @ weights) * alpha
     u[todo] = _newton(evaluate, start, scale, math.log(c) - math.log1p(-c))
-    return u, exact
+    return u, state
 
 
 def _max_nodes(sigma, kappa, warm, cold, stretch, rule: _Rule, within: StandardDistribution):
@@ -1561,7 +1588,10 @@ class TaskModel:
         whose upper is shown above its ceiling is not solved further: its ``mean`` is NaN and
         its ``upper`` that lower bound (the isolated upper, which the task's never falls below,
         or :func:`max_task_quantile`'s; a composed isolated model may stop short itself, on one
-        member's bound)."""
+        member's bound); a block shown at or below it gets an upper bound of its ``upper``
+        (:func:`max_task_quantile`'s ``U``), its ``mean`` NaN too: the planner predicts the
+        candidates it ranks by their upper again without a ceiling
+        (``explorer.chunking.plan_chunks``)."""
         if ceiling is not None and getattr(self.isolated, "composed", False):
             mean, upper = self.isolated.predict_many(shapes, confidence, ceiling=ceiling)
         else:
@@ -1590,8 +1620,8 @@ class TaskModel:
         if limit is None:
             mean[pick], upper[pick] = solved
         else:
-            m, u, exact = solved
-            mean[pick], upper[pick] = np.where(exact, m, np.nan), u
+            m, u, state = solved
+            mean[pick], upper[pick] = np.where(state == 0, m, np.nan), u
         return mean, upper
 
     def predict(self, shape, confidence: float = 0.99, cold=None) -> tuple[float, float]:

@@ -210,9 +210,14 @@ FALLBACK_PAUSE_FRACTION = 0.8
 #: its ceiling: it returns ``mean = nan`` there and, as ``upper``, a lower bound of the
 #: row's upper that is above the ceiling (``explorer.composed.ComposedModel``: one member's
 #: term bounds the pipeline's peak from below; ``explorer.calibration.TaskModel``: the isolated
-#: bound, or its quantile's bracket).  A predictor that takes ``cold=`` (``(m,)``) is told how
-#: many of each row's tasks are their slot's first of the run, ``min(tasks, slots)``: a
-#: worker's first task finds none of the run's freed memory to reuse (the task model's cold offset).
+#: bound, or its quantile's lower bound), and where it has shown that the row's upper is at or
+#: below its ceiling it may return, also with ``mean = nan``, an upper bound of it
+#: (``TaskModel``: a Bonferroni bound, a few table lookups instead of the quantile's
+#: quadrature): ``plan_chunks`` predicts the candidates the upper footprint ranks, and its
+#: plan, again without a ceiling where they were not solved (:func:`_rank_on_own_bounds`).
+#: A predictor that takes ``cold=`` (``(m,)``) is told how many of each row's tasks are their
+#: slot's first of the run, ``min(tasks, slots)``: a worker's first task finds none of the
+#: run's freed memory to reuse (the task model's cold offset).
 Predictor = Callable[..., tuple[np.ndarray, np.ndarray]]
 
 
@@ -1165,6 +1170,13 @@ def evaluate_candidates(c: Candidates, predict: Predictor | None, *, confidence:
 
 def rank_candidates(c: Candidates, shape, whole, *, budget: int, slots: int) -> int:
     """The index of the plan among the candidates that fit (module docstring, keys 1-5)."""
+    tied, keys = _ranking_keys(c, shape, whole, budget=budget, slots=slots)
+    return int(tied[np.lexsort(keys)[0]])
+
+
+def _ranking_keys(c: Candidates, shape, whole, *, budget: int, slots: int) -> tuple[np.ndarray, list]:
+    """``(tied, keys)``: the candidates that fit within the first key's tie, and their later
+    keys for ``np.lexsort`` (last key first; :func:`rank_candidates`)."""
     ndim = len(shape)
     fits = c.upper_total <= budget
     first_key, tie = _first_key(c, slots)
@@ -1182,8 +1194,7 @@ def rank_candidates(c: Candidates, shape, whole, *, budget: int, slots: int) -> 
     # 4. fewest tasks, 5. smaller upper footprint, then longer chunks on later axes.
     #    (np.lexsort: last key first.)
     later_axes_longer = [-tied_chunks[:, i] for i in range(ndim)]
-    order = np.lexsort(later_axes_longer + [c.upper_total[tied], c.n_tasks[tied], aspect, padding_fraction])
-    return int(tied[order[0]])
+    return tied, later_axes_longer + [c.upper_total[tied], c.n_tasks[tied], aspect, padding_fraction]
 
 
 def plan_chunks(
@@ -1251,6 +1262,8 @@ def plan_chunks(
         raise ChunkPlanError(_no_fit_message(candidates, shape, operator, threads, confidence, pause_fraction,
                                              limit_bytes, budget, int(baseline_bytes)))
     index = rank_candidates(candidates, shape, whole, budget=budget, slots=slots)
+    if _takes(predict, "ceiling"):
+        index = _rank_on_own_bounds(candidates, shape, whole, index, predict, confidence, footprint, budget, slots)
 
     chunk = tuple(int(c) for c in candidates.chunks[index])
     block = tuple(int(b) for b in candidates.blocks[index])
@@ -1292,6 +1305,27 @@ def plan_chunks(
         baseline_source=str(baseline_source),
         block_multiple=None if block_multiple is None else tuple(int(m) for m in block_multiple),
     )
+
+
+def _rank_on_own_bounds(c: Candidates, shape, whole, index: int, predict: Predictor, confidence, footprint,
+                        budget: int, slots: int) -> int:
+    """The plan's index once the candidates the ranking's upper footprint (key 5) decides
+    among have their own bounds: a predictor given a ceiling may have answered an upper bound
+    of a row's upper where it showed the row fits (:data:`Predictor`, ``exact`` False).  Those
+    are the rows ranked equal to ``index`` on keys 1-4 (usually it alone, whose footprint the
+    plan reports); those not solved are predicted again without a ceiling and ranked again.
+    A row's own upper is at most that bound: each still fits, and no row ranked below them on
+    keys 1-4 can overtake them."""
+    tied, keys = _ranking_keys(c, shape, whole, budget=budget, slots=slots)
+    at = int(np.flatnonzero(tied == index)[0])
+    same = np.ones(len(tied), dtype=bool)
+    for key in keys[-3:]:  # n_tasks, aspect, padding: the keys before the upper footprint
+        same &= key == key[at]
+    rows = tied[same & ~c.exact[tied]]
+    if not len(rows):
+        return index
+    _predict_rows(predict, c, rows, confidence, footprint, _takes_tasks(predict), slots=slots)
+    return rank_candidates(c, shape, whole, budget=budget, slots=slots)
 
 
 def _checked_plan_arguments(shape, halo, whole_axes, limit_bytes, *, pause_fraction, confidence, threads_per_worker,
@@ -1368,8 +1402,9 @@ def _predict_blocks(predict, blocks, n_tasks, confidence, takes_tasks: bool,
     predicted in slices of ``PREDICT_BATCH_ROWS``; a predictor taking ``tasks``
     (``takes_tasks``) gets each row's count from ``n_tasks``, and given ``ceiling`` (``(m,)``)
     it gets each row's; given ``slots`` a predictor taking ``cold`` gets ``min(tasks, slots)``.
-    ``exact`` is False where the predictor stopped short above the ceiling (:data:`Predictor`):
-    ``mean`` inf and ``upper`` its lower bound there."""
+    ``exact`` is False where the predictor stopped short of a row (:data:`Predictor`): ``mean``
+    inf and ``upper`` its bound there (a lower bound above the ceiling, or an upper bound at or
+    below it)."""
     means, uppers, exacts = [], [], []
     takes_cold = takes_tasks and slots is not None and _takes(predict, "cold")
     for start in range(0, len(blocks), PREDICT_BATCH_ROWS):
@@ -1383,8 +1418,7 @@ def _predict_blocks(predict, blocks, n_tasks, confidence, takes_tasks: bool,
         raw_mean, upper = predict(blocks[part], confidence=confidence, **keywords)
         mean = _checked_prediction(raw_mean, m, "mean")
         upper = _checked_prediction(upper, m, "upper")
-        bounded = np.zeros(m, dtype=bool) if ceiling is None else (
-            np.isnan(np.asarray(raw_mean, dtype=np.float64)) & (upper > ceiling[part]))
+        bounded = np.zeros(m, dtype=bool) if ceiling is None else np.isnan(np.asarray(raw_mean, dtype=np.float64))
         means.append(mean)
         uppers.append(np.where(bounded, upper, np.maximum(upper, mean)))
         exacts.append(~bounded)

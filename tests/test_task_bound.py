@@ -239,7 +239,58 @@ def test_real_workers_record_each_ones_first_task_of_a_run(probed_runs):
             first = [r for r in tasks if r.context["first_in_run"]][0]
             assert first.context["task_index"] == 0
             assert first.context["process_task_index"] == min(r.context["process_task_index"] for r in tasks)
-    # the workers live across the probes: later runs' first tasks are not the process's first
-    assert max(r.context["process_task_index"] for r in records) >= len(records) // 2
+    # the workers live across the probes: each counts its tasks over every run, so a later
+    # run's first task is not its process's first
+    by_process: dict = {}
+    for r in records:
+        by_process.setdefault(r.context["worker"], []).append(r.context["process_task_index"])
+    for indices in by_process.values():
+        assert sorted(indices) == list(range(len(indices)))
+    assert any(r.context["first_in_run"] and r.context["process_task_index"] > 0 for r in records)
     saved = cal.load_calibration("gst3d", probed_runs)
     assert saved.cold is not None and saved.cold.n_groups >= 3
+
+
+def test_rows_shown_above_or_below_the_ceiling_get_a_bound_on_the_right_side():
+    """With a ceiling, a row is solved only where its cheap bounds straddle it: below its lower
+    bound the answer is that bound (never above the quantile), above its upper bound that bound
+    (never below the quantile)."""
+    counts = np.array([1.0, 9.0, 100.0, 1000.0])
+    a, b, sigma = np.full(4, 1.0), 0.2, 0.8
+    kwargs = dict(cold=2, cold_offset=0.3, cold_sd=1.0, within_dof=88.0)
+    exact = cal.max_task_quantile(0.99, (a, b), (10.0, 12.0), sigma, counts, **kwargs)
+    for ceiling, state in ((-1.0, cal.ABOVE), (1e3, cal.BELOW)):
+        u, states = cal.max_task_quantile(0.99, (a, b), (10.0, 12.0), sigma, counts, ceiling=ceiling, **kwargs)
+        assert np.all(states == state)
+        assert np.all(u <= exact) if state == cal.ABOVE else np.all((u >= exact) & (u < 1.6 * exact))
+    u, states = cal.max_task_quantile(0.99, (a, b), (10.0, 12.0), sigma, counts, ceiling=exact * 1.0001, **kwargs)
+    assert np.all(states == 0) and np.allclose(u, exact)
+
+
+def test_a_plans_footprint_is_its_blocks_own_bound_not_the_shortcut():
+    """The planner's ceiling lets the task model answer an upper bound for rows that surely
+    fit; the plan is ranked and its footprint computed on its block's own bound."""
+    from explorer.chunking import plan_chunks
+
+    class Isolated:
+        operator, halo, info, stale = "gst3d", (5, 5, 5), {}, []
+
+        def predict_many(self, shapes, confidence=0.99):
+            v = np.asarray(shapes, dtype=float).reshape(-1, 3).prod(1)
+            return 90.0 * v, 94.0 * v
+
+    v = np.geomspace(1e4, 3e7, 7)
+    excess = cal.fit_excess(v, 0.5 * MiB + 4.0 * v + np.array([1, -1, 0.5, -0.5, 0.3, -0.3, 0.1]) * MiB)
+    within = cal.WithinFit(alpha_bytes=0.3 * MiB, beta=0.02, dof=96)
+    cold = cal.ColdFit(coef=(0.3 * MiB, 0.003 * GiB), cov=(1e10, 0.0, 0.0, (0.005 * GiB) ** 2), m_ref=GiB, dof=6,
+                       n_groups=7)
+    from explorer.environment import environment_stamp
+
+    calibration = cal.WorkerCalibration("gst3d", excess, cal.fit_timing([]), 7, 7, 56, 0.99, 0,
+                                        environment_stamp("gst3d"), within=within, cold=cold)
+    model = cal.TaskModel(Isolated(), calibration)
+    plan = plan_chunks((600, 500, 400), (5, 5, 5), (), model.predict_many, 4 * GiB, baseline_bytes=100 * MiB,
+                       workers=2)
+    _, own = model.predict_many(np.asarray([plan.block]), 0.99, tasks=[plan.n_tasks],
+                                cold=[min(plan.n_tasks, plan.slots)])
+    assert plan.footprint.task_peak_bytes == pytest.approx(own[0], rel=1e-9)
