@@ -1538,7 +1538,7 @@ class TaskModel:
 
     @property
     def warnings(self) -> list[str]:
-        lines = []
+        lines = list(getattr(self.isolated, "warnings", None) or [])  # e.g. a model that did not converge
         stale = getattr(self.isolated, "stale", None)
         if stale:
             lines.append(f"{self.operator}'s model was learnt in another environment ({'; '.join(stale)}): "

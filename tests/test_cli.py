@@ -241,3 +241,32 @@ def test_a_bad_storage_url_is_one_line_naming_it_and_the_accepted_forms(args, tm
     line = one_line_failure(out, "cannot open storage")
     url = args[args.index("--storage") + 1]
     assert f"'{url}'" in line and "sqlite:///PATH" in line and "journal:PATH" in line
+
+
+def test_explore_that_saves_no_model_exits_non_zero_and_says_why(tmp_path):
+    out = explore("gaussian", "--budget", "1", "--probes", "0", "--runs-dir", str(tmp_path))
+    assert out.returncode != 0
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("no model saved: too few successful profiles") and "raise --budget" in last, out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_a_plan_from_a_model_that_did_not_converge_says_so(gst3d_model, tmp_path):
+    """``explore chunks`` (text and JSON) carries the warning of a model whose loop ended on its
+    budget; a model that converged carries none of it."""
+    from explorer import paths
+
+    for converged in (False, True):
+        runs = tmp_path / str(converged)
+        ended = gst3d_model.certified(1.0)
+        ended.info.update(converged=converged, stopped_because="budget of 30 profiles spent: tight failed (...)")
+        ended.save(paths.model_path("gst3d", runs))
+        out = explore("chunks", "gst3d", "--shape", "300x300x300", "--memory-limit", "2GiB", "--baseline",
+                      "200MiB", "--runs-dir", str(runs), "--json")
+        assert out.returncode == 0, out.stderr
+        warnings = json.loads(out.stdout)["warnings"]
+        said = [w for w in warnings if "did not converge" in w]
+        assert bool(said) == (not converged), warnings
+        if said:
+            assert "budget of 30 profiles spent" in said[0] and "--budget" in said[0]
+            assert any("did not converge" in line for line in out.stderr.splitlines())
