@@ -260,21 +260,27 @@ class ExplorationCore:
         ``surrogate.Prequential``."""
         from explorer import surrogate
 
-        usable = _usable(records)
-        terms = []
-        for i, r in enumerate(usable):
-            if r.status != OK or i == 0:
-                continue
-            model = self.base_fit(usable[:i])
-            if model is None or not model.ml2.mean_determined:
-                continue
-            repeats = r.repeats or [r.peak_bytes]
-            terms.append([float(x[0]) for x in model.ml2.prequential_terms([r.shape], [float(np.mean(repeats))],
-                                                                          len(repeats))])
+        terms = [[float(x[0]) for x in model.ml2.prequential_terms([shape], [value], runs)]
+                 for shape, value, runs, model in self._predicted(records, self.base_fit)]
         if not terms:
             return surrogate.Prequential()
         e, c, s = zip(*terms)
         return surrogate.Prequential(tuple(e), tuple(c), tuple(s))
+
+    @staticmethod
+    def _predicted(records: list[Record], fit):
+        """``(shape, value, runs, model)`` of every exact profile (store order; ``value`` the mean
+        of its ``runs`` repeats) with ``model = fit(the profiles before it)``, once that model's
+        mean was determined (``MemoryModel.mean_determined``): the profiles that were predictions."""
+        usable = _usable(records)
+        for i, r in enumerate(usable):
+            if r.status != OK or i == 0:
+                continue
+            model = fit(usable[:i])
+            if model is None or not model.ml2.mean_determined:
+                continue
+            repeats = r.repeats or [r.peak_bytes]
+            yield r.shape, float(np.mean(repeats)), len(repeats), model
 
     @staticmethod
     def _key(records):
@@ -306,17 +312,10 @@ class ExplorationCore:
         from explorer import acquisition
         from explorer.stats import scale_confidence_bound
 
-        usable = _usable(records)
         residuals, dofs = [], []
-        for i, r in enumerate(usable):
-            if r.status != OK or i == 0:
-                continue
-            model = self.fit(usable[:i])
-            if model is None or not model.ml2.mean_determined:
-                continue
-            repeats = r.repeats or [r.peak_bytes]
-            residuals.append(float(model.standardised([r.shape], [float(np.mean(repeats))], len(repeats))[0]))
-            dofs.append(model.predictive_t(np.asarray([r.shape]))[2])
+        for shape, value, runs, model in self._predicted(records, self.fit):
+            residuals.append(float(model.standardised([shape], [value], runs)[0]))
+            dofs.append(model.predictive_t(np.asarray([shape]))[2])
         factor = scale_confidence_bound(residuals, dofs, acquisition.EVIDENCE_LEVEL)
         return acquisition.ScaleEvidence(max(1.0, factor), len(residuals))
 
