@@ -220,7 +220,7 @@ def row(label: str, entries: list[dict]) -> str:
         k = int(np.sum(pit <= c))
         lo, hi = clopper_pearson(k, len(pit))
         cells.append(f"{k / len(pit):.1%} ({lo:.1%}-{hi:.1%}) {verdict(k, len(pit), c)}")
-    distinct = len({tuple(h["shape"]) for h in held})
+    distinct = len({(e["operator"], tuple(h["shape"])) for e in entries for h in e["held_out"]})
     return (f"| {label} | {len(entries)} | {int(np.median(profiles))} ({min(profiles)}-{max(profiles)}) | "
             f"{sum(bool(e['converged']) for e in entries)} | {len(pit)} ({distinct} distinct) | {np.mean(ape):.2%} | "
             f"{np.median(ratio):.3f} | " + " | ".join(cells) + " |")
