@@ -8,7 +8,8 @@ The public surface is four functions::
     recommend_chunks(operator, shape, memory_limit, ...) -> ChunkPlan (explorer.recommend)
 
 and ``prepare_workers(client)`` (``explorer.workersetup``): gives a cluster's workers the
-allocator setting the profiles were taken with (``docs/workers.md``).
+allocator setting the profiles were taken with (``docs/workers.md``); ``task_model`` and
+``observe`` (``explorer.calibration``, ``explorer.live``) serve a user's own Dask code.
 
 They are imported lazily so that ``import explorer`` stays cheap: the
 profiling child and ``recommend_chunks`` never import torch.
@@ -33,6 +34,8 @@ _PUBLIC = {
     "recommend_chunks": "explorer.recommend",
     "ChunkPlan": "explorer.chunking",
     "prepare_workers": "explorer.workersetup",
+    "task_model": "explorer.calibration",
+    "observe": "explorer.live",
 }
 
 __all__ = sorted(_PUBLIC)
