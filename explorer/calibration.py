@@ -130,7 +130,6 @@ replace ``explorer.chunking``'s defaults once a probe or a production run has ta
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import math
 import os
@@ -142,7 +141,8 @@ from pathlib import Path
 
 import numpy as np
 
-from explorer import paths
+from explorer.core import paths
+from explorer.core.environment import environment_digest
 from explorer.chunking import TaskClock, row_product
 from explorer.stats import t_quantile
 
@@ -158,7 +158,6 @@ __all__ = [
     "WorkerCalibration",
     "calibrate",
     "calibration_path",
-    "environment_digest",
     "fit_excess",
     "fit_clock",
     "fit_cold",
@@ -1312,7 +1311,7 @@ class WorkerCalibration:
     """The in-worker excess and timings of one operator, as saved in ``calibration.json``.
 
     ``excess`` is None while not identified (see the module docstring); ``environment``
-    is the workers' stamp (``explorer.environment``) the observations were made in;
+    is the workers' stamp (``explorer.core.environment``) the observations were made in;
     ``within`` the spread of tasks within a group (None while fewer than three degrees
     of freedom); ``cold`` the offset of a worker's first task of a run (None without a group
     holding both kinds: files saved before the flag, or observations without it);
@@ -1398,15 +1397,6 @@ def calibration_path(operator: str, runs_dir=None) -> Path:
     return paths.operator_dir(operator, runs_dir) / CALIBRATION_FILE
 
 
-def environment_digest(stamp: dict) -> str:
-    """A short digest of the worker-relevant part of an environment stamp, kept with each
-    in-worker observation so that a calibration uses its own environment's evidence."""
-    from explorer.environment import WORKER_KEYS
-
-    text = json.dumps({k: stamp.get(k) for k in WORKER_KEYS}, sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
-
-
 def calibrate(operator: str, store, model, *, confidence: float = 0.99, runs_dir=None,
               environment: dict | None = None, save: bool = True) -> WorkerCalibration | None:
     """The calibration of ``operator`` from the in-worker observations in ``store``.
@@ -1417,7 +1407,7 @@ def calibrate(operator: str, store, model, *, confidence: float = 0.99, runs_dir
     :func:`calibration_path` (``runs_dir`` defaults to the store's) unless ``save=False``.
     None when there is no in-worker observation at all.
     """
-    from explorer.environment import environment_stamp
+    from explorer.core.environment import environment_stamp
 
     stamp = dict(environment) if environment else environment_stamp(operator)
     digest = environment_digest(stamp)
@@ -1470,7 +1460,7 @@ def load_calibration(operator: str, runs_dir=None, environment: dict | None = No
     the command that rebuilds it.  ``cal.stale`` lists how ``environment`` (default: this
     process's) differs from the one it was learnt in.
     """
-    from explorer.environment import WORKER_KEYS, environment_stamp, stamp_differences
+    from explorer.core.environment import WORKER_KEYS, environment_stamp, stamp_differences
 
     path = calibration_path(operator, runs_dir)
     try:

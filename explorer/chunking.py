@@ -121,7 +121,7 @@ from typing import Callable
 
 import numpy as np
 
-from explorer.units import format_bytes, format_shape
+from explorer.core.units import format_bytes, format_shape
 
 __all__ = [
     "ChunkPlan",

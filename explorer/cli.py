@@ -17,8 +17,8 @@ import signal
 import sys
 import time
 
-from explorer import validate
-from explorer.units import format_bytes, format_shape, parse_shape
+from explorer.core import validate
+from explorer.core.units import format_bytes, format_shape, parse_shape
 
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
@@ -38,7 +38,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _checked(check):
-    """An argparse type from an ``explorer.validate`` check: the CLI and the library refuse
+    """An argparse type from an ``explorer.core.validate`` check: the CLI and the library refuse
     the same values; argparse's own prefix (``argument --name:``) names the option."""
 
     def parse(text: str):
@@ -72,8 +72,8 @@ def _storage_url(text: str) -> str:
 
 def _operator_name(text: str) -> str:
     """An operator spec (a name, ``gaussian(sigma=4)``, ``gaussian,gst3d``, ``gaussian,envelope+gst3d``),
-    returned canonical (``explorer.validate.operator``)."""
-    from explorer import validate
+    returned canonical (``explorer.core.validate.operator``)."""
+    from explorer.core import validate
 
     try:
         return validate.operator(text)
@@ -574,7 +574,7 @@ USAGE = """usage: explore OPERATOR [options]                 learn an operator's
 
 
 def _dispatch(argv: list[str]) -> int:
-    from explorer.plugins import load_plugins
+    from explorer.core.plugins import load_plugins
 
     if argv and argv[0] == "--version":
         from explorer import __version__
@@ -594,7 +594,7 @@ def _dispatch(argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     import warnings
 
-    from explorer.environment import StaleModelWarning
+    from explorer.core.environment import StaleModelWarning
 
     argv = sys.argv[1:] if argv is None else argv
     # Stale models and calibrations reach the user as the plans' and reports' own

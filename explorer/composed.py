@@ -274,7 +274,7 @@ def compose(pipeline, runs_dir=None) -> ComposedModel:
     """The composed model of ``pipeline`` from its members' saved models.  Raises
     ``ModelNotFoundError`` naming every member without a model and the command to explore
     each."""
-    from explorer import paths
+    from explorer.core import paths
     from explorer.surrogate import ModelNotFoundError, load_model
 
     members, missing = {}, []

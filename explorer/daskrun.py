@@ -124,7 +124,7 @@ import numpy as np
 from explorer.live import MAX_OVER_BOUND_WARNINGS
 from explorer.outputs import (ZARR_MARK, OutputError, branch_outputs, check_output, output_kind, partial_path,
                               put_in_place, remove_own)
-from explorer.units import format_bytes, format_shape, parse_shape
+from explorer.core.units import format_bytes, format_shape, parse_shape
 
 __all__ = ["RunResult", "run"]
 
@@ -577,7 +577,7 @@ def run(
 def _prepare(ctx: RunContext, memory_limit) -> None:
     """The operator, the output kind, the volume's shape; the store starts opening."""
     import operators
-    from explorer.plugins import load_plugins
+    from explorer.core.plugins import load_plugins
     from operators.segy import SegyGeometryError, segy_geometry
 
     load_plugins()
@@ -611,7 +611,7 @@ def _prepare(ctx: RunContext, memory_limit) -> None:
             ctx.chunks_request = parse_shape(ctx.chunks_request)
         except ValueError as exc:
             raise _RunError(ERROR, f"--chunks: {exc}") from None
-    from explorer import validate
+    from explorer.core import validate
     from explorer.recommend import STRATEGY_CHOICES
 
     if ctx.strategy not in STRATEGY_CHOICES:
@@ -899,7 +899,7 @@ def _trial_jobs(ctx: RunContext, plan) -> list[_TrialJob]:
 def _own_environment(ctx: RunContext, name: str) -> dict:
     """The workers' environment stamp as ``name``'s calibration was stamped in it (a staged
     stage's member has its own code version)."""
-    from explorer.environment import restamped
+    from explorer.core.environment import restamped
 
     return ctx.baseline.environment if name == ctx.operator.name else restamped(ctx.baseline.environment, name)
 

@@ -20,7 +20,6 @@ number ``budget``; a shape another process has claimed or profiled is not picked
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -28,15 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import psutil
 
 import operators
-from explorer import paths, validate
+from explorer.core import paths, validate
+from explorer.core.machine import default_memory_limit
 from explorer.profiling import EXCEEDED, OK, SessionProfiler, default_memory_cap
 from explorer.store import SOURCE_PROFILE, Record, Store
 
-#: Default target worker memory: what a LocalCluster worker gets here, at most 4 GiB.
-DEFAULT_LIMIT_CAP = 4 * 2**30
 #: Profiles of the space-filling start.
 N_INITIAL = 5
 #: Profiling servers a profile's repeats take turns in (``profiling.SessionProfiler``): the run
@@ -54,11 +51,6 @@ CLAIM_POLL_SECONDS = 0.5
 #: Number of candidate shapes scored at each step, and of target shapes.
 N_CANDIDATES = 2048
 N_TARGETS = 384
-
-
-def default_memory_limit() -> int:
-    total = psutil.virtual_memory().total
-    return int(min(DEFAULT_LIMIT_CAP, total / max(1, os.cpu_count() or 1)))
 
 
 @dataclass

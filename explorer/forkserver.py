@@ -31,7 +31,7 @@ import scipy.signal  # noqa: F401
 
 import operators
 from explorer.highwater import PeakMeter, fix_mmap_threshold, read_status, release_free_heap
-from explorer.plugins import load_plugins
+from explorer.core.plugins import load_plugins
 
 OK, EXCEEDED, TIMEOUT, ERROR = "ok", "exceeded", "timeout", "error"
 

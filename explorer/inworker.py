@@ -201,8 +201,8 @@ def warm_worker(operator: str, readable: tuple[str, ...] = (), writable: tuple[s
         import zarr  # noqa: F401
 
         import operators
-        from explorer.environment import environment_stamp
-        from explorer.plugins import load_plugins
+        from explorer.core.environment import environment_stamp
+        from explorer.core.plugins import load_plugins
 
         load_plugins()
         op = operators.get(operator)
@@ -249,9 +249,9 @@ class ObservationPlugin(WorkerPlugin):
         self.worker = None
 
     def setup(self, worker):
-        from explorer.calibration import environment_digest
-        from explorer.environment import environment_stamp
-        from explorer.plugins import load_plugins
+        from explorer.core.environment import environment_digest
+        from explorer.core.environment import environment_stamp
+        from explorer.core.plugins import load_plugins
 
         self.worker = worker
         self.supported = is_supported()

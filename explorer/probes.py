@@ -313,11 +313,11 @@ def calibrate_in_workers(operator: str, *, memory_limit=None, n: int = DEFAULT_P
     probes do for an explored model, so its plans get their in-worker term (and ``auto`` can
     weigh them, ``explorer.recommend.choose_strategy``) without any isolated profile of the
     pipeline.  ``memory_limit``: the target worker memory that sets the plan-scale probe
-    (default ``explorer.exploration.default_memory_limit()``).  Raises ``ModelNotFoundError``
+    (default ``explorer.core.machine.default_memory_limit()``).  Raises ``ModelNotFoundError``
     naming the ``explore`` command(s) when there is no model to probe.
     """
-    from explorer import validate
-    from explorer.exploration import default_memory_limit
+    from explorer.core import validate
+    from explorer.core.machine import default_memory_limit
     from explorer.surrogate import load_model
 
     operator = validate.operator(operator)

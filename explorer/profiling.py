@@ -28,8 +28,8 @@ from pathlib import Path
 import psutil
 
 import operators
-from explorer.plugins import load_plugins
-from explorer.units import parse_shape, parse_size
+from explorer.core.plugins import load_plugins
+from explorer.core.units import parse_shape, parse_size
 
 OK, EXCEEDED, TIMEOUT, ERROR = "ok", "exceeded", "timeout", "error"
 STATUSES = (OK, EXCEEDED, TIMEOUT, ERROR)

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from explorer import paths
+from explorer.core import paths
 from explorer.chunking import (
     DEFAULT_GRAPH_TASK_SECONDS,
     INPUT_ITEMSIZE,
@@ -59,7 +59,7 @@ class WorkerBaseline:
     """Idle workers with the operator loaded: the footprint's ``baseline_bytes`` and more.
 
     ``bytes`` is the largest resident set over ``per_worker`` (address -> bytes);
-    ``environment`` the workers' stamp (``explorer.environment``; the first worker's);
+    ``environment`` the workers' stamp (``explorer.core.environment``; the first worker's);
     ``source`` ``"cluster"`` or ``"local"``.
     """
 
@@ -166,7 +166,7 @@ def save_worker_baseline(operator: str, baseline: WorkerBaseline, runs_dir=None)
 
 
 def _baseline_keys() -> tuple[str, ...]:
-    from explorer.environment import WORKER_KEYS
+    from explorer.core.environment import WORKER_KEYS
 
     return WORKER_KEYS + ("hostname",)
 
@@ -176,7 +176,7 @@ _LOCAL: dict[tuple[str, int], WorkerBaseline] = {}
 
 def _load_local(operator: str, runs_dir) -> WorkerBaseline | None:
     """The saved local baseline when it was measured in this environment, else None."""
-    from explorer.environment import environment_stamp, stamp_differences
+    from explorer.core.environment import environment_stamp, stamp_differences
 
     path = baseline_path(operator, runs_dir)
     try:
@@ -271,7 +271,7 @@ def recommend_chunks(
     ``explore`` command when no model is saved, ``ChunkPlanError`` when the limit is too
     small, ``ValueError`` for a malformed shape, size, strategy or calibration file.
     """
-    from explorer import validate
+    from explorer.core import validate
 
     operator = validate.operator(operator)
     shape = validate.shape(shape)
@@ -312,7 +312,7 @@ def recommend_chunks(
 def _passed_over(operator: str, considered: dict, chosen: str) -> list[str]:
     """A line for each plan ``auto`` passed over although predicted faster, for want of its
     in-worker calibration, naming the command that measures it."""
-    from explorer import paths
+    from explorer.core import paths
 
     seconds = considered[chosen]["predicted_seconds"]
     return [f"{name} (~{plan['predicted_seconds']:.1f} s predicted, against ~{seconds:.1f} s) was passed over: its "
@@ -446,7 +446,7 @@ def fused_output_itemsize(op) -> int:
 
 def _member_environment(request: _PlanRequest, member):
     """The workers' environment as a member's calibration was stamped in it (None: this process's)."""
-    from explorer.environment import restamped
+    from explorer.core.environment import restamped
 
     return restamped(request.environment, member.name)
 
@@ -536,7 +536,7 @@ def predicted_seconds(operator: str, shape, chunks, *, strategy: str = "fused", 
     :func:`recommend_chunks` weighs (``explorer.chunking.fused_seconds`` and
     ``staged_seconds``), for chunkings it did not choose (``scripts/bench_pipeline_runs.py``
     sets them beside the measured seconds).  Needs no memory limit and starts no cluster."""
-    from explorer import validate
+    from explorer.core import validate
     from explorer.chunking import fused_seconds, staged_seconds
 
     operator = validate.operator(operator)
@@ -563,7 +563,7 @@ def plan_for_chunks(operator: str, shape, chunks, memory_limit: int | str, *, st
     footprint's bound and mean, its predicted seconds, in ``strategy`` (``"fused"``, or a
     pipeline's ``"staged"``).  ``ChunkPlanError`` when its bound does not fit ``memory_limit``
     (the message gives it).  The other arguments are :func:`recommend_chunks`'s."""
-    from explorer import validate
+    from explorer.core import validate
 
     operator = validate.operator(operator)
     shape = validate.shape(shape)

@@ -117,7 +117,7 @@ def operator_report(operator: str, *, runs_dir=None, storage=None, confidence: f
     or calibration learnt in another environment is a ``warning:`` line of the summary.  Writes ``runs/<operator>/report.png`` and returns
     ``{"rows": [...], "summary": [...], "report_path": ...}``.
     """
-    from explorer import paths
+    from explorer.core import paths
     from explorer.calibration import IN_WORKER_SOURCES, task_model
     from explorer.store import SOURCE_RUN, Store
 

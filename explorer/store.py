@@ -66,7 +66,7 @@ from pathlib import Path
 import numpy as np
 import scipy
 
-from explorer import paths
+from explorer.core import paths
 
 #: Isolated profiles (``explorer.profiling``).
 SOURCE_PROFILE = "profile"

@@ -211,8 +211,8 @@ from pathlib import Path
 
 import numpy as np
 
-from explorer import paths
-from explorer.paths import model_path
+from explorer.core import paths
+from explorer.core.paths import model_path
 from explorer.stats import MAX_DOF, normal_scores, scale_posterior, t_quantile
 
 __all__ = [
@@ -431,7 +431,7 @@ def _matern52_scaled(a: np.ndarray, a_squared: np.ndarray, b: np.ndarray) -> np.
 @lru_cache(maxsize=256)
 def _bound_quantile(confidence: float, dof: float) -> float:
     """``t_nu(confidence)`` of a validated confidence (cached: ``predict_many`` is on the planner's hot path)."""
-    from explorer import validate
+    from explorer.core import validate
 
     return t_quantile(validate.confidence(confidence), dof)
 
@@ -499,7 +499,7 @@ class MemoryModel:
         self.halo = tuple(int(h) for h in halo)
         self.n_observations = int(n_observations)
         self.info = dict(info or {})
-        #: The environment the profiles were measured in (``explorer.environment``); set
+        #: The environment the profiles were measured in (``explorer.core.environment``); set
         #: when the model is saved, read back when it is loaded.
         self.environment = dict(environment) if environment else None
         #: Differences from this process's environment, set by ``load_model`` (empty: none).
@@ -836,18 +836,18 @@ class MemoryModel:
     # ---- persistence --------------------------------------------------------------
     def stale_reasons(self) -> list[str]:
         """How this process's environment differs from the one the profiles were measured
-        in (``explorer.environment.stamp_differences``); empty when they agree."""
-        from explorer.environment import ISOLATED_KEYS, environment_stamp, stamp_differences
+        in (``explorer.core.environment.stamp_differences``); empty when they agree."""
+        from explorer.core.environment import ISOLATED_KEYS, environment_stamp, stamp_differences
 
         return stamp_differences(self.environment, environment_stamp(self.operator), ISOLATED_KEYS)
 
     def save(self, path) -> Path:
         """Write one ``.npz`` (no pickles): the arrays plus a JSON metadata string.
 
-        The metadata carries the environment stamp (``explorer.environment``) of the
+        The metadata carries the environment stamp (``explorer.core.environment``) of the
         process that saves it, which is the one that profiled: ``load_model`` compares it.
         """
-        from explorer.environment import environment_stamp
+        from explorer.core.environment import environment_stamp
 
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -881,17 +881,17 @@ _CACHE: dict[tuple[str, int], MemoryModel] = {}
 
 
 def load_model(operator: str, runs_dir=None) -> MemoryModel:
-    """The saved model of ``operator`` (``explorer.paths.model_path``), cached by (path, mtime).
+    """The saved model of ``operator`` (``explorer.core.paths.model_path``), cached by (path, mtime).
 
     A pipeline (``operators.pipeline``) without a model of its own gets one composed from
     its members' models (``explorer.composed``).  Raises ``ModelNotFoundError`` naming
     the command that creates it, and
     ``ModelFileError`` naming the file and the command that rebuilds it when the file is
     not a readable model.  A model learnt in another environment (library versions,
-    operator code, machine: ``explorer.environment``) is returned with a
+    operator code, machine: ``explorer.core.environment``) is returned with a
     ``StaleModelWarning`` on first load; ``model.stale`` keeps the differences.
     """
-    from explorer import validate
+    from explorer.core import validate
 
     operator = validate.operator(operator)
     path = model_path(operator, runs_dir)
@@ -918,7 +918,7 @@ def load_model(operator: str, runs_dir=None) -> MemoryModel:
             reason = " ".join(str(exc).split()) or type(exc).__name__
             raise ModelFileError(f"{path} is not a readable model ({reason[:160]}): "
                                  f"run `{paths.explore_command(operator)}` to rebuild it") from None
-        from explorer.environment import warn_stale
+        from explorer.core.environment import warn_stale
 
         model.stale = model.stale_reasons()
         warn_stale(f"{operator}'s model ({path})", model.stale, f"explore {operator}")

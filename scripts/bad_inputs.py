@@ -91,7 +91,7 @@ def main() -> None:
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="bad-inputs-"))
     setup(scratch)
-    from explorer import paths
+    from explorer.core import paths
 
     print("| mistake | command | exit | traceback | what the user gets (stderr, last line) |")
     print("|---|---|---|---|---|")

@@ -125,7 +125,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.cluster, tests.heavy_preload
 import operators  # noqa: E402
 from explorer.daskrun import run  # noqa: E402
-from explorer.units import format_bytes, format_shape, parse_shape, parse_size  # noqa: E402
+from explorer.core.units import format_bytes, format_shape, parse_shape, parse_size  # noqa: E402
 from machine import machine_line  # noqa: E402
 from rounds import ratio_interval, round_orders  # noqa: E402
 from trials import trials_note  # noqa: E402
@@ -341,7 +341,7 @@ def prototype_rule(op: str, limit: int, edges, profiles: PrototypeProfiles):
 
 def ensure_model(op: str, limit: int, runs_dir: Path, budget: int) -> dict:
     """Explore ``op`` into ``runs_dir`` unless its model is there; the exploration's summary."""
-    from explorer import paths
+    from explorer.core import paths
 
     summary_path = runs_dir / "explore.json"
     if paths.model_path(op, runs_dir).exists() and summary_path.exists():

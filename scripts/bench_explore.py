@@ -91,10 +91,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import operators  # noqa: E402
 from explorer import acquisition, surrogate  # noqa: E402
 from explorer import exploration as explore_module  # noqa: E402
-from explorer.exploration import default_memory_limit, explore, training_data  # noqa: E402
+from explorer.core.machine import default_memory_limit
+from explorer.exploration import explore, training_data  # noqa: E402
 from explorer.profiling import OK, Profiler, default_memory_cap  # noqa: E402
 from explorer.store import SOURCE_PROFILE, Record, Store, study_name  # noqa: E402
-from explorer.units import format_bytes, format_shape, parse_size  # noqa: E402
+from explorer.core.units import format_bytes, format_shape, parse_size  # noqa: E402
 from machine import machine_line  # noqa: E402
 
 CONFIDENCE = 0.99

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import operators
 from explorer.daskrun import run
-from explorer.units import parse_shape
+from explorer.core.units import parse_shape
 
 #: The figures compared, in the order they are printed.
 FIGURES = ("seconds", "wall_seconds", "cpu_seconds")

@@ -77,7 +77,7 @@ import operators  # noqa: E402
 from explorer.daskrun import run  # noqa: E402
 from explorer.exploration import explore  # noqa: E402
 from explorer.surrogate import load_model  # noqa: E402
-from explorer.units import format_bytes, format_shape, parse_shape, parse_size  # noqa: E402
+from explorer.core.units import format_bytes, format_shape, parse_shape, parse_size  # noqa: E402
 from machine import machine_line  # noqa: E402
 from rounds import ratio_interval, round_orders  # noqa: E402
 from trials import trials_note  # noqa: E402

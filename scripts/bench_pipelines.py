@@ -63,7 +63,7 @@ from explorer.exploration import explore  # noqa: E402
 from explorer.profiling import OK, Profiler, default_memory_cap  # noqa: E402
 from explorer.store import SOURCE_PROFILE, Store, study_name  # noqa: E402
 from explorer.surrogate import load_model  # noqa: E402
-from explorer.units import format_bytes, format_shape, parse_size  # noqa: E402
+from explorer.core.units import format_bytes, format_shape, parse_size  # noqa: E402
 from machine import machine_line  # noqa: E402
 
 ISSUE_PIPELINES = ("gaussian,gst3d;envelope,gaussian;gaussian(sigma=1),semblance,gaussian;"

@@ -167,7 +167,7 @@ def main(argv=None) -> int:
     import operators
     from bench_chunks import ensure_model, log
     from explorer import calibration
-    from explorer.exploration import default_memory_limit
+    from explorer.core.machine import default_memory_limit
     from machine import machine_line
 
     names = args.operators.split(",") if args.operators else sorted(operators.names())

@@ -60,7 +60,7 @@ from bench_chunks import STARTED, ensure_input, ensure_model, log, mib  # noqa: 
 from trials import trials_note  # noqa: E402
 from bench_observation import FIGURES, measure  # noqa: E402
 from explorer.daskrun import run  # noqa: E402
-from explorer.units import format_bytes, format_shape, parse_shape, parse_size  # noqa: E402
+from explorer.core.units import format_bytes, format_shape, parse_shape, parse_size  # noqa: E402
 from machine import machine_line  # noqa: E402
 
 WORKERS = 2

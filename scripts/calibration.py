@@ -57,9 +57,9 @@ os.environ["PYTHONPATH"] = os.pathsep.join([str(HERE), *filter(None, os.environ.
 import operators  # noqa: E402
 from explorer import acquisition  # noqa: E402
 from explorer.exploration import explore  # noqa: E402
-from explorer.plugins import load_plugins  # noqa: E402
+from explorer.core.plugins import load_plugins  # noqa: E402
 from explorer.profiling import OK, Profiler, default_memory_cap  # noqa: E402
-from explorer.units import format_bytes, format_shape, parse_size  # noqa: E402
+from explorer.core.units import format_bytes, format_shape, parse_size  # noqa: E402
 from machine import machine_line  # noqa: E402
 
 load_plugins()

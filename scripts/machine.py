@@ -6,7 +6,7 @@ import platform
 import numpy as np
 import psutil
 
-from explorer.environment import cpu_model
+from explorer.core.environment import cpu_model
 
 
 def machine_line() -> str:

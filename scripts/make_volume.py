@@ -8,7 +8,7 @@ A file at PATH is replaced only if memory-explorer wrote it (its textual header 
 import argparse
 
 import operators
-from explorer.units import format_shape, parse_shape
+from explorer.core.units import format_shape, parse_shape
 
 
 def main() -> None:

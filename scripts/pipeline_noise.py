@@ -25,7 +25,7 @@ from explorer.exploration import ExplorationCore, composed_prior, member_noise_f
 from explorer.profiling import default_memory_cap  # noqa: E402
 from explorer.store import SOURCE_PROFILE, Store  # noqa: E402
 from explorer.surrogate import load_model  # noqa: E402
-from explorer.units import parse_size  # noqa: E402
+from explorer.core.units import parse_size  # noqa: E402
 from machine import machine_line  # noqa: E402
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import operators  # noqa: E402
-from explorer.units import format_shape, parse_shape  # noqa: E402
+from explorer.core.units import format_shape, parse_shape  # noqa: E402
 from machine import machine_line  # noqa: E402
 from operators.segy import segy_volume  # noqa: E402
 

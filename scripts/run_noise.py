@@ -32,7 +32,7 @@ def main() -> None:
     parser.add_argument("--runs-dir", default=None, type=Path, help="default runs/noise-<op>-<seed>")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    from explorer.paths import model_path
+    from explorer.core.paths import model_path
     from explorer.stats import t_quantile
     from explorer.store import SOURCE_PROFILE, Store
     from explorer.surrogate import load_model

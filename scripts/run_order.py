@@ -33,7 +33,7 @@ from machine import machine_line  # noqa: E402
 
 def parse_plans(text: str) -> dict[str, dict]:
     """``A=staged:128x128x192,B=...`` -> ``{"A": {"strategy": "staged", "chunks": (128, 128, 192)}, ...}``."""
-    from explorer.units import parse_shape
+    from explorer.core.units import parse_shape
 
     plans = {}
     for item in text.split(","):
@@ -56,7 +56,7 @@ def main() -> None:
     import operators
     from bench_pipeline_runs import explore_members
     from explorer.daskrun import run
-    from explorer.units import format_shape, parse_shape, parse_size
+    from explorer.core.units import format_shape, parse_shape, parse_size
 
     plans = parse_plans(args.plans)
     unknown = set(args.sequence) - set(plans)

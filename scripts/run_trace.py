@@ -38,7 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import operators  # noqa: E402
-from explorer.units import format_bytes, format_shape, parse_shape, parse_size  # noqa: E402
+from explorer.core.units import format_bytes, format_shape, parse_shape, parse_size  # noqa: E402
 from machine import machine_line  # noqa: E402
 
 

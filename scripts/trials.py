@@ -1,6 +1,6 @@
 """What a run's trials tried before it ran (``explorer.daskrun``, Trials), for the benchmarks' reports."""
 
-from explorer.units import format_shape
+from explorer.core.units import format_shape
 
 
 def trials_note(trials) -> str:

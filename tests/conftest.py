@@ -49,7 +49,7 @@ def probed_runs(tmp_path_factory, gst3d_model):
     """A runs directory with gst3d's model and its in-worker calibration from real probes
     (four probes on a real LocalCluster: ``explorer.probes``), made once per session.
     Copy it (``shutil.copytree``) before changing anything in it."""
-    from explorer import paths
+    from explorer.core import paths
     from explorer.probes import run_probes
 
     runs = tmp_path_factory.mktemp("probed") / "runs"

@@ -17,7 +17,7 @@ def test_public_functions_resolve_to_the_right_objects():
 
 def test_importing_explorer_and_chunking_never_imports_torch():
     code = ("import sys, json, explorer, explorer.chunking, explorer.surrogate, explorer.calibration, "
-            "explorer.recommend, explorer.environment\n"
+            "explorer.recommend, explorer.core.environment\n"
             "print(json.dumps(sorted(m for m in ('torch', 'gpytorch', 'botorch', 'distributed', 'optuna')"
             " if m in sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

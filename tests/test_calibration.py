@@ -11,13 +11,14 @@ import pytest
 from scipy import stats
 
 from explorer import calibration as cal
-from explorer.environment import StaleModelWarning, environment_stamp
+from explorer.core import environment
+from explorer.core.environment import StaleModelWarning, environment_stamp
 from explorer.store import Record, Store
 
 MiB = 2**20
 OPERATOR = "gst3d"
 #: The environment digest the workers of this process would report (explorer.inworker).
-HERE = cal.environment_digest(environment_stamp(OPERATOR))
+HERE = environment.environment_digest(environment_stamp(OPERATOR))
 
 
 # --------------------------------------------------------------------------- the excess fit (pure)
@@ -382,7 +383,7 @@ def test_a_calibration_from_other_workers_is_stale_and_a_garbage_file_names_the_
     for i, e in enumerate((24, 40, 56)):
         other = dict(environment_stamp(OPERATOR), distributed="1999.1.0")
         store.add_observation(OPERATOR, (e, e, e), gst3d_model.predict((e, e, e))[0] * 1.05, source="probe",
-                              context={"run": f"p{i}", "exact": True, "environment": cal.environment_digest(other)})
+                              context={"run": f"p{i}", "exact": True, "environment": environment.environment_digest(other)})
     cal.calibrate(OPERATOR, store, gst3d_model, runs_dir=tmp_path, environment=other)
     loaded = cal.load_calibration(OPERATOR, tmp_path)
     assert loaded.stale and "distributed 1999.1.0" in loaded.stale[0]

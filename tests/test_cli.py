@@ -166,7 +166,7 @@ def test_user_mistakes_are_one_line_that_names_the_fix(args, fragment, tmp_path)
 
 
 def test_the_library_refuses_the_same_confidence_as_the_cli():
-    from explorer import validate
+    from explorer.core import validate
     from explorer.recommend import recommend_chunks
 
     with pytest.raises(ValueError, match=r"confidence must be in \(0.5, 1\)"):
@@ -184,7 +184,7 @@ def test_a_missing_plugin_module_names_the_variable():
 
 
 def test_a_truncated_model_and_a_garbage_calibration_name_the_file_and_the_command(gst3d_model, tmp_path):
-    from explorer import paths
+    from explorer.core import paths
 
     runs = tmp_path / "runs"
     model_file = paths.model_path("gst3d", runs)
@@ -218,7 +218,7 @@ def test_chunks_longer_than_the_volume_say_so(small_segy, tmp_path):
 
 
 def test_a_garbage_calibration_is_named_by_a_run_with_explicit_chunks(gst3d_model, small_segy, tmp_path):
-    from explorer import paths
+    from explorer.core import paths
 
     runs = tmp_path / "runs"
     gst3d_model.save(paths.model_path("gst3d", runs))
@@ -254,7 +254,7 @@ def test_explore_that_saves_no_model_exits_non_zero_and_says_why(tmp_path):
 def test_a_plan_from_a_model_that_did_not_converge_says_so(gst3d_model, tmp_path):
     """``explore chunks`` (text and JSON) carries the warning of a model whose loop ended on its
     budget; a model that converged carries none of it."""
-    from explorer import paths
+    from explorer.core import paths
 
     for converged in (False, True):
         runs = tmp_path / str(converged)

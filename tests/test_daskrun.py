@@ -51,7 +51,7 @@ def expected(volume):
 @pytest.fixture
 def model_runs(tmp_path, gst3d_model):
     """A fresh runs directory holding only gst3d's surrogate (fitted from real profiles)."""
-    from explorer import paths
+    from explorer.core import paths
 
     runs_dir = tmp_path / "model-runs"
     gst3d_model.save(paths.model_path(OPERATOR, runs_dir))
@@ -260,7 +260,8 @@ def test_a_task_over_the_bound_early_restarts_the_run_with_the_recalibrated_plan
     terminate threshold before the re-planner saw it: a worker restart, 1 run in 4.)"""
     import shutil
 
-    from explorer import paths, surrogate
+    from explorer.core import paths
+    from explorer import surrogate
     from explorer.recommend import recommend_chunks
     from explorer.store import Store
 

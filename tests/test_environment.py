@@ -10,15 +10,8 @@ import numpy as np
 import pytest
 
 import operators
-from explorer import paths
-from explorer.environment import (
-    ISOLATED_KEYS,
-    WORKER_KEYS,
-    StaleModelWarning,
-    environment_stamp,
-    operator_code_version,
-    stamp_differences,
-)
+from explorer.core import paths
+from explorer.core.environment import ISOLATED_KEYS, WORKER_KEYS, StaleModelWarning, environment_stamp, operator_code_version, stamp_differences
 from explorer.surrogate import ModelFileError, load_model
 
 

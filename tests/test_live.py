@@ -199,8 +199,9 @@ def test_tasks_over_the_bound_are_counted_and_warned(client, segy, tmp_path, mod
 
 
 def test_observations_carry_run_environment_and_clocks(client, segy, tmp_path, model):
-    from explorer.calibration import calibrate, environment_digest
-    from explorer.environment import environment_stamp
+    from explorer.calibration import calibrate
+    from explorer.core.environment import environment_digest
+    from explorer.core.environment import environment_stamp
 
     store = Store(tmp_path)
     with live.observe(client, OPERATOR, store=store) as observer:

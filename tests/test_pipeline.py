@@ -329,7 +329,7 @@ def test_a_fan_out_runs_its_branches_in_the_order_asked_with_the_same_outputs():
 
 
 def test_a_member_without_a_model_is_named_with_the_command_that_explores_it(tmp_path, gst3d_model):
-    from explorer import paths
+    from explorer.core import paths
     from explorer.surrogate import ModelNotFoundError, load_model
 
     gst3d_model.save(paths.model_path("gst3d", tmp_path))
@@ -343,7 +343,7 @@ def test_the_composed_model_predicts_a_real_pipeline_profile_it_never_saw(tmp_pa
     """gaussian's model from six real profiles and gst3d's session model, composed: the
     pipeline's own isolated profile at held-out shapes falls under the 99% bound and
     within 5% of the mean; recommend_chunks plans with it without importing torch."""
-    from explorer import paths
+    from explorer.core import paths
     from explorer.profiling import profile
     from explorer.surrogate import load_model
 
@@ -370,7 +370,7 @@ def test_a_fan_out_plan_from_composed_models_runs_the_branches_in_liu_order(tmp_
     """Real models of gaussian and envelope, gst3d's session model: gst3d's working memory
     over its output (~85 B/voxel) dwarfs envelope's (~12), so the plan runs gst3d first,
     whatever the order written, and its bound is the one of that order."""
-    from explorer import paths
+    from explorer.core import paths
     from explorer.recommend import recommend_chunks
     from explorer.surrogate import load_model
 
@@ -399,7 +399,7 @@ def test_three_profiles_of_a_pipeline_with_its_composed_prior_bound_it_tighter_t
     bound nearer the truth than the flat prior's at every one.  (Before the surrogate knew
     the members' alike axes the flat fit from 3 profiles was more than twice as far above;
     now it is within ~8 %, so the prior's margin is smaller than that.)"""
-    from explorer import paths
+    from explorer.core import paths
     from explorer.exploration import ExplorationCore, composed_prior
     from explorer.profiling import profile
     from explorer.store import Record
@@ -444,7 +444,7 @@ def test_three_profiles_of_a_pipeline_with_its_composed_prior_bound_it_tighter_t
 def test_explore_on_a_pipeline_saves_a_model_whose_run_noise_is_no_lower_than_its_members(tmp_path, gst3d_model):
     """``explore SPEC`` end to end (real profiles, a real store): the saved model of the
     pipeline learnt its run noise with the members' floor (``member_noise_floor``)."""
-    from explorer import paths
+    from explorer.core import paths
     from explorer.exploration import explore
     from explorer.surrogate import load_model
 
@@ -461,7 +461,7 @@ def test_explore_on_a_pipeline_saves_a_model_whose_run_noise_is_no_lower_than_it
 
 
 def test_a_pipelines_noise_floor_needs_every_members_model_and_a_single_operator_has_none(tmp_path, gst3d_model):
-    from explorer import paths
+    from explorer.core import paths
 
     gst3d_model.save(paths.model_path("gst3d", tmp_path))
     assert member_noise_floor(operators.get("gst3d"), tmp_path) is None
@@ -476,7 +476,7 @@ def test_recommend_weighs_fused_against_staged_by_predicted_time_among_plans_tha
     """Real models of gaussian and gst3d: ``auto`` plans both strategies and takes the one of
     least predicted seconds (``considered`` keeps both); an asked strategy is honoured; a
     single operator has one form; a staged plan needs every member's model."""
-    from explorer import paths
+    from explorer.core import paths
     from explorer.recommend import recommend_chunks
     from explorer.surrogate import ModelNotFoundError
 
@@ -527,7 +527,7 @@ def test_explore_calibrate_probes_a_composed_model_in_workers_so_auto_weighs_fus
     ``explore calibrate``); ``explore calibrate`` runs real probes of the fused pipeline on a
     LocalCluster and saves its calibration; after, the fused plan is calibrated (its bound
     carries the excess) and no warning is left."""
-    from explorer import paths
+    from explorer.core import paths
     from explorer.recommend import recommend_chunks
 
     for name in ("envelope", "gaussian"):
@@ -575,7 +575,7 @@ def test_explore_calibrate_without_a_model_is_one_line_naming_the_members_to_exp
 
 def test_probes_of_a_composed_fan_out_run_its_branches_in_the_order_its_plans_would(tmp_path, gst3d_model):
     """The probes' tasks must be those the composed bound describes: Liu's order at the probe's block."""
-    from explorer import paths
+    from explorer.core import paths
     from explorer.probes import _branch_order, profiled_volume
     from explorer.surrogate import load_model
 

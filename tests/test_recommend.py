@@ -13,9 +13,9 @@ import warnings
 
 import pytest
 
-from explorer import paths
+from explorer.core import paths
 from explorer.chunking import ChunkPlanError
-from explorer.environment import StaleModelWarning
+from explorer.core.environment import StaleModelWarning
 from explorer.recommend import baseline_path, recommend_chunks
 from explorer.surrogate import ModelNotFoundError
 
@@ -167,7 +167,7 @@ def test_a_pipelines_members_calibrations_are_checked_against_their_own_stamp_on
     each member's calibration was stamped with the member's own.  Checked against the
     pipeline's, every member's calibration looked learnt in another environment; against the
     workers' stamp with the member's own code, it does not."""
-    from explorer.environment import environment_stamp
+    from explorer.core.environment import environment_stamp
     from explorer.recommend import WorkerBaseline
 
     spec = "gst3d,gst3d"

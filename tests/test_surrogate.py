@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from explorer import surrogate
-from explorer.paths import model_path
+from explorer.core.paths import model_path
 from explorer.surrogate import MemoryModel, ModelNotFoundError, fit, load_model
 
 MiB = 2**20

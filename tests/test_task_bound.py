@@ -206,7 +206,7 @@ def test_the_bound_takes_the_cold_tasks_into_the_largest():
 
 
 def test_a_saved_calibration_keeps_its_cold_fit_and_an_old_file_reads_without_one(tmp_path):
-    from explorer.environment import environment_stamp
+    from explorer.core.environment import environment_stamp
 
     cold = cal.ColdFit(coef=(0.5 * MiB, 0.03 * GiB), cov=(1e10, -1e9, -1e9, 1e14), m_ref=GiB, dof=12.0, n_groups=6)
     c = cal.WorkerCalibration("gst3d", None, cal.fit_timing([]), 6, 6, 48, 0.99, 0, environment_stamp("gst3d"),
@@ -284,7 +284,7 @@ def test_a_plans_footprint_is_its_blocks_own_bound_not_the_shortcut():
     within = cal.WithinFit(alpha_bytes=0.3 * MiB, beta=0.02, dof=96)
     cold = cal.ColdFit(coef=(0.3 * MiB, 0.003 * GiB), cov=(1e10, 0.0, 0.0, (0.005 * GiB) ** 2), m_ref=GiB, dof=6,
                        n_groups=7)
-    from explorer.environment import environment_stamp
+    from explorer.core.environment import environment_stamp
 
     calibration = cal.WorkerCalibration("gst3d", excess, cal.fit_timing([]), 7, 7, 56, 0.99, 0,
                                         environment_stamp("gst3d"), within=within, cold=cold)

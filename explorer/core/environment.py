@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import inspect
+import json
 import platform
 import sys
 import warnings
@@ -24,6 +25,7 @@ __all__ = [
     "ISOLATED_KEYS",
     "WORKER_KEYS",
     "StaleModelWarning",
+    "environment_digest",
     "environment_stamp",
     "operator_code_version",
     "stamp_differences",
@@ -143,3 +145,10 @@ def warn_stale(what: str, differences: list[str], fix: str, stacklevel: int = 3)
     line = f"{what} was learnt in another environment ({'; '.join(differences)}): run `{fix}` again"
     warnings.warn(line, StaleModelWarning, stacklevel=stacklevel)
     return line
+
+
+def environment_digest(stamp: dict) -> str:
+    """A short digest of the worker-relevant part of an environment stamp, kept with each
+    in-worker observation so that a calibration uses its own environment's evidence."""
+    text = json.dumps({k: stamp.get(k) for k in WORKER_KEYS}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]

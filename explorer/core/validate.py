@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import math
 
-from explorer.units import MAX_DIM, MAX_SIZE_BYTES, MAX_VOXELS, parse_shape, parse_size
+from explorer.core.units import MAX_DIM, MAX_SIZE_BYTES, MAX_VOXELS, parse_shape, parse_size
 
 __all__ = ["MAX_DIM", "MAX_SIZE_BYTES", "MAX_VOXELS", "confidence", "fraction", "positive_int", "non_negative_int",
            "operator", "positive_number", "shape", "size"]
@@ -79,7 +79,7 @@ def non_negative_int(value, name: str) -> int:
 
 def shape(value, name: str = "shape") -> tuple[int, int, int]:
     """A 3D shape (``"200x200x200"`` or a sequence) within :data:`MAX_DIM` per axis and
-    :data:`MAX_VOXELS` in all (``explorer.units.parse_shape``)."""
+    :data:`MAX_VOXELS` in all (``explorer.core.units.parse_shape``)."""
     try:
         return parse_shape(value)
     except ValueError as exc:
