@@ -2,12 +2,12 @@
 
 The public surface is four functions::
 
-    profile(operator, shape, ...)            -> Measurement    (explorer.profiling)
+    profile(operator, shape, ...)            -> Measurement    (explorer.measure.profiling)
     explore(operator, budget=..., ...)       -> ExploreResult  (explorer.exploration)
     load_model(operator, runs_dir=None)      -> MemoryModel    (explorer.surrogate)
     recommend_chunks(operator, shape, memory_limit, ...) -> ChunkPlan (explorer.recommend)
 
-and ``prepare_workers(client)`` (``explorer.workersetup``): gives a cluster's workers the
+and ``prepare_workers(client)`` (``explorer.measure.workersetup``): gives a cluster's workers the
 allocator setting the profiles were taken with (``docs/workers.md``); ``task_model`` and
 ``observe`` (``explorer.calibration``, ``explorer.live``) serve a user's own Dask code.
 
@@ -26,14 +26,14 @@ except PackageNotFoundError:  # run from a source tree that was never installed
     __version__ = "0+unknown"
 
 _PUBLIC = {
-    "profile": "explorer.profiling",
-    "Measurement": "explorer.profiling",
+    "profile": "explorer.measure.profiling",
+    "Measurement": "explorer.measure.profiling",
     "explore": "explorer.exploration",
     "load_model": "explorer.surrogate",
     "MemoryModel": "explorer.surrogate",
     "recommend_chunks": "explorer.recommend",
     "ChunkPlan": "explorer.chunking",
-    "prepare_workers": "explorer.workersetup",
+    "prepare_workers": "explorer.measure.workersetup",
     "task_model": "explorer.calibration",
     "observe": "explorer.live",
 }

@@ -27,7 +27,7 @@ starts (measured, gst3d 222x322x236 in one survey run: 1,313-1,624 MiB).  So a t
     y_gi = P(b_g) + a + k V_g + u_g + kappa_g C_gi + w_gi,    w_gi ~ sigma_w(m_g) T_{nu_w}
 
 with ``C_gi = 1`` for the **cold** task, a worker's first of its run (``first_in_run``,
-``explorer.inworker``): it finds none of the run's freed memory to reuse and peaked highest on
+``explorer.measure.inworker``): it finds none of the run's freed memory to reuse and peaked highest on
 each worker of the first-run trials.  Observations are grouped by (run, block shape); a
 group's value is its mean warm task ``ybar_g`` (its mean task when its tasks are not told
 apart: observations saved before the flag, or a group of one kind), and its excess

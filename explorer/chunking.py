@@ -23,7 +23,7 @@ one; never more than ``N``)::
     held_output_bytes_per_thread    = HELD_OUTPUTS_PER_THREAD  * prod(b) * output_itemsize
 
 ``baseline_bytes`` is the resident memory of an idle worker with the operator loaded,
-measured on the workers that run the work (``explorer.inworker.warm_worker``), never a
+measured on the workers that run the work (``explorer.measure.inworker.warm_worker``), never a
 constant: a user's workers (preloads, plugins, other versions) differ from ours by
 hundreds of MiB.  ``task_peak_bytes`` is the in-worker task peak of
 ``docs/definitions.md``: the isolated ``peak_bytes(b)`` (the highest RSS while

@@ -128,7 +128,7 @@ def _cmd_profile(argv: list[str]) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
 
-    from explorer.profiling import profile
+    from explorer.measure.profiling import profile
 
     if not args.json:
         print(f"profiling {args.operator} at {format_shape(args.shape)} ({args.repeat} run(s))...", file=sys.stderr)

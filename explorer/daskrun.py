@@ -13,10 +13,10 @@ own memory limit and threads are what the plan is made for, and the input and th
 output's directory must be reachable from the workers.
 
 Workers.  First every worker, and every worker that joins later, gets the profiling
-server's allocator setting (``explorer.workersetup.prepare_workers``: glibc's mmap threshold
+server's allocator setting (``explorer.measure.workersetup.prepare_workers``: glibc's mmap threshold
 pinned at 128 KiB, so a task's peak is the one the isolated profiles measured; a worker where
 it does not take is named in ``warnings``).  Then, before planning, every worker loads and
-warms the operator (``explorer.inworker.warm_worker`` through ``client.run``): a worker that cannot load it
+warms the operator (``explorer.measure.inworker.warm_worker`` through ``client.run``): a worker that cannot load it
 (its plugin module missing) or cannot read the input or write the output's directory
 ends the run with one line naming it.  The largest resident set of these idle, warmed
 workers is the plan's ``baseline_bytes`` (``worker_baseline_bytes``): measured on the
@@ -47,7 +47,7 @@ What is measured.
   thread.  Heartbeats are periodic, so a short spike between two can be missed.
 * ``worker_hwm_bytes``: per worker in ``workers``, the kernel's high-water RSS of its
   process (``VmHWM``, kept across the observation's resets:
-  ``explorer.inworker.worker_high_water_bytes``) since the run started (reset on every
+  ``explorer.measure.inworker.worker_high_water_bytes``) since the run started (reset on every
   worker after the baseline is measured, so a long-lived cluster's earlier work does not
   count), read with ``client.run`` at the end: exact; ``None`` for a worker gone by then
   (a restarted worker's is since its restart).
@@ -656,7 +656,7 @@ def _connect(ctx: RunContext) -> None:
         with dask.config.set({"distributed.scheduler.allowed-failures": ctx.allowed_failures}):
             ctx.cluster = LocalCluster(n_workers=ctx.workers, threads_per_worker=ctx.threads, memory_limit=ctx.limit,
                                        processes=True, dashboard_address=None, silence_logs=logging.CRITICAL,
-                                       preload=["explorer.inworker"],  # workers leave Ctrl-C to this process
+                                       preload=["explorer.measure.inworker"],  # workers leave Ctrl-C to this process
                                        # no dashboard; its HTTP server (health checks) on a free port
                                        scheduler_kwargs={"dashboard_address": ":0"})
         ctx.client = Client(ctx.cluster)
@@ -668,8 +668,8 @@ def _connect(ctx: RunContext) -> None:
 
 def _prepare_workers(ctx: RunContext) -> None:
     """Every worker, now and later, gets the profiling server's allocator setting
-    (``explorer.workersetup``), before its baseline is measured and before any task."""
-    from explorer.workersetup import prepare_workers, unpinned_warning
+    (``explorer.measure.workersetup``), before its baseline is measured and before any task."""
+    from explorer.measure.workersetup import prepare_workers, unpinned_warning
 
     try:
         pinned = prepare_workers(ctx.client)
@@ -683,7 +683,7 @@ def _prepare_workers(ctx: RunContext) -> None:
 
 def _measure_workers(ctx: RunContext) -> None:
     """Warm the operator on every worker, check the paths, measure the baseline."""
-    from explorer.recommend import WorkerError, measure_worker_baseline
+    from explorer.measure.worker_baseline import WorkerError, measure_worker_baseline
 
     out_dir = os.path.dirname(os.path.abspath(ctx.output)) or "."
     try:
@@ -694,7 +694,7 @@ def _measure_workers(ctx: RunContext) -> None:
         raise _RunError(FAILED if lost else ERROR, str(exc),
                         advice="raise --memory-limit" if lost else None) from None
     ctx.result.worker_baseline_bytes = ctx.baseline.bytes
-    from explorer.inworker import reset_worker_high_water
+    from explorer.measure.inworker import reset_worker_high_water
 
     ctx.client.run(reset_worker_high_water, on_error="ignore")  # this run's peak, not the worker's of all time
     from explorer.chunking import worker_pause_fraction
@@ -1146,7 +1146,7 @@ def _finish(ctx: RunContext) -> None:
     result.workers = list(monitor.peaks)
     result.worker_peak_bytes = [monitor.peaks[a] for a in result.workers]
     try:
-        from explorer.inworker import worker_high_water_bytes
+        from explorer.measure.inworker import worker_high_water_bytes
 
         hwm = ctx.client.run(worker_high_water_bytes, on_error="ignore")
         result.worker_hwm_bytes = [int(hwm[a]) if isinstance(hwm.get(a), int) else None for a in result.workers]

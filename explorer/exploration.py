@@ -31,7 +31,7 @@ import numpy as np
 import operators
 from explorer.core import paths, validate
 from explorer.core.machine import default_memory_limit
-from explorer.profiling import EXCEEDED, OK, SessionProfiler, default_memory_cap
+from explorer.measure.profiling import EXCEEDED, OK, SessionProfiler, default_memory_cap
 from explorer.store import SOURCE_PROFILE, Record, Store
 
 #: Profiles of the space-filling start.

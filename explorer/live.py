@@ -1,6 +1,6 @@
 """Live observation of an operator's Dask tasks (the client side).
 
-Inside the workers (:mod:`explorer.inworker`) every task of the observed operator reports
+Inside the workers (:mod:`explorer.measure.inworker`) every task of the observed operator reports
 the block its ``operator.run`` saw, the memory the task took and its clocks; here the
 client stores each report at once in the operator's study (``source="production"``, or
 ``"probe"`` for explore's in-worker probes) and compares it with the bound of the
@@ -15,11 +15,11 @@ in-worker task model (``explorer.calibration.TaskModel``).  The stored reports a
 
 The graph must carry the measuring hook: build the operator's Dask form with
 ``wrap=observer.wrap`` (what ``explorer.daskrun`` does); what is measured, and how, is
-in :mod:`explorer.inworker`'s docstring.
+in :mod:`explorer.measure.inworker`'s docstring.
 
 Bound checks: an exact observation (one thread per worker) is over its bound when its
 ``peak_bytes`` exceeds the model's upper bound on one task at its block (a task model is told
-whether the task was its worker's first of the run: ``first_in_run``, :mod:`explorer.inworker`).
+whether the task was its worker's first of the run: ``first_in_run``, :mod:`explorer.measure.inworker`).
 With ``T > 1`` threads a figure is the process's growth while ``T`` tasks ran, so it is compared with the
 footprint's task term for ``T`` tasks, ``T (input_block_bytes + upper)``, or ``T upper``
 when each task reads its own block (``windowed``: ``explorer.daskrun``'s runs, whose reads
@@ -59,7 +59,7 @@ _INPUT_ITEMSIZE = 4
 
 @dataclass
 class Observation:
-    """One operator task as the worker measured it (see :mod:`explorer.inworker`)."""
+    """One operator task as the worker measured it (see :mod:`explorer.measure.inworker`)."""
 
     operator: str
     shape: tuple[int, int, int]
@@ -103,7 +103,7 @@ class Observer:
     def __init__(self, client, operator: str, *, store=None, runs_dir=None, storage=None, model=None,
                  confidence: float = 0.99, context: dict | None = None, on_over_bound=None,
                  warn: bool = True, source: str = "production", windowed: bool = False):
-        from explorer.inworker import measured_run
+        from explorer.measure.inworker import measured_run
 
         self.windowed = bool(windowed)
         self.client = client
@@ -147,7 +147,7 @@ class Observer:
 
     # ---- lifecycle ------------------------------------------------------------------
     def start(self) -> "Observer":
-        from explorer.inworker import ObservationPlugin
+        from explorer.measure.inworker import ObservationPlugin
 
         self._writer = threading.Thread(target=self._write_loop, name="explorer-observation-writer", daemon=True)
         self._writer.start()

@@ -7,7 +7,7 @@ for the store (``explorer.calibration``).  Each probe is a real production run
 synthetic SEG-Y, on a local cluster of one-thread workers (exact task figures), recorded
 as ``source="probe"``.  Then the calibration is fitted from the probes (and any production
 runs of this environment) and saved, and the workers' measured baseline is saved as this
-machine's (``explorer.recommend.local_worker_baseline``).
+machine's (``explorer.measure.worker_baseline.local_worker_baseline``).
 
 Probe blocks: ``n`` cubes of edge ``e_j``, log-spaced from :data:`MIN_PROBE_EDGE` (at least
 ``3 h + 1``, so that two chunks of ``e - h`` are each longer than the halo) up to the **plan-scale
@@ -252,9 +252,9 @@ def run_probes(operator: str, model, *, n: int = DEFAULT_PROBES, runs_dir=None, 
     import operators
     from explorer.calibration import calibrate
     from explorer.daskrun import run
-    from explorer.recommend import measure_worker_baseline, save_worker_baseline
+    from explorer.measure.worker_baseline import measure_worker_baseline, save_worker_baseline
     from explorer.store import Store
-    from explorer.workersetup import prepare_workers
+    from explorer.measure.workersetup import prepare_workers
 
     started = time.perf_counter()
     op = operators.get(operator)
@@ -266,7 +266,7 @@ def run_probes(operator: str, model, *, n: int = DEFAULT_PROBES, runs_dir=None, 
         with LocalCluster(n_workers=PROBE_WORKERS, threads_per_worker=1, processes=True, dashboard_address=None,
                           silence_logs=logging.CRITICAL, scheduler_kwargs={"dashboard_address": ":0"}) as cluster:
             # The idle, warmed workers before any task: this machine's baseline, saved; the
-            # workers first get the profiling server's allocator setting (explorer.workersetup).
+            # workers first get the profiling server's allocator setting (explorer.measure.workersetup).
             with Client(cluster) as client:
                 prepare_workers(client)
                 baseline = measure_worker_baseline(client, operator)

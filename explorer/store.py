@@ -68,7 +68,7 @@ import scipy
 
 from explorer.core import paths
 
-#: Isolated profiles (``explorer.profiling``).
+#: Isolated profiles (``explorer.measure.profiling``).
 SOURCE_PROFILE = "profile"
 #: Tasks observed inside Dask workers: production runs, and explore's in-worker probes.
 SOURCE_PRODUCTION = "production"
@@ -422,7 +422,7 @@ class Store:
         self.study(operator, dtype).add_trial(trial)
 
     def add_measurement(self, m, source: str = SOURCE_PROFILE, context: dict | None = None) -> None:
-        """Persist one :class:`explorer.profiling.Measurement` (any status) as a new trial."""
+        """Persist one :class:`explorer.measure.profiling.Measurement` (any status) as a new trial."""
         self._add(m.operator, m.dtype, m.shape, m.peak_bytes, m.status, _measurement_attrs(m, source, context))
 
     def add_observation(self, operator: str, shape, peak_bytes: float, *, source: str = SOURCE_PRODUCTION,

@@ -1,19 +1,19 @@
 """Does the isolated profile measure what the user's process does?  glibc's allocator, pinned or not
-(issue 33, item 6; ``explorer/workersetup.py``, ``docs/workers.md``).
+(issue 33, item 6; ``explorer/measure/workersetup.py``, ``docs/workers.md``).
 
 The profiling server pins glibc's mmap threshold at 128 KiB; a process that does not has the dynamic
 threshold.  This script measures, with the project's own high-water mark
-(``explorer.highwater.PeakMeter``: ``VmHWM`` reset just before ``op.run(x)``, the input resident):
+(``explorer.measure.highwater.PeakMeter``: ``VmHWM`` reset just before ``op.run(x)``, the input resident):
 
 a. **fresh processes**: one interpreter per measurement, the input built, a warm-up run on a tiny
-   block (as ``explorer.forkserver._warm_up``), garbage collected and the free heap trimmed (as the
+   block (as ``explorer.measure.forkserver._warm_up``), garbage collected and the free heap trimmed (as the
    profiling child does), then ``op.run(x)`` measured; three kinds: ``default`` (no malloc
    variable), ``env`` (``MALLOC_MMAP_THRESHOLD_=131072``), ``call``
-   (``explorer.workersetup.pin_mmap_threshold()`` first, what the worker plugin does); against the
-   isolated profile (``explorer.profiling.Profiler``, as ``explore profile OP SHAPE``).
+   (``explorer.measure.workersetup.pin_mmap_threshold()`` first, what the worker plugin does); against the
+   isolated profile (``explorer.measure.profiling.Profiler``, as ``explore profile OP SHAPE``).
 b. **inside Dask workers** (one worker, one thread, warmed as ``explore run`` warms it:
-   ``explorer.inworker.warm_worker``, without the warm-up graph): a task builds the block and measures ``op.run``
-   as ``explorer.inworker.measured_run`` does (``VmHWM`` reset before ``run``, no trim); each block
+   ``explorer.measure.inworker.warm_worker``, without the warm-up graph): a task builds the block and measures ``op.run``
+   as ``explorer.measure.inworker.measured_run`` does (``VmHWM`` reset before ``run``, no trim); each block
    runs as ``--tasks`` tasks one after another on the same worker; several cluster kinds (``KINDS``).
 c. **speed**: ``op.run`` seconds with and without the setting in fresh processes, and
    ``explorer.daskrun.run`` (what ``explore run`` calls) on a SEG-Y with and without.
@@ -73,10 +73,10 @@ KINDS = {
     "LC no-trim": "LocalCluster, pre-spawn-environ MALLOC_TRIM_THRESHOLD_ unset: glibc's dynamic threshold",
     "LC no-trim + plugin": "the same + prepare_workers (the plugin alone)",
     "LC no-trim + pre-spawn": "the same + pre-spawn-environ MALLOC_MMAP_THRESHOLD_=131072 (no plugin)",
-    "dw --preload": "`dask worker --preload explorer.workersetup` (with its nanny)",
+    "dw --preload": "`dask worker --preload explorer.measure.workersetup` (with its nanny)",
     "dw env": "`MALLOC_MMAP_THRESHOLD_=131072 dask worker` (with its nanny)",
     "dw --no-nanny": "`dask worker --no-nanny`: glibc's dynamic threshold",
-    "dw --no-nanny --preload": "`dask worker --no-nanny --preload explorer.workersetup`",
+    "dw --no-nanny --preload": "`dask worker --no-nanny --preload explorer.measure.workersetup`",
 }
 SPEED = {"gst3d": (160, 160, 160), "unet3d": (200, 96, 64), "envelope": (240, 200, 500)}
 RUN_SHAPE = (240, 240, 240)
@@ -125,7 +125,7 @@ def parse(text: str) -> tuple:
 def child_fresh(kind: str, operator: str, shape: tuple) -> dict:
     """Part a, in a fresh interpreter: the peak of ``op.run(x)`` as the profiling child measures it."""
     if kind == "call":
-        from explorer.workersetup import pin_mmap_threshold
+        from explorer.measure.workersetup import pin_mmap_threshold
 
         assert pin_mmap_threshold()
     import gc
@@ -133,7 +133,7 @@ def child_fresh(kind: str, operator: str, shape: tuple) -> dict:
     import numpy as np
 
     import operators
-    from explorer.highwater import PeakMeter, release_free_heap
+    from explorer.measure.highwater import PeakMeter, release_free_heap
 
     op = operators.get(operator)
     x = operators.synthetic_volume(shape, seed=0)
@@ -174,12 +174,12 @@ def child_run(kind: str, source: str, output: str) -> dict:
     malloc variable unset and the plugin not registered (this benchmark's patch, not an option)."""
     import dask
 
-    import explorer.workersetup
+    import explorer.measure.workersetup
     from explorer.daskrun import run
 
     if kind == "dynamic":
         dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None})
-        explorer.workersetup.prepare_workers = lambda client, threshold=None: {}
+        explorer.measure.workersetup.prepare_workers = lambda client, threshold=None: {}
     r = run("gst3d", source, output, chunks=RUN_CHUNKS, memory_limit=RUN_LIMIT, workers=2, threads_per_worker=1,
             refine=False, trials=False, overwrite=True)
     # The worker processes are this process's children, joined when the cluster closed.
@@ -205,7 +205,7 @@ def fresh_env(kind: str) -> dict:
 
 
 def part_a(repeat: int) -> dict:
-    from explorer.profiling import Profiler
+    from explorer.measure.profiling import Profiler
 
     scrub_environ()
     out = {"load_before": load(), "commit": commit(), "repeat": repeat, "rows": []}
@@ -236,7 +236,7 @@ def worker_task(operator: str, shape: tuple) -> dict:
     import os
 
     import operators
-    from explorer.highwater import PeakMeter
+    from explorer.measure.highwater import PeakMeter
 
     op = operators.get(operator)
     x = operators.synthetic_volume(tuple(shape), seed=0)
@@ -262,10 +262,10 @@ def local_cluster(kind: str):
         config["distributed.nanny.pre-spawn-environ.MALLOC_MMAP_THRESHOLD_"] = 131072
     with dask.config.set(config), \
             LocalCluster(n_workers=1, threads_per_worker=1, memory_limit="8GiB", processes=True,
-                         dashboard_address=None, silence_logs=logging.CRITICAL, preload=["explorer.inworker"],
+                         dashboard_address=None, silence_logs=logging.CRITICAL, preload=["explorer.measure.inworker"],
                          scheduler_kwargs={"dashboard_address": ":0"}) as cluster, Client(cluster) as client:
         if "plugin" in kind or kind == "LC explore-run":
-            from explorer.workersetup import prepare_workers
+            from explorer.measure.workersetup import prepare_workers
 
             assert all(prepare_workers(client).values())
         yield client
@@ -287,7 +287,7 @@ def dask_worker_cluster(kind: str, timeout: float = 60.0):
     if "--no-nanny" in kind:
         worker_args.append("--no-nanny")
     if "--preload" in kind:
-        worker_args += ["--preload", "explorer.workersetup"]
+        worker_args += ["--preload", "explorer.measure.workersetup"]
     try:
         procs.append(subprocess.Popen(dask_cmd + ["scheduler", "--scheduler-file", str(scheduler_file), "--port",
                                                   "0", "--dashboard-address", ":0"],
@@ -321,8 +321,8 @@ def dask_worker_cluster(kind: str, timeout: float = 60.0):
 
 
 def part_b(tasks: int) -> dict:
-    from explorer.inworker import warm_worker
-    from explorer.workersetup import mmap_threshold_pinned
+    from explorer.measure.inworker import warm_worker
+    from explorer.measure.workersetup import mmap_threshold_pinned
 
     out = {"load_before": load(), "commit": commit(), "tasks": tasks, "kinds": {}}
     plan = [("unet3d", s) for s in UNET_SHAPES] + [("gst3d", s) for s in CONTROLS["gst3d"]]
@@ -471,7 +471,7 @@ def report(data: dict) -> str:
 
     lines = ["# The allocator: isolated profiles against the processes that run the work",
              "",
-             "The profiling server pins glibc's mmap threshold at 128 KiB; `explorer/workersetup.py` gives the "
+             "The profiling server pins glibc's mmap threshold at 128 KiB; `explorer/measure/workersetup.py` gives the "
              "workers the same setting (`docs/workers.md`).  Peaks are `peak_bytes` (`VmHWM` reset just before "
              "`op.run(x)`, the input resident), in MiB.  glibc " + data.get("glibc", "?") + "; last run "
              + data.get("date", "") + ".  Made by:",
@@ -482,9 +482,9 @@ def report(data: dict) -> str:
     if a:
         lines += [f"## a. Fresh processes against the isolated profile ({a['commit']})", "",
                   f"One fresh interpreter per figure, {a['repeat']} per kind (median [range]); the isolated profile's "
-                  "two runs (median [range], `explorer.profiling.Profiler`, as `explore profile`). `default`: no "
+                  "two runs (median [range], `explorer.measure.profiling.Profiler`, as `explore profile`). `default`: no "
                   "malloc variable; `env`: `MALLOC_MMAP_THRESHOLD_=131072`; `call`: "
-                  "`explorer.workersetup.pin_mmap_threshold()` at the start (what the plugin does). Ratio: "
+                  "`explorer.measure.workersetup.pin_mmap_threshold()` at the start (what the plugin does). Ratio: "
                   "median over the profile's median.",
                   "",
                   "| operator | block | isolated profile | default | env | call | default / profile | "
@@ -501,9 +501,9 @@ def report(data: dict) -> str:
         lines += [f"## b. Inside Dask workers ({b['commit']})", "",
                   f"One worker, one thread, 8 GiB, warmed as `explore run` warms it (`warm_worker`; its idle resident set is the baseline below); each block runs as {b['tasks']} "
                   "tasks in a row on the same worker, the blocks in the table's order (each task builds its block; peak "
-                  "of `op.run` as `explorer.inworker.measured_run` measures it, no trim); a cell is the tasks' "
+                  "of `op.run` as `explorer.measure.inworker.measured_run` measures it, no trim); a cell is the tasks' "
                   "peaks in their order (the largest over the isolated profile's median, part a). `pinned`: the worker's threshold behaves as pinned "
-                  "before any task (`explorer.workersetup.mmap_threshold_pinned`).",
+                  "before any task (`explorer.measure.workersetup.mmap_threshold_pinned`).",
                   ""]
         for kind, text in KINDS.items():
             record = b["kinds"].get(kind)

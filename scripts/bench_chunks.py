@@ -17,7 +17,7 @@ fresh ``LocalCluster``, with ``refine=False`` unless said otherwise.  Per scenar
   the samples axis whole, as ``operators.read_segy`` asks).
 * **prototype**: cubes of edge ``floor(cbrt(0.8 L / b))``, ``b`` the slope of an ordinary
   least-squares line ``peak = a + b V`` fitted to isolated profiles
-  (``explorer.profiling.Profiler``, one run each) of the 8 corner shapes of a 4x4x4 grid
+  (``explorer.measure.profiling.Profiler``, one run each) of the 8 corner shapes of a 4x4x4 grid
   whose edges span ``--proto-edges`` (the prototype's grid spanned 100..400; the corners
   carry the fit of a line in ``V``).  As in the prototype's data, ``peak`` is the profiled
   process's peak RSS (interpreter and input included: ``process_peak_bytes``).  The rule
@@ -306,7 +306,7 @@ class PrototypeProfiles:
         entry = self.data.setdefault(key, {}).get(format_shape(shape))
         if entry is None:
             if self.profiler is None:
-                from explorer.profiling import Profiler
+                from explorer.measure.profiling import Profiler
 
                 self.profiler = Profiler(gpu=False)
             m = self.profiler.profile(op, shape, repeat=1)

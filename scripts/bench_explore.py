@@ -93,7 +93,7 @@ from explorer import acquisition, surrogate  # noqa: E402
 from explorer import exploration as explore_module  # noqa: E402
 from explorer.core.machine import default_memory_limit
 from explorer.exploration import explore, training_data  # noqa: E402
-from explorer.profiling import OK, Profiler, default_memory_cap  # noqa: E402
+from explorer.measure.profiling import OK, Profiler, default_memory_cap  # noqa: E402
 from explorer.store import SOURCE_PROFILE, Record, Store, study_name  # noqa: E402
 from explorer.core.units import format_bytes, format_shape, parse_size  # noqa: E402
 from machine import machine_line  # noqa: E402
@@ -255,7 +255,7 @@ class Timers:
 @contextlib.contextmanager
 def instrumented(timers: Timers):
     """Wrap what ``explore`` calls (module attributes and class methods) with timers; restore after."""
-    from explorer import profiling as profiling_module
+    from explorer.measure import profiling as profiling_module
 
     patches = []
 

@@ -76,7 +76,7 @@ def mib(n) -> str:
     return "—" if n is None else f"{n / 2**20:,.0f} MiB"
 
 
-#: ``--warm-up-timeout``: run the CLI with ``explorer.recommend.WARM_UP_TIMEOUT_SECONDS`` raised
+#: ``--warm-up-timeout``: run the CLI with ``explorer.measure.worker_baseline.WARM_UP_TIMEOUT_SECONDS`` raised
 #: (the workers' warm-up graph before a baseline; for unet3d, eight tasks on 145^3 blocks).
 WARM_UP_TIMEOUT: list = [None]
 

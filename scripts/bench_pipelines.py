@@ -60,7 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import operators  # noqa: E402
 from bench_explore import EXTRAPOLATION_FACTORS, Truth, extrapolation_shapes, metrics, region_shapes  # noqa: E402
 from explorer.exploration import explore  # noqa: E402
-from explorer.profiling import OK, Profiler, default_memory_cap  # noqa: E402
+from explorer.measure.profiling import OK, Profiler, default_memory_cap  # noqa: E402
 from explorer.store import SOURCE_PROFILE, Store, study_name  # noqa: E402
 from explorer.surrogate import load_model  # noqa: E402
 from explorer.core.units import format_bytes, format_shape, parse_size  # noqa: E402

@@ -27,7 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import operators  # noqa: E402
-from explorer.profiling import Profiler  # noqa: E402
+from explorer.measure.profiling import Profiler  # noqa: E402
 from machine import machine_line  # noqa: E402
 
 # The same process set-up as the profiling server: the modules it preloads and

@@ -4,7 +4,7 @@ For each operator and seed: ``explore(operator, seed=seed, probes=0)`` with the 
 gets (budget 30, tolerance 5 %, confidence 99 %) into a fresh runs directory, targeting a
 worker of ``--memory-limit`` (default 1 GiB); the saved model (certified, with ``converged``)
 is then scored on held-out shapes drawn afresh for that seed, each profiled once for real
-(``explorer.profiling.Profiler``, a server of its own, not the loop's) as a new run:
+(``explorer.measure.profiling.Profiler``, a server of its own, not the loop's) as a new run:
 
 * ``--region`` (default 12) shapes whose task memory ``4 V + mean`` (by the saved model) is
   stratified log-uniform in [1 %, 100 %] of the memory limit: the target region chunk sizing
@@ -58,7 +58,7 @@ import operators  # noqa: E402
 from explorer import acquisition  # noqa: E402
 from explorer.exploration import explore  # noqa: E402
 from explorer.core.plugins import load_plugins  # noqa: E402
-from explorer.profiling import OK, Profiler, default_memory_cap  # noqa: E402
+from explorer.measure.profiling import OK, Profiler, default_memory_cap  # noqa: E402
 from explorer.core.units import format_bytes, format_shape, parse_size  # noqa: E402
 from machine import machine_line  # noqa: E402
 

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import operators  # noqa: E402
 from bench_pipelines import CONFIDENCE, ISSUE_PIPELINES  # noqa: E402
 from explorer.exploration import ExplorationCore, composed_prior, member_noise_floor  # noqa: E402
-from explorer.profiling import default_memory_cap  # noqa: E402
+from explorer.measure.profiling import default_memory_cap  # noqa: E402
 from explorer.store import SOURCE_PROFILE, Store  # noqa: E402
 from explorer.surrogate import load_model  # noqa: E402
 from explorer.core.units import parse_size  # noqa: E402

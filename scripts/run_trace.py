@@ -174,7 +174,7 @@ def main() -> None:
                                     for k in sorted(nbytes, key=lambda k: -nbytes[k])[:3]) + ")"
                         for rss, managed, nbytes, count, pinned in largest.values())
                     rows.append(result)
-                    from explorer.inworker import resident_bytes
+                    from explorer.measure.inworker import resident_bytes
 
                     idle = client.run(resident_bytes)  # what the workers keep once the run is over
                     print(f"| {repeat + 1} | {result.status} | {result.seconds or 0:.2f} | "

@@ -1,6 +1,6 @@
 """The memory curve of unet3d (issue 13, item 4): isolated peak versus block shape.
 
-Profiles ``unet3d`` with the project's own profiler (``explorer.profiling.Profiler``: a
+Profiles ``unet3d`` with the project's own profiler (``explorer.measure.profiling.Profiler``: a
 fresh forked child per run, the kernel's high-water mark) along each axis at fixed others
 (``n_i`` over 40..200 in steps of 3, which visit every residue modulo 8, the others 64),
 plus a few volumes, repeated. Then it asks two questions of the numbers:
@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from explorer.profiling import Profiler  # noqa: E402
+from explorer.measure.profiling import Profiler  # noqa: E402
 from machine import machine_line  # noqa: E402
 from operators.unet import padded_shape  # noqa: E402
 

@@ -20,7 +20,7 @@ def fitted_model(name: str, shapes=FIT_SHAPES):
     """``name``'s surrogate fitted from real isolated profiles of ``shapes`` (two runs each;
     botorch is a dependency: a broken install fails here, it does not skip)."""
     from explorer import surrogate
-    from explorer.profiling import profile
+    from explorer.measure.profiling import profile
 
     peaks, noise = [], []
     for shape in shapes:

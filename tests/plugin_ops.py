@@ -83,7 +83,7 @@ class Leaks(Operator):
     def run(self, block):
         import os
 
-        from explorer.recommend import WARM_UP_CHUNK_EDGE
+        from explorer.measure.worker_baseline import WARM_UP_CHUNK_EDGE
 
         if block.size > WARM_UP_CHUNK_EDGE**3 and not LEAKED:
             LEAKED.append(np.ones(int(os.environ.get("EXPLORER_TEST_LEAK_MB", "240")) * 10**6, dtype=np.uint8))

@@ -17,7 +17,7 @@ from explorer.store import Record, Store
 
 MiB = 2**20
 OPERATOR = "gst3d"
-#: The environment digest the workers of this process would report (explorer.inworker).
+#: The environment digest the workers of this process would report (explorer.measure.inworker).
 HERE = environment.environment_digest(environment_stamp(OPERATOR))
 
 

@@ -14,7 +14,7 @@ import zarr
 
 import operators
 from explorer.daskrun import MAX_TRIALS, run
-from explorer.highwater import is_supported
+from explorer.measure.highwater import is_supported
 
 OPERATOR = "gst3d"
 VOLUME = (48, 40, 36)

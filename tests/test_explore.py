@@ -48,7 +48,7 @@ def test_explore_profiles_persists_fits_and_reports(explored):
 
 def test_explore_ends_with_in_worker_probes_and_saves_the_calibration(explored):
     from explorer.calibration import load_calibration
-    from explorer.recommend import baseline_path
+    from explorer.measure.worker_baseline import baseline_path
 
     runs, result, _ = explored
     probes = result.probes
@@ -71,7 +71,7 @@ def test_explore_ends_with_in_worker_probes_and_saves_the_calibration(explored):
 
 def test_model_predicts_a_fresh_profile(explored):
     """The fitted bound holds on a shape the loop never profiled."""
-    from explorer.profiling import profile
+    from explorer.measure.profiling import profile
 
     runs, _, _ = explored
     model = load_model(OPERATOR, runs)

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 import operators
-from explorer import inworker, live
-from explorer.highwater import is_supported
+from explorer.measure import inworker
+from explorer import live
+from explorer.measure.highwater import is_supported
 from explorer.store import Store
 
 pytestmark = pytest.mark.skipif(not is_supported(), reason="needs Linux /proc/self/clear_refs")
@@ -123,7 +124,7 @@ def test_a_tasks_seconds_are_its_compute_as_the_worker_records_it(client, segy, 
 
 
 def test_in_worker_peak_is_plausible_against_the_isolated_profile(client, segy, tmp_path):
-    from explorer.profiling import profile
+    from explorer.measure.profiling import profile
 
     store = Store(tmp_path)
     with live.observe(client, OPERATOR, store=store) as observer:

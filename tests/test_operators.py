@@ -451,7 +451,7 @@ def test_declared_alike_axes_are_measured_alike(name):
     """``axis_classes`` is a claim the surrogate builds on (tied mean terms, a kernel on sorted
     dims): swapping two alike axes of a block must leave its isolated peak unchanged (within
     the allocator's granularity), measured by profiling both blocks for real."""
-    from explorer.profiling import Profiler
+    from explorer.measure.profiling import Profiler
 
     op = get(name)
     shape = (48, 64, 88)

@@ -344,7 +344,7 @@ def test_the_composed_model_predicts_a_real_pipeline_profile_it_never_saw(tmp_pa
     pipeline's own isolated profile at held-out shapes falls under the 99% bound and
     within 5% of the mean; recommend_chunks plans with it without importing torch."""
     from explorer.core import paths
-    from explorer.profiling import profile
+    from explorer.measure.profiling import profile
     from explorer.surrogate import load_model
 
     fitted_model("gaussian").save(paths.model_path("gaussian", tmp_path))
@@ -401,7 +401,7 @@ def test_three_profiles_of_a_pipeline_with_its_composed_prior_bound_it_tighter_t
     now it is within ~8 %, so the prior's margin is smaller than that.)"""
     from explorer.core import paths
     from explorer.exploration import ExplorationCore, composed_prior
-    from explorer.profiling import profile
+    from explorer.measure.profiling import profile
     from explorer.store import Record
     from explorer.surrogate import load_model
 

@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from explorer.profiling import Measurement, Profiler, SessionProfiler, profile
+from explorer.measure.profiling import Measurement, Profiler, SessionProfiler, profile
 from tests.plugin_ops import MIB, Allocates
 
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -110,7 +110,7 @@ def test_bad_arguments_raise_before_any_child(profiler):
 def test_profiling_server_never_imports_torch():
     code = (
         "import sys, json\n"
-        "from explorer.profiling import Profiler\n"
+        "from explorer.measure.profiling import Profiler\n"
         "with Profiler(gpu=False) as p:\n"
         "    p._request({'operator': 'gst3d', 'shape': [8, 8, 8], 'memory_cap_bytes': None,"
         " 'timeout_seconds': None})\n"
@@ -139,7 +139,7 @@ def test_a_profile_does_not_depend_on_what_the_server_did_before(profiler):
 
 
 def test_without_a_gpu_the_gpu_path_is_skipped_and_says_so():
-    from explorer.profiling import gpu_available
+    from explorer.measure.profiling import gpu_available
 
     available, note = gpu_available()
     if available:

@@ -16,7 +16,8 @@ import pytest
 from explorer.core import paths
 from explorer.chunking import ChunkPlanError
 from explorer.core.environment import StaleModelWarning
-from explorer.recommend import baseline_path, recommend_chunks
+from explorer.measure.worker_baseline import baseline_path
+from explorer.recommend import recommend_chunks
 from explorer.surrogate import ModelNotFoundError
 
 OPERATOR = "gst3d"
@@ -168,7 +169,7 @@ def test_a_pipelines_members_calibrations_are_checked_against_their_own_stamp_on
     pipeline's, every member's calibration looked learnt in another environment; against the
     workers' stamp with the member's own code, it does not."""
     from explorer.core.environment import environment_stamp
-    from explorer.recommend import WorkerBaseline
+    from explorer.measure.worker_baseline import WorkerBaseline
 
     spec = "gst3d,gst3d"
     baseline = WorkerBaseline(bytes=100 * MiB, source="cluster", environment=environment_stamp(spec))

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from explorer.profiling import Measurement
+from explorer.measure.profiling import Measurement
 from explorer.store import SOURCE_PRODUCTION, Store, study_name
 
 

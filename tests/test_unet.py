@@ -207,7 +207,7 @@ def test_profiles_keep_torch_out_of_the_server_and_a_capped_run_ends_exceeded():
     """The child imports torch and builds the network in its warm-up (not in the measured
     peak: a torch import alone is over 100 MiB); the fork server never maps torch; torch's
     allocation failure at the cap is a MemoryError, so the profile is a lower bound."""
-    from explorer.profiling import Profiler
+    from explorer.measure.profiling import Profiler
 
     with Profiler(gpu=False) as profiler:
         m = profiler.profile("unet3d", (24, 24, 24))

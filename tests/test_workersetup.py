@@ -1,4 +1,4 @@
-"""The allocator setting every worker that runs our plans gets (``explorer.workersetup``), on real
+"""The allocator setting every worker that runs our plans gets (``explorer.measure.workersetup``), on real
 processes: a LocalCluster's workers, ``dask worker`` processes, and fresh interpreters.
 
 glibc has no getter for the mmap threshold, so its behaviour is tested: after freeing a 24 MiB
@@ -28,7 +28,7 @@ import pytest
 
 import operators
 from explorer.daskrun import run
-from explorer.workersetup import PLUGIN_NAME, allocator_pinned, mmap_threshold_pinned, prepare_workers
+from explorer.measure.workersetup import PLUGIN_NAME, allocator_pinned, mmap_threshold_pinned, prepare_workers
 
 #: Environment variables that set glibc's malloc (any of them turns the dynamic threshold off).
 MALLOC_VARIABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_",
@@ -52,7 +52,7 @@ def dynamic_cluster_config(monkeypatch):
 
 
 def test_the_probe_tells_a_dynamic_threshold_from_a_pinned_one():
-    code = ("from explorer.workersetup import mmap_threshold_pinned as m, pin_mmap_threshold as pin; "
+    code = ("from explorer.measure.workersetup import mmap_threshold_pinned as m, pin_mmap_threshold as pin; "
             "a = m(); ok = pin(); print(a, ok, m())")
     default = subprocess.run([sys.executable, "-c", code], env=clean_environment(), capture_output=True,
                              text=True, timeout=60)
@@ -140,7 +140,7 @@ def dask_workers(workers: dict, timeout: float = 60.0):
 
 
 def test_dask_worker_preload_and_environment_pin_the_threshold_as_the_docs_say():
-    workers = {"plain": ([], {}), "preload": (["--preload", "explorer.workersetup"], {}),
+    workers = {"plain": ([], {}), "preload": (["--preload", "explorer.measure.workersetup"], {}),
                "environment": ([], {"MALLOC_MMAP_THRESHOLD_": "131072"})}
     with dask_workers(workers) as client:
         names = {address: info["name"] for address, info in client.scheduler_info()["workers"].items()}

@@ -12,7 +12,7 @@ Baseline (:func:`warm_worker`, run on every worker with ``client.run`` before pl
     No task pays a first-use import afterwards.
 
 Task peaks (definitions in ``docs/definitions.md``), with the kernel high-water method of
-:mod:`explorer.highwater` in the worker process:
+:mod:`explorer.measure.highwater` in the worker process:
 
 * ``peak_bytes``: the highest resident set size of the worker process while the *task*
   executes, minus its resident set size when the task starts executing, with the task's
@@ -66,7 +66,7 @@ import uuid
 import numpy as np
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from explorer.highwater import is_supported, read_status, reset_high_water_mark
+from explorer.measure.highwater import is_supported, read_status, reset_high_water_mark
 
 __all__ = ["ObservationPlugin", "measured_run", "reset_worker_high_water", "resident_bytes", "warm_worker",
            "worker_high_water_bytes"]
@@ -357,7 +357,7 @@ class ObservationPlugin(WorkerPlugin):
 
 
 def dask_setup(worker) -> None:
-    """Preload hook (``preload=["explorer.inworker"]``) of the workers of a ``LocalCluster``
+    """Preload hook (``preload=["explorer.measure.inworker"]``) of the workers of a ``LocalCluster``
     that ``explorer.daskrun`` starts: they ignore SIGINT.  A Ctrl-C in the terminal reaches
     the whole process group; the run's own process handles it (cancels, removes the
     partial output, closes the cluster, which stops its workers) instead of every worker

@@ -1,12 +1,12 @@
 """The profiling fork server: a small, clean process that forks one child per profile.
 
-Started by :class:`explorer.profiling.Profiler` as ``python -m explorer.forkserver``
+Started by :class:`explorer.measure.profiling.Profiler` as ``python -m explorer.measure.forkserver``
 while the parent is small, it preloads NumPy, SciPy and the operators (never
 torch, never the explorer's core) and then serves one JSON request per line on
 stdin, answering one JSON line on stdout.  For each request it builds the input
 volume once (cached for repeats of the same shape), then forks a child per
 repeat.  The child inherits the volume already resident, caps its data segment,
-measures ``peak_bytes`` with :class:`explorer.highwater.PeakMeter` and writes
+measures ``peak_bytes`` with :class:`explorer.measure.highwater.PeakMeter` and writes
 its result to a pipe.  The server enforces the timeout, kills a late child, and
 turns a crash into ``error`` with the child's last error line.
 """
@@ -30,7 +30,7 @@ import scipy.ndimage  # noqa: F401  (preloaded: children fork with it)
 import scipy.signal  # noqa: F401
 
 import operators
-from explorer.highwater import PeakMeter, fix_mmap_threshold, read_status, release_free_heap
+from explorer.measure.highwater import PeakMeter, fix_mmap_threshold, read_status, release_free_heap
 from explorer.core.plugins import load_plugins
 
 OK, EXCEEDED, TIMEOUT, ERROR = "ok", "exceeded", "timeout", "error"

@@ -1,7 +1,7 @@
 """What every worker that runs our plans gets: glibc's mmap threshold pinned as in the profiling server.
 
 The isolated profiles are taken in children of a fork server that pins glibc's mmap
-threshold at 128 KiB (``explorer.highwater.fix_mmap_threshold``).  A process that does
+threshold at 128 KiB (``explorer.measure.highwater.fix_mmap_threshold``).  A process that does
 not pin it has glibc's *dynamic* threshold: freeing an mmapped block of ``s`` bytes above
 the current threshold (up to 32 MiB) raises the threshold to ``s``, so later arrays up to that size
 land on the heap, whose freed pages are reused in place or kept, and the peak of the same
@@ -19,7 +19,7 @@ bound describes them:
 * :func:`prepare_workers` registers it (once per scheduler: a named, idempotent plugin) and
   returns, per worker, whether the setting took; ``explorer.daskrun``, ``explorer.probes``
   and ``explorer.recommend`` call it before they measure a worker's baseline or run a task;
-* :func:`dask_setup`: the same as a preload, ``dask worker --preload explorer.workersetup``;
+* :func:`dask_setup`: the same as a preload, ``dask worker --preload explorer.measure.workersetup``;
 * or the environment, ``MALLOC_MMAP_THRESHOLD_=131072 dask worker ...``, read by glibc at the
   process's start (``docs/workers.md``).
 
@@ -38,7 +38,7 @@ import ctypes.util
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from explorer.highwater import MMAP_THRESHOLD_BYTES, fix_mmap_threshold, release_free_heap
+from explorer.measure.highwater import MMAP_THRESHOLD_BYTES, fix_mmap_threshold, release_free_heap
 
 __all__ = ["ENVIRONMENT_VARIABLE", "PLUGIN_NAME", "AllocatorPlugin", "allocator_pinned", "dask_setup",
            "mmap_threshold_pinned", "pin_mmap_threshold", "prepare_workers"]
@@ -54,7 +54,7 @@ _PINNED: bool | None = None
 
 
 def pin_mmap_threshold(threshold: int = MMAP_THRESHOLD_BYTES) -> bool:
-    """Pin glibc's mmap threshold in this process (``explorer.highwater.fix_mmap_threshold``),
+    """Pin glibc's mmap threshold in this process (``explorer.measure.highwater.fix_mmap_threshold``),
     then return the heap's free memory to the kernel (``malloc_trim(0)``); record and return
     whether pinning took.
 
@@ -164,6 +164,6 @@ def unpinned_warning(pinned: dict[str, bool]) -> str | None:
 
 
 def dask_setup(worker) -> None:
-    """Preload hook: ``dask worker --preload explorer.workersetup`` pins the threshold in each
+    """Preload hook: ``dask worker --preload explorer.measure.workersetup`` pins the threshold in each
     worker process at its start, before it connects (the plugin's setting, without a client)."""
     pin_mmap_threshold()

@@ -2,9 +2,9 @@
 
 ``profile("gst3d", (200, 200, 200), repeat=3)`` returns a :class:`Measurement`.
 Each repeat runs in a fresh child forked from a small preloaded server
-(:mod:`explorer.forkserver`), so no profile carries the parent's memory or a
+(:mod:`explorer.measure.forkserver`), so no profile carries the parent's memory or a
 previous profile's garbage into its figure.  ``peak_bytes`` is defined and
-measured in one place, :mod:`explorer.highwater`.
+measured in one place, :mod:`explorer.measure.highwater`.
 
 Statuses: ``ok``; ``exceeded`` (the operator hit the memory cap: ``peak_bytes``
 is then a lower bound); ``timeout``; ``error`` (the child's last error line is
@@ -133,7 +133,7 @@ class Profiler:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [project_root, env.get("PYTHONPATH")]))
         self._stderr = tempfile.TemporaryFile()
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "explorer.forkserver"],
+            [sys.executable, "-m", "explorer.measure.forkserver"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,

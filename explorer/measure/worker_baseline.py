@@ -1,0 +1,214 @@
+"""The worker baseline: an idle worker's resident memory with the operator loaded.
+
+The ``baseline_bytes`` of the worker footprint is measured where the work runs, never a
+constant:
+
+* on a cluster, with :func:`measure_worker_baseline` (``client.run`` of
+  ``explorer.measure.inworker.warm_worker`` on every worker, then a tiny graph of the operator's
+  Dask form: the largest resident set of an idle worker that has loaded the operator and
+  run its tasks); ``explorer.daskrun`` does this before every run and passes it to
+  ``recommend_chunks`` as ``baseline_bytes``;
+* without one (``baseline_bytes=None``), measured once per environment on this machine
+  in a one-worker ``LocalCluster`` (:func:`local_worker_baseline`) and saved, with its
+  environment stamp, in ``runs/<operator>/worker_baseline.json``; ``explore`` saves it
+  with its in-worker probes, and a stamp that no longer matches (another version of
+  Dask, NumPy, the operator, another machine) is measured again.
+
+Dask and ``distributed`` are imported only to measure.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from explorer.core import paths
+
+__all__ = [
+    "WorkerBaseline",
+    "local_worker_baseline",
+    "measure_worker_baseline",
+]
+
+
+#: Baseline file name under ``runs/<operator>/``.
+BASELINE_FILE = "worker_baseline.json"
+
+
+class WorkerError(RuntimeError):
+    """Workers cannot run the operator (one line naming the workers and the cause)."""
+
+
+@dataclass
+class WorkerBaseline:
+    """Idle workers with the operator loaded: the footprint's ``baseline_bytes`` and more.
+
+    ``bytes`` is the largest resident set over ``per_worker`` (address -> bytes);
+    ``environment`` the workers' stamp (``explorer.core.environment``; the first worker's);
+    ``source`` ``"cluster"`` or ``"local"``.
+    """
+
+    bytes: int
+    per_worker: dict = field(default_factory=dict)
+    environment: dict | None = None
+    threads: dict = field(default_factory=dict)
+    source: str = "cluster"
+
+
+def measure_worker_baseline(client, operator: str, *, readable=(), writable=()) -> WorkerBaseline:
+    """Load and warm ``operator`` on every worker of ``client`` and measure their resident sets.
+
+    ``readable``/``writable``: paths every worker must be able to read / directories it
+    must be able to write into.  Raises :class:`WorkerError` (one line naming the first
+    worker that cannot, and why) when a worker cannot load the operator (its plugin
+    module missing there) or reach a path.
+    """
+    from explorer.measure.inworker import warm_worker
+
+    try:
+        replies = client.run(warm_worker, operator, tuple(map(str, readable)), tuple(map(str, writable)))
+    except Exception as exc:  # a worker died (killed above its memory limit) or vanished meanwhile
+        text = " ".join(str(exc).split())[:160]
+        raise WorkerError(f"a worker was lost while loading {operator} ({type(exc).__name__}: {text}); if its "
+                          f"memory limit is below an idle worker with the operator loaded, raise it") from None
+    if not replies:
+        raise WorkerError("the cluster has no workers")
+    failed = {address: reply["error"] for address, reply in replies.items() if "error" in reply}
+    if failed:
+        address, error = next(iter(failed.items()))
+        more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
+        hint = ""
+        if "cannot load operator" in error:
+            hint = "; the workers need the operator's module (EXPLORER_PLUGINS and the package) installed"
+        elif "cannot read" in error or "cannot write" in error:
+            hint = "; the workers must reach the input and the output's directory (a shared file system)"
+        raise WorkerError(f"worker {address}{more}: {error}{hint}")
+    rss = {}
+    if not any(reply.get("paused") for reply in replies.values()):  # a paused worker runs no graph
+        _run_warm_up_graph(client, operator, len(replies))
+        from explorer.measure.inworker import resident_bytes
+
+        rss = client.run(resident_bytes)
+    per_worker = {address: int(rss.get(address, reply["rss_bytes"])) for address, reply in replies.items()}
+    first = next(iter(replies.values()))
+    return WorkerBaseline(bytes=max(per_worker.values()), per_worker=per_worker,
+                          environment=first.get("environment"),
+                          threads={a: r.get("threads") for a, r in replies.items()}, source="cluster")
+
+
+#: Chunks per worker of the warm-up graph (:func:`_run_warm_up_graph`), their edge, and
+#: how long it may take (it is milliseconds of work; a paused or saturated cluster is not).
+WARM_UP_CHUNKS_PER_WORKER = 4
+WARM_UP_CHUNK_EDGE = 16
+WARM_UP_TIMEOUT_SECONDS = 60.0
+
+
+def _run_warm_up_graph(client, operator: str, n_workers: int) -> None:
+    """Run the operator's Dask form on a tiny random volume, a few chunks per worker.
+
+    A worker that has executed tasks holds a few MiB more than one that has only
+    imported the operator (its task thread pool, the task path's buffers and lazy
+    imports): the baseline is measured after this, as a production run sees it.  The
+    volume is generated on the workers; nothing is stored.
+    """
+    import dask.array as da
+
+    import operators
+
+    op = operators.get(operator)
+    edge = max(WARM_UP_CHUNK_EDGE, 2 * max(op.halo) + 1)
+    per_axis = max(2, round((WARM_UP_CHUNKS_PER_WORKER * n_workers) ** (1 / 3) + 0.5))
+    shape = tuple(edge if axis in op.whole_axes else edge * per_axis for axis in range(3))
+    x = da.random.default_rng(0).random(shape, chunks=edge, dtype="f4")
+    y = op.dask(x)
+    outputs = list(y.values()) if isinstance(y, dict) else [y]  # a fan-out: one array per branch
+    future = client.compute(da.stack([a.sum() for a in outputs]).sum())
+    try:
+        future.result(timeout=WARM_UP_TIMEOUT_SECONDS)
+    except TimeoutError:
+        future.cancel()
+        raise WorkerError(f"the workers did not run a {'x'.join(map(str, shape))} warm-up volume of {operator} "
+                          f"in {WARM_UP_TIMEOUT_SECONDS:.0f} s: are they paused, or busy with other work?") from None
+    except Exception as exc:  # the operator's own failure, or a worker lost, on a tiny volume
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise WorkerError(f"{operator} failed on a {'x'.join(map(str, shape))} warm-up volume in the workers: "
+                          f"{type(exc).__name__}: {first}") from None
+
+
+def baseline_path(operator: str, runs_dir=None) -> Path:
+    return paths.operator_dir(operator, runs_dir) / BASELINE_FILE
+
+
+def save_worker_baseline(operator: str, baseline: WorkerBaseline, runs_dir=None) -> Path:
+    path = baseline_path(operator, runs_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    with open(tmp, "w") as f:
+        json.dump({"operator": operator, "baseline_bytes": baseline.bytes, "per_worker": baseline.per_worker,
+                   "environment": baseline.environment, "measured": time.time()}, f, indent=2)
+    os.replace(tmp, path)
+    return path
+
+
+def _baseline_keys() -> tuple[str, ...]:
+    from explorer.core.environment import WORKER_KEYS
+
+    return WORKER_KEYS + ("hostname",)
+
+
+_LOCAL: dict[tuple[str, int], WorkerBaseline] = {}
+
+
+def _load_local(operator: str, runs_dir) -> WorkerBaseline | None:
+    """The saved local baseline when it was measured in this environment, else None."""
+    from explorer.core.environment import environment_stamp, stamp_differences
+
+    path = baseline_path(operator, runs_dir)
+    try:
+        key = (str(path), path.stat().st_mtime_ns)
+    except FileNotFoundError:
+        return None
+    baseline = _LOCAL.get(key)
+    if baseline is None:
+        try:
+            with open(path) as f:
+                data = json.load(f)
+            baseline = WorkerBaseline(bytes=int(data["baseline_bytes"]), per_worker=dict(data.get("per_worker") or {}),
+                                      environment=data.get("environment"), source="local")
+        except (OSError, ValueError, KeyError, TypeError):
+            return None  # not ours to trust: measured again and overwritten below
+        if baseline.bytes <= 0:
+            return None
+        _LOCAL[key] = baseline
+    if stamp_differences(baseline.environment, environment_stamp(operator), _baseline_keys()):
+        return None
+    return baseline
+
+
+def local_worker_baseline(operator: str, runs_dir=None, *, measure: bool = True) -> WorkerBaseline | None:
+    """This machine's worker baseline for ``operator``: saved, or measured now and saved.
+
+    Measuring starts a one-worker ``LocalCluster`` (a few seconds, once per environment),
+    its worker set up as every worker that runs our plans (``explorer.measure.workersetup``).
+    ``measure=False``: None instead of measuring.
+    """
+    saved = _load_local(operator, runs_dir)
+    if saved is not None or not measure:
+        return saved
+    from distributed import Client, LocalCluster
+
+    from explorer.measure.workersetup import prepare_workers
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None,
+                      silence_logs=logging.CRITICAL, scheduler_kwargs={"dashboard_address": ":0"}) as cluster, \
+            Client(cluster) as client:
+        prepare_workers(client)  # the worker the plans describe: the profiling server's allocator
+        baseline = measure_worker_baseline(client, operator)
+    baseline.source = "local"
+    save_worker_baseline(operator, baseline, runs_dir)
+    return baseline
