@@ -4,7 +4,7 @@ The public surface is four functions::
 
     profile(operator, shape, ...)            -> Measurement    (explorer.measure.profiling)
     explore(operator, budget=..., ...)       -> ExploreResult  (explorer.exploration)
-    load_model(operator, runs_dir=None)      -> MemoryModel    (explorer.surrogate)
+    load_model(operator, runs_dir=None)      -> MemoryModel    (explorer.model.load)
     recommend_chunks(operator, shape, memory_limit, ...) -> ChunkPlan (explorer.recommend)
 
 and ``prepare_workers(client)`` (``explorer.measure.workersetup``): gives a cluster's workers the
@@ -29,8 +29,8 @@ _PUBLIC = {
     "profile": "explorer.measure.profiling",
     "Measurement": "explorer.measure.profiling",
     "explore": "explorer.exploration",
-    "load_model": "explorer.surrogate",
-    "MemoryModel": "explorer.surrogate",
+    "load_model": "explorer.model.load",
+    "MemoryModel": "explorer.model.memory_model",
     "recommend_chunks": "explorer.recommend",
     "ChunkPlan": "explorer.chunking",
     "prepare_workers": "explorer.measure.workersetup",

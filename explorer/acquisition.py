@@ -1,7 +1,7 @@
 r"""Where to profile next and when to stop: pure functions of shapes, bytes and a posterior.
 
 No processes, no files: the explore loop gives a fitted ``MemoryModel``
-(``explorer.surrogate``), candidate block shapes, and the shapes chunk sizing
+(``explorer.model.memory_model``), candidate block shapes, and the shapes chunk sizing
 will ask about; these functions answer with numbers.
 
 Scoring (integrated variance reduction, closed form)
@@ -379,7 +379,7 @@ def relative_half_width(model, targets, confidence: float = 0.99) -> np.ndarray:
 
 
 #: The level of the evidence's anytime-valid bound on how much the predictions understate their
-#: scale (``explorer.stats.scale_confidence_bound``): it holds with probability ``1 - level``.
+#: scale (``explorer.model.stats.scale_confidence_bound``): it holds with probability ``1 - level``.
 EVIDENCE_LEVEL = 0.05
 
 
@@ -398,7 +398,7 @@ class StopTest:
 @dataclass(frozen=True)
 class ScaleEvidence:
     """How much a loop's predictions understated their scale, at most, with confidence: the
-    anytime-valid bound ``factor`` (``explorer.stats.scale_confidence_bound``, taken no smaller
+    anytime-valid bound ``factor`` (``explorer.model.stats.scale_confidence_bound``, taken no smaller
     than 1) from ``n_predictions`` profiles each predicted before it ran, at ``level``."""
 
     factor: float
@@ -447,7 +447,7 @@ def stop_decision(model, targets, *, tolerance: float = DEFAULT_TOLERANCE, confi
        (``evidence.factor``) bounds, with confidence ``1 - level`` and however often it is
        looked at, how much the loop's predictions understated their scale: each profile was
        predicted by the model fitted before it ran, and its standardised residual is data on
-       that factor (``explorer.stats.scale_confidence_bound``, an e-process per candidate
+       that factor (``explorer.model.stats.scale_confidence_bound``, an e-process per candidate
        factor).  A loop with few predictions has a large ``kappa_U`` (100 with none), so a
        model whose bound is tight on paper but untested does not stop; one whose residuals
        are larger than it claims does not either, until its own scale has learnt them.

@@ -144,7 +144,7 @@ import numpy as np
 from explorer.core import paths
 from explorer.core.environment import environment_digest
 from explorer.chunking import TaskClock, row_product
-from explorer.stats import t_quantile
+from explorer.model.stats import t_quantile
 
 __all__ = [
     "CALIBRATION_FILE",
@@ -376,7 +376,7 @@ def fit_within(mean_bytes, variances, n_tasks, deviations=(), dofs=None, cells=N
     ``deviations``: per group, its tasks' deviations from their cell's mean (for the conformal
     scores), each cell of ``cells`` tasks (per group an array per task; by default the group is
     one cell): a score is ``deviation / (sigma_w(m_g) sqrt(1 - 1 / cell))``."""
-    from explorer.stats import fit_spread, page_bytes
+    from explorer.model.stats import fit_spread, page_bytes
 
     m = np.asarray(mean_bytes, dtype=np.float64).reshape(-1)
     s2 = np.asarray(variances, dtype=np.float64).reshape(-1)
@@ -1633,7 +1633,7 @@ _PREDICTIVE_DOF: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 def _predictive_dof(model) -> float:
     """The degrees of freedom of ``model``'s Student-t predictive (``predictive_t(shapes) ->
-    (location, scale, dof)``: ``explorer.surrogate.MemoryModel``, ``explorer.composed.ComposedModel``);
+    (location, scale, dof)``: ``explorer.model.memory_model.MemoryModel``, ``explorer.model.composed.ComposedModel``);
     a model without one is taken as normal (``inf``).  Memoised per model object (models are
     cached by their files' mtimes)."""
     try:
@@ -1652,6 +1652,6 @@ def _predictive_dof(model) -> float:
 
 def task_model(operator: str, runs_dir=None, environment: dict | None = None) -> TaskModel:
     """``load_model(operator)`` with the saved in-worker calibration (if any)."""
-    from explorer.surrogate import load_model
+    from explorer.model.load import load_model
 
     return TaskModel(load_model(operator, runs_dir=runs_dir), load_calibration(operator, runs_dir, environment))

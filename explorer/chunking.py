@@ -208,7 +208,7 @@ FALLBACK_PAUSE_FRACTION = 0.8
 #: takes ``ceiling=`` (``(m,)`` bytes: the largest task peak with which each row's plan
 #: still fits) may stop short on a row once it has shown that the row's ``upper`` exceeds
 #: its ceiling: it returns ``mean = nan`` there and, as ``upper``, a lower bound of the
-#: row's upper that is above the ceiling (``explorer.composed.ComposedModel``: one member's
+#: row's upper that is above the ceiling (``explorer.model.composed.ComposedModel``: one member's
 #: term bounds the pipeline's peak from below; ``explorer.calibration.TaskModel``: the isolated
 #: bound, or its quantile's lower bound), and where it has shown that the row's upper is at or
 #: below its ceiling it may return, also with ``mean = nan``, an upper bound of it
@@ -847,7 +847,7 @@ class ChunkPlan:
     #: Chunk lengths of split axes are multiples of these (``Operator.block_multiple``).
     block_multiple: tuple[int, ...] | None = None
     #: A fan-out pipeline's branches in the order its tasks run them (the order the
-    #: predicted peak assumes: ``explorer.composed``); empty for anything else.
+    #: predicted peak assumes: ``explorer.model.composed``); empty for anything else.
     branch_order: tuple[str, ...] = ()
     #: How a pipeline runs on Dask (``operators.pipeline.STRATEGIES``): ``"fused"`` (one
     #: ``map_overlap`` with the whole halo; a single operator's only form) or ``"staged"``

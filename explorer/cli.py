@@ -290,7 +290,7 @@ def _cmd_calibrate(argv: list[str]) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
     args = parser.parse_args(argv)
     from explorer.store import Store
-    from explorer.surrogate import load_model
+    from explorer.model.load import load_model
 
     Store(args.runs_dir, args.storage)  # a storage that cannot be opened is one line, before any cluster
     load_model(args.operator, runs_dir=args.runs_dir)  # no model (or member's): one line naming the command

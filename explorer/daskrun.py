@@ -713,7 +713,7 @@ def _choose_chunks(ctx: RunContext) -> None:
     import operators
     from explorer.calibration import CalibrationFileError, task_model
     from explorer.chunking import ChunkPlanError
-    from explorer.surrogate import ModelFileError, ModelNotFoundError
+    from explorer.model.memory_model import ModelFileError, ModelNotFoundError
 
     result, op = ctx.result, ctx.operator
     request = ctx.chunks_request
@@ -910,7 +910,7 @@ def _trial(ctx: RunContext, job: _TrialJob, tmp: Path) -> bool:
     import operators
     from explorer.calibration import calibrate
     from explorer.store import Store
-    from explorer.surrogate import load_model
+    from explorer.model.load import load_model
 
     index = len(ctx.result.trials)
     op = operators.get(job.operator)

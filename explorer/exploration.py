@@ -113,7 +113,7 @@ class ExploreResult:
 
 def training_data(records: list[Record], dtype_itemsize: int = 4):
     """Arrays ``(shapes, peak_bytes, noise_var, lower_bound, n_repeats)`` for
-    :func:`explorer.surrogate.fit` from stored isolated profiles.
+    :func:`explorer.model.fit.fit` from stored isolated profiles.
 
     The value of a profile is the mean of its repeats; its noise variance is
     the variance of that mean, ``s^2 / n`` (0 for a single run: the surrogate
@@ -197,13 +197,15 @@ class ExplorationCore:
                  tolerance: float = 0.05, seed: int = 0, prior_model=None,
                  noise_floor: "RunNoiseFloor | None" = None):
         """``prior_model``: a model that already predicts this operator's peak (a pipeline's
-        composed model, ``explorer.composed``); its prediction over the target region becomes
+        composed model, ``explorer.model.composed``); its prediction over the target region becomes
         every fit's prior mean (``surrogate.MeanPrior``), so the loop learns only the departure
         from it, and profiles only there: its first design is :func:`region_design` of that
         region and its proposals are target shapes.  ``noise_floor``: the least single-run
         noise every fit may learn (:func:`member_noise_floor` for a pipeline), by default the
         surrogate's own floors."""
-        from explorer import acquisition, surrogate
+        from explorer import acquisition
+        from explorer.model import basis
+        from explorer.model import priors
 
         op = operators.get(operator)
         self.operator, self.halo = op.name, op.halo
@@ -221,9 +223,9 @@ class ExplorationCore:
         self.noise_floor = noise_floor
         if prior_model is not None:
             region = self.target_shapes(prior_model)
-            if len(region) >= len(surrogate.BASIS_NAMES):
+            if len(region) >= len(basis.BASIS_NAMES):
                 source = getattr(prior_model, "source", None) or repr(prior_model)
-                self.prior = surrogate.MeanPrior.from_model(
+                self.prior = priors.MeanPrior.from_model(
                     prior_model, region, f"{source} over {len(region)} target blocks", confidence)
                 mean, upper = prior_model.predict_many(region, confidence)
                 inputs = acquisition.input_bytes(region)
@@ -236,28 +238,28 @@ class ExplorationCore:
         """The surrogate fitted on ``records``, its latent scale learnt from their prequential
         residuals too (:meth:`prequential`), or None when they cannot determine one (fewer than
         two exact profiles of different volumes; one with a prior mean)."""
-        from explorer import surrogate
+        from explorer.model import fit as model_fit
 
         model = self.base_fit(records)
         if model is None:
             return None
         key = self._key(records)
         if key not in self._calibrated:
-            self._calibrated[key] = surrogate.recalibrate(model, self.prequential(records))
+            self._calibrated[key] = model_fit.recalibrate(model, self.prequential(records))
         return self._calibrated[key]
 
     def prequential(self, records: list[Record]):
         """Every exact profile predicted by the ML-II fit on the profiles before it (store
         order) once that fit's mean was determined (``MemoryModel.mean_determined``), as
         ``surrogate.Prequential``."""
-        from explorer import surrogate
+        from explorer.model import fit as model_fit
 
         terms = [[float(x[0]) for x in model.ml2.prequential_terms([shape], [value], runs)]
                  for shape, value, runs, model in self._predicted(records, self.base_fit)]
         if not terms:
-            return surrogate.Prequential()
+            return model_fit.Prequential()
         e, c, s = zip(*terms)
-        return surrogate.Prequential(tuple(e), tuple(c), tuple(s))
+        return model_fit.Prequential(tuple(e), tuple(c), tuple(s))
 
     @staticmethod
     def _predicted(records: list[Record], fit):
@@ -282,7 +284,8 @@ class ExplorationCore:
     def base_fit(self, records: list[Record]):
         """The surrogate fitted on ``records`` with no prequential evidence (cached; its ``ml2``
         is the ML-II fit), or None when they cannot determine one."""
-        from explorer import surrogate
+        from explorer.model import fit as model_fit
+        from explorer.model import priors
 
         shapes, values, noise, lower, n_repeats = training_data(records)
         if len(np.unique(shapes[~lower].prod(axis=1))) < (2 if self.prior is None else 1):
@@ -290,9 +293,9 @@ class ExplorationCore:
         key = (shapes.tobytes(), values.tobytes(), lower.tobytes())
         if key not in self._fits:
             floors = {} if self.noise_floor is None else {
-                "rel_noise_floor": max(surrogate.DEFAULT_REL_NOISE_FLOOR, self.noise_floor.relative_sd),
+                "rel_noise_floor": max(priors.DEFAULT_REL_NOISE_FLOOR, self.noise_floor.relative_sd),
                 "abs_noise_floor_bytes": self.noise_floor.absolute_sd_bytes}
-            self._fits[key] = surrogate.fit(self.operator, shapes, values, noise, lower, halo=self.halo,
+            self._fits[key] = model_fit.fit(self.operator, shapes, values, noise, lower, halo=self.halo,
                                             n_repeats=n_repeats, prior=self.prior, **floors)
         return self._fits[key]
 
@@ -302,7 +305,7 @@ class ExplorationCore:
         with that model's degrees of freedom), once that model's mean was determined, and the
         anytime-valid bound on the factor by which those predictions understated their scale."""
         from explorer import acquisition
-        from explorer.stats import scale_confidence_bound
+        from explorer.model.stats import scale_confidence_bound
 
         residuals, dofs = [], []
         for shape, value, runs, model in self._predicted(records, self.fit):
@@ -397,15 +400,15 @@ PRIORS = ("composed", "none")
 
 def composed_prior(op, runs_dir=None):
     """The composed model of a pipeline ``op`` when every member has a model
-    (``explorer.composed.compose``), predicting a fan-out in the order ``op``'s profiles run
+    (``explorer.model.composed.compose``), predicting a fan-out in the order ``op``'s profiles run
     its branches (``op.branch_order``, not Liu's: the prior describes what is profiled);
     None for a single operator or a member without one."""
     from operators.pipeline import Pipeline
 
     if not isinstance(op, Pipeline):
         return None
-    from explorer.composed import compose
-    from explorer.surrogate import ModelNotFoundError
+    from explorer.model.composed import compose
+    from explorer.model.memory_model import ModelNotFoundError
 
     try:
         return compose(op, runs_dir).in_order(op.branch_order)
@@ -441,7 +444,8 @@ def member_noise_floor(op, runs_dir=None) -> RunNoiseFloor | None:
 
     if not isinstance(op, Pipeline):
         return None
-    from explorer.surrogate import ModelNotFoundError, load_model
+    from explorer.model.memory_model import ModelNotFoundError
+    from explorer.model.load import load_model
 
     rel, absolute, names = 0.0, 0.0, []
     for member in op.members:
@@ -550,10 +554,11 @@ def explore(
     that many probes of this environment.
 
     ``prior``: ``"composed"`` (default) makes a pipeline whose members all have models learn
-    from its composed model (``explorer.composed``) as the prior mean: only the departure
+    from its composed model (``explorer.model.composed``) as the prior mean: only the departure
     from it is left to learn.  ``"none"``: the flat prior, as for one operator (from scratch).
     """
-    from explorer import acquisition, surrogate
+    from explorer import acquisition
+    from explorer.model import torch_fit
 
     started = time.perf_counter()
     operator = validate.operator(operator)
@@ -567,7 +572,7 @@ def explore(
         raise ValueError(f"prior must be one of {', '.join(PRIORS)}, got {prior!r}")
 
     # torch, gpytorch and botorch take seconds to import: do it while the first profiles run
-    warm_up = threading.Thread(target=surrogate.warm_up, daemon=True)
+    warm_up = threading.Thread(target=torch_fit.warm_up, daemon=True)
     warm_up.start()
     store = Store(runs_dir, storage)
 
@@ -718,7 +723,7 @@ def save_model_unless_superseded(model, path):
     """
     import fcntl
 
-    from explorer.surrogate import MemoryModel
+    from explorer.model.memory_model import MemoryModel
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

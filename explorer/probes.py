@@ -216,7 +216,7 @@ def plan_scale_edge(op, model, memory_limit: int, baseline_bytes: int, confidenc
 
 def profiled_volume(model) -> float:
     """The largest block volume ``model``'s exact isolated profiles reached; a composed
-    model's (``explorer.composed``), the smallest of its members' (each was profiled that far)."""
+    model's (``explorer.model.composed``), the smallest of its members' (each was profiled that far)."""
     members = getattr(model, "members", None)
     if isinstance(members, dict) and members:
         return min(profiled_volume(m) for m in members.values())
@@ -239,7 +239,7 @@ def run_probes(operator: str, model, *, n: int = DEFAULT_PROBES, runs_dir=None, 
     """Run the in-worker probes of ``operator`` (module docstring), fit and save the calibration.
 
     ``model``: the freshly fitted isolated ``MemoryModel``, or a pipeline's composed model
-    (``explorer.composed.ComposedModel``; its fan-out's branches then run in the order its
+    (``explorer.model.composed.ComposedModel``; its fan-out's branches then run in the order its
     plans would at each probe block): it sizes the probes, and the excess is against its
     mean.  ``memory_limit``: the target worker memory (explore's), which sets the plan-scale
     probe; None probes only up to the isolated profiles' reach.
@@ -309,7 +309,7 @@ def calibrate_in_workers(operator: str, *, memory_limit=None, n: int = DEFAULT_P
     """The in-worker probes of ``operator``'s saved model, alone: ``explore calibrate SPEC``.
 
     For a pipeline with no profile of its own this is the model composed from its members'
-    (``explorer.composed``): its fused tasks are probed in workers exactly as ``explore``'s
+    (``explorer.model.composed``): its fused tasks are probed in workers exactly as ``explore``'s
     probes do for an explored model, so its plans get their in-worker term (and ``auto`` can
     weigh them, ``explorer.recommend.choose_strategy``) without any isolated profile of the
     pipeline.  ``memory_limit``: the target worker memory that sets the plan-scale probe
@@ -318,7 +318,7 @@ def calibrate_in_workers(operator: str, *, memory_limit=None, n: int = DEFAULT_P
     """
     from explorer.core import validate
     from explorer.core.machine import default_memory_limit
-    from explorer.surrogate import load_model
+    from explorer.model.load import load_model
 
     operator = validate.operator(operator)
     limit = default_memory_limit() if memory_limit is None else validate.size(memory_limit, "memory_limit")

@@ -89,7 +89,7 @@ def recommend_chunks(
         raise ValueError(f"unknown strategy {strategy!r}: one of {', '.join(STRATEGY_CHOICES)}")
     import operators
     from explorer.chunking import ChunkPlanError
-    from explorer.surrogate import ModelNotFoundError
+    from explorer.model.memory_model import ModelNotFoundError
 
     op = operators.get(operator)
     request = _PlanRequest(operator, op, shape, limit_bytes, threads_per_worker, confidence, runs_dir, workers,
@@ -292,7 +292,7 @@ def _staged_stages(request: _PlanRequest) -> tuple[list, dict, tuple, bool]:
     member's task model has its in-worker calibration."""
     from explorer.calibration import TaskModel, load_calibration
     from explorer.chunking import PlanStage
-    from explorer.composed import compose
+    from explorer.model.composed import compose
 
     op = request.op
     fused = _loaded_isolated(request)  # the fused plan's composed model has the members' already
@@ -388,7 +388,7 @@ def plan_for_chunks(operator: str, shape, chunks, memory_limit: int | str, *, st
 
 def _loaded_isolated(request: _PlanRequest):
     """The isolated model of the request's task model when it loaded, else None."""
-    from explorer.surrogate import ModelNotFoundError
+    from explorer.model.memory_model import ModelNotFoundError
 
     try:
         return request.model().isolated

@@ -394,7 +394,7 @@ def part_c(rounds: int, runs_per_process: int, run_repeats: int) -> dict:
 
 
 def part_d(model_runs: str, a: dict) -> dict:
-    from explorer.surrogate import load_model
+    from explorer.model.load import load_model
 
     model = load_model("unet3d", runs_dir=model_runs)
     rows = []

@@ -602,7 +602,7 @@ def print_summary(outcomes: list[Outcome]) -> None:
 def learnt_timing(op: str, runs_dir) -> dict:
     """The scenario's learnt time terms (explore's probes) and the constants they replace."""
     from explorer.calibration import load_calibration
-    from explorer.surrogate import load_model
+    from explorer.model.load import load_model
 
     timing = load_calibration(op, runs_dir).timing
     return {"learnt_seconds_per_voxel": timing.seconds_per_voxel,
@@ -846,7 +846,7 @@ def fixed_160_plan(op, shape, limit: int, threads: int, workers: int, runs_dir):
     baseline, the profiled speed + 60 ns/voxel, 2 ms per graph task."""
     from explorer.chunking import (DEFAULT_GRAPH_TASK_SECONDS, plan_chunks, run_seconds_per_voxel,
                                    worker_pause_fraction)
-    from explorer.surrogate import load_model
+    from explorer.model.load import load_model
 
     isolated = load_model(op.name, runs_dir=runs_dir)
     return plan_chunks(shape, op.halo, op.whole_axes, isolated.predict_many, limit, baseline_bytes=160 * 2**20,

@@ -89,7 +89,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import operators  # noqa: E402
-from explorer import acquisition, surrogate  # noqa: E402
+from explorer import acquisition
+from explorer.model import fit
+from explorer.model import memory_model as surrogate
+from explorer.model import torch_fit  # noqa: E402
 from explorer import exploration as explore_module  # noqa: E402
 from explorer.core.machine import default_memory_limit
 from explorer.exploration import explore, training_data  # noqa: E402
@@ -279,8 +282,8 @@ def instrumented(timers: Timers):
         timers.add("profile_wall", m.wall_seconds)
         timers.add("profile_operator", sum(r.get("seconds") or 0.0 for r in m.repeats))
 
-    wrap(surrogate, "warm_up", "torch import")
-    wrap(surrogate, "fit", "fits")
+    wrap(torch_fit, "warm_up", "torch import")
+    wrap(fit, "fit", "fits")
     for name in ("candidate_shapes", "chunkable_mask", "target_mask", "relative_half_width", "propose"):
         wrap(acquisition, name, "scoring")
     wrap(explore_module, "profile_cost_model", "scoring")
@@ -446,7 +449,7 @@ def gp_predictor(op, records: list[Record]):
     if len(np.unique(volume(shapes[~lower]))) < 2:
         return None
     try:
-        model = surrogate.fit(op.name, shapes, values, noise, lower, halo=op.halo, n_repeats=n_repeats)
+        model = fit.fit(op.name, shapes, values, noise, lower, halo=op.halo, n_repeats=n_repeats)
     except (ValueError, RuntimeError) as exc:
         log(f"  {op.name}: surrogate.fit failed on {len(shapes)} profiles: {exc}")
         return None
@@ -563,7 +566,7 @@ def run_operator(name: str, args, bench: Bench, limit: int, cap: int) -> Operato
         shapes, values, noise, lower, n_repeats = training_data(records[:n])
         if len(np.unique(volume(shapes[~lower]))) < 2:
             continue
-        models[n] = surrogate.fit(name, shapes, values, noise, lower, halo=op.halo, n_repeats=n_repeats)
+        models[n] = fit.fit(name, shapes, values, noise, lower, halo=op.halo, n_repeats=n_repeats)
     log(f"{name}: refitted ours at N = {min(models)}..{max(models)}")
     reference = models[max(models)]  # places held-out shapes and screens baselines; never a truth
     res.v_max = float(volume([r.shape for r in records if r.status == OK]).max())

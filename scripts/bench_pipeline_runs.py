@@ -76,7 +76,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import operators  # noqa: E402
 from explorer.daskrun import run  # noqa: E402
 from explorer.exploration import explore  # noqa: E402
-from explorer.surrogate import load_model  # noqa: E402
+from explorer.model.load import load_model  # noqa: E402
 from explorer.core.units import format_bytes, format_shape, parse_shape, parse_size  # noqa: E402
 from machine import machine_line  # noqa: E402
 from rounds import ratio_interval, round_orders  # noqa: E402

@@ -7,7 +7,7 @@ For each pipeline spec (default: the four of issue 14):
    (``explore(member, budget=B, memory_limit=L, probes=0)``; a member already explored
    there is reused: ``--cache``).
 2. **Composed model.** ``load_model(spec)``: the pipeline has no model of its own, so it is
-   composed from its members' (``explorer.composed``): the largest stage term, each
+   composed from its members' (``explorer.model.composed``): the largest stage term, each
    member's peak plus the outputs alive while it runs, each member's bound at the
    Bonferroni confidence ``1 - (1 - c) / S``.
 3. **Held-out truth**, placed as ``scripts/bench_explore.py`` places them (one definition:
@@ -62,7 +62,7 @@ from bench_explore import EXTRAPOLATION_FACTORS, Truth, extrapolation_shapes, me
 from explorer.exploration import explore  # noqa: E402
 from explorer.measure.profiling import OK, Profiler, default_memory_cap  # noqa: E402
 from explorer.store import SOURCE_PROFILE, Store, study_name  # noqa: E402
-from explorer.surrogate import load_model  # noqa: E402
+from explorer.model.load import load_model  # noqa: E402
 from explorer.core.units import format_bytes, format_shape, parse_size  # noqa: E402
 from machine import machine_line  # noqa: E402
 

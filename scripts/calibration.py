@@ -146,7 +146,7 @@ def measure(operator: str, seed: int, args, work: Path) -> dict:
     """Explore, draw, profile the truths, score them: the cache entry of one (operator, seed)."""
     from scipy.special import stdtr
 
-    from explorer.surrogate import load_model
+    from explorer.model.load import load_model
 
     op = operators.get(operator)
     runs = work / f"{operator}-{seed}"

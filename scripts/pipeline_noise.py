@@ -24,7 +24,7 @@ from bench_pipelines import CONFIDENCE, ISSUE_PIPELINES  # noqa: E402
 from explorer.exploration import ExplorationCore, composed_prior, member_noise_floor  # noqa: E402
 from explorer.measure.profiling import default_memory_cap  # noqa: E402
 from explorer.store import SOURCE_PROFILE, Store  # noqa: E402
-from explorer.surrogate import load_model  # noqa: E402
+from explorer.model.load import load_model  # noqa: E402
 from explorer.core.units import parse_size  # noqa: E402
 from machine import machine_line  # noqa: E402
 

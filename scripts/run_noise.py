@@ -33,9 +33,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     from explorer.core.paths import model_path
-    from explorer.stats import t_quantile
+    from explorer.model.stats import t_quantile
     from explorer.store import SOURCE_PROFILE, Store
-    from explorer.surrogate import load_model
+    from explorer.model.load import load_model
 
     runs = args.runs_dir or Path("runs") / f"noise-{args.operator}-{args.seed}"
     if not model_path(args.operator, runs).exists():
@@ -60,7 +60,7 @@ def main() -> None:
     def half_width(peak: float) -> float:
         return t * float(np.hypot(rho, a / peak))
 
-    print(f"\nLearnt run noise (`explorer.stats.fit_spread`, {hyper['run_noise_dof']:.0f} dof): relative sd {rho:.2%}, "
+    print(f"\nLearnt run noise (`explorer.model.stats.fit_spread`, {hyper['run_noise_dof']:.0f} dof): relative sd {rho:.2%}, "
           f"absolute sd {a / 1024:.0f} KiB.  This noise alone makes the 99% bound's relative half-width at least "
           f"{half_width(large):.1%} at the largest profiled peak ({large / 2**20:.1f} MiB) and "
           f"{half_width(small):.1%} at the smallest ({small / 2**20:.2f} MiB) (t = {t:.2f}).")

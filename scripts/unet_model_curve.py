@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from explorer.surrogate import load_model  # noqa: E402
+from explorer.model.load import load_model  # noqa: E402
 from machine import machine_line  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"

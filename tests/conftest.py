@@ -19,7 +19,7 @@ FIT_SHAPES = [(24, 24, 24), (40, 30, 50), (60, 60, 40), (30, 70, 60), (74, 58, 5
 def fitted_model(name: str, shapes=FIT_SHAPES):
     """``name``'s surrogate fitted from real isolated profiles of ``shapes`` (two runs each;
     botorch is a dependency: a broken install fails here, it does not skip)."""
-    from explorer import surrogate
+    from explorer.model import fit
     from explorer.measure.profiling import profile
 
     peaks, noise = [], []
@@ -29,7 +29,7 @@ def fitted_model(name: str, shapes=FIT_SHAPES):
         runs = [r["peak_bytes"] for r in m.repeats]
         peaks.append(np.mean(runs))
         noise.append(np.var(runs, ddof=1) / len(runs))
-    return surrogate.fit(name, shapes, peaks, noise, np.zeros(len(shapes), bool),
+    return fit.fit(name, shapes, peaks, noise, np.zeros(len(shapes), bool),
                          halo=operators.get(name).halo, n_repeats=[2] * len(shapes))
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from explorer import acquisition as acq
-from explorer.surrogate import fit
+from explorer.model.fit import fit
 
 MiB = 2**20
 GiB = 2**30

@@ -261,14 +261,14 @@ def test_a_task_over_the_bound_early_restarts_the_run_with_the_recalibrated_plan
     import shutil
 
     from explorer.core import paths
-    from explorer import surrogate
+    from explorer.model import fit
     from explorer.recommend import recommend_chunks
     from explorer.store import Store
 
     runs = tmp_path / "model-runs"
     shutil.copytree(probed_runs, runs)
     n = len(gst3d_model.train_bytes)
-    low = surrogate.fit(OPERATOR, gst3d_model.train_shapes, 0.7 * gst3d_model.train_bytes, np.zeros(n),
+    low = fit.fit(OPERATOR, gst3d_model.train_shapes, 0.7 * gst3d_model.train_bytes, np.zeros(n),
                         np.zeros(n, bool), halo=gst3d_model.halo, n_repeats=[2] * n)
     low.save(paths.model_path(OPERATOR, runs))
     shape, limit = (160, 160, 160), "260MB"

@@ -12,7 +12,8 @@ import pytest
 import operators
 from explorer.core import paths
 from explorer.core.environment import ISOLATED_KEYS, WORKER_KEYS, StaleModelWarning, environment_stamp, operator_code_version, stamp_differences
-from explorer.surrogate import ModelFileError, load_model
+from explorer.model.memory_model import ModelFileError
+from explorer.model.load import load_model
 
 
 def test_stamp_names_versions_machine_and_operator_code():

@@ -93,13 +93,13 @@ def test_resume_continues_from_the_store(explored, tmp_path):
 def test_a_model_fitted_on_fewer_profiles_does_not_replace_a_better_informed_one(explored, tmp_path):
     """What a slower explore process sharing the store must not do at the end."""
     import operators
-    from explorer import surrogate
+    from explorer.model import fit
     from explorer.exploration import save_model_unless_superseded, training_data
 
     runs, _, _ = explored
     records = Store(runs).records(OPERATOR, source="profile")
     shapes, values, noise, lower, n_repeats = training_data(records[:-1])
-    fewer = surrogate.fit(OPERATOR, shapes, values, noise, lower, halo=operators.get(OPERATOR).halo,
+    fewer = fit.fit(OPERATOR, shapes, values, noise, lower, halo=operators.get(OPERATOR).halo,
                           n_repeats=n_repeats)
     path = tmp_path / "model.npz"
     load_model(OPERATOR, runs).save(path)

@@ -271,7 +271,7 @@ class Known:
 
 
 def test_the_composed_peak_is_the_largest_stage_with_what_is_alive_and_bonferroni_bounds():
-    from explorer.composed import ComposedModel
+    from explorer.model.composed import ComposedModel
 
     chain = operators.get("gaussian,gst3d")
     members = {"gaussian": Known(20.0, 21.0), "gst3d": Known(90.0, 95.0)}
@@ -302,7 +302,7 @@ def test_the_composed_peak_is_the_largest_stage_with_what_is_alive_and_bonferron
 def test_liu_order_gives_the_smallest_peak_of_every_order():
     import itertools
 
-    from explorer.composed import liu_order, sequence_peak
+    from explorer.model.composed import liu_order, sequence_peak
 
     rng = np.random.default_rng(3)
     for _ in range(200):
@@ -330,7 +330,8 @@ def test_a_fan_out_runs_its_branches_in_the_order_asked_with_the_same_outputs():
 
 def test_a_member_without_a_model_is_named_with_the_command_that_explores_it(tmp_path, gst3d_model):
     from explorer.core import paths
-    from explorer.surrogate import ModelNotFoundError, load_model
+    from explorer.model.memory_model import ModelNotFoundError
+    from explorer.model.load import load_model
 
     gst3d_model.save(paths.model_path("gst3d", tmp_path))
     with pytest.raises(ModelNotFoundError) as info:
@@ -345,7 +346,7 @@ def test_the_composed_model_predicts_a_real_pipeline_profile_it_never_saw(tmp_pa
     within 5% of the mean; recommend_chunks plans with it without importing torch."""
     from explorer.core import paths
     from explorer.measure.profiling import profile
-    from explorer.surrogate import load_model
+    from explorer.model.load import load_model
 
     fitted_model("gaussian").save(paths.model_path("gaussian", tmp_path))
     gst3d_model.save(paths.model_path("gst3d", tmp_path))
@@ -372,7 +373,7 @@ def test_a_fan_out_plan_from_composed_models_runs_the_branches_in_liu_order(tmp_
     whatever the order written, and its bound is the one of that order."""
     from explorer.core import paths
     from explorer.recommend import recommend_chunks
-    from explorer.surrogate import load_model
+    from explorer.model.load import load_model
 
     for name in ("gaussian", "envelope"):
         fitted_model(name).save(paths.model_path(name, tmp_path))
@@ -403,7 +404,7 @@ def test_three_profiles_of_a_pipeline_with_its_composed_prior_bound_it_tighter_t
     from explorer.exploration import ExplorationCore, composed_prior
     from explorer.measure.profiling import profile
     from explorer.store import Record
-    from explorer.surrogate import load_model
+    from explorer.model.load import load_model
 
     fitted_model("gaussian").save(paths.model_path("gaussian", tmp_path))
     gst3d_model.save(paths.model_path("gst3d", tmp_path))
@@ -446,7 +447,7 @@ def test_explore_on_a_pipeline_saves_a_model_whose_run_noise_is_no_lower_than_it
     pipeline learnt its run noise with the members' floor (``member_noise_floor``)."""
     from explorer.core import paths
     from explorer.exploration import explore
-    from explorer.surrogate import load_model
+    from explorer.model.load import load_model
 
     fitted_model("gaussian").save(paths.model_path("gaussian", tmp_path))
     gst3d_model.save(paths.model_path("gst3d", tmp_path))
@@ -478,7 +479,7 @@ def test_recommend_weighs_fused_against_staged_by_predicted_time_among_plans_tha
     single operator has one form; a staged plan needs every member's model."""
     from explorer.core import paths
     from explorer.recommend import recommend_chunks
-    from explorer.surrogate import ModelNotFoundError
+    from explorer.model.memory_model import ModelNotFoundError
 
     gst3d_model.save(paths.model_path("gst3d", tmp_path))
     spec, kwargs = "gaussian,gst3d", dict(runs_dir=tmp_path, baseline_bytes=100 * 2**20, workers=2)
@@ -577,7 +578,7 @@ def test_probes_of_a_composed_fan_out_run_its_branches_in_the_order_its_plans_wo
     """The probes' tasks must be those the composed bound describes: Liu's order at the probe's block."""
     from explorer.core import paths
     from explorer.probes import _branch_order, profiled_volume
-    from explorer.surrogate import load_model
+    from explorer.model.load import load_model
 
     for name in ("gaussian", "envelope"):
         fitted_model(name).save(paths.model_path(name, tmp_path))
@@ -607,7 +608,7 @@ def wavy_members():
 @pytest.mark.parametrize("spec", ["gaussian,gst3d", "gaussian,envelope+gst3d+instantaneous_phase",
                                   "gaussian,envelope,gaussian"])
 def test_a_composed_models_ceiling_only_stops_short_on_blocks_above_it(spec):
-    from explorer.composed import ComposedModel
+    from explorer.model.composed import ComposedModel
 
     pipeline = operators.get(spec)
     shapes = np.random.default_rng(5).integers(8, 400, size=(300, 3))
@@ -631,7 +632,7 @@ def test_a_fused_plan_of_a_composed_model_is_the_plan_of_its_full_predictions(li
     the plan (or the no-fit message) is the one predicting every member everywhere gives."""
     from explorer.calibration import TaskModel
     from explorer.chunking import ChunkPlanError, plan_chunks
-    from explorer.composed import ComposedModel
+    from explorer.model.composed import ComposedModel
 
     pipeline = operators.get("gaussian,envelope+gst3d+instantaneous_phase")
     model = TaskModel(ComposedModel(pipeline, wavy_members()))

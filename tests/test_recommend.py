@@ -18,7 +18,7 @@ from explorer.chunking import ChunkPlanError
 from explorer.core.environment import StaleModelWarning
 from explorer.measure.worker_baseline import baseline_path
 from explorer.recommend import recommend_chunks
-from explorer.surrogate import ModelNotFoundError
+from explorer.model.memory_model import ModelNotFoundError
 
 OPERATOR = "gst3d"
 SHAPE = (300, 240, 200)

@@ -1,11 +1,11 @@
-"""The spread of repeated measurements (``explorer.stats.fit_spread``): pure arithmetic."""
+"""The spread of repeated measurements (``explorer.model.stats.fit_spread``): pure arithmetic."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from explorer.stats import fit_spread, page_bytes
+from explorer.model.stats import fit_spread, page_bytes
 
 KiB, MiB = 2**10, 2**20
 
@@ -48,7 +48,7 @@ def test_floors_hold_and_no_repeat_gives_the_floors_and_the_prior():
 
 
 def test_the_scale_posterior_of_latent_residuals_is_the_conjugate_scaled_inverse_chi_square():
-    from explorer.stats import scale_posterior
+    from explorer.model.stats import scale_posterior
 
     rng = np.random.default_rng(0)
     c = rng.uniform(0.5, 2.0, 40)
@@ -64,8 +64,8 @@ def test_the_fits_own_evidence_leaves_n_minus_p_degrees_of_freedom_and_is_not_tr
     latent scale is the conjugate one: ``n - p`` degrees of freedom (not ``n``: the mean's
     terms use some) and scale ``(nu_0 + RSS) / (nu_0 + n - p)``, below 1 when the residuals are
     smaller than the kernel says (never truncated at the fit's own scale)."""
-    from explorer.stats import scale_posterior
-    from explorer.surrogate import restricted_log_likelihood_in_scale
+    from explorer.model.stats import scale_posterior
+    from explorer.model.posterior import restricted_log_likelihood_in_scale
 
     rng = np.random.default_rng(1)
     n, p = 24, 4
@@ -83,7 +83,7 @@ def test_residuals_the_measured_run_noise_explains_do_not_shrink_it():
     """Residuals as large as the measured run noise alone (no latent variance to speak of) say
     nothing against a small latent scale, and the predictive keeps the run noise: the scale
     multiplies the latent part only."""
-    from explorer.stats import scale_posterior
+    from explorer.model.stats import scale_posterior
 
     rng = np.random.default_rng(2)
     s = np.full(30, 4.0)
@@ -98,7 +98,7 @@ def test_the_evidence_bound_holds_under_repeated_looks_and_tightens_with_evidenc
     """Ville's inequality: over 40 looks at honest residuals (t with 8 dof), the bound on how
     much they understate their scale falls below the truth (1) in at most ~5% of sequences;
     with 40 predictions it is below 2; residuals twice too large are caught."""
-    from explorer.stats import scale_confidence_bound
+    from explorer.model.stats import scale_confidence_bound
 
     rng = np.random.default_rng(3)
     fell, last = 0, []

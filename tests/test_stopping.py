@@ -15,7 +15,7 @@ import pytest
 from explorer import acquisition
 from explorer.exploration import ExplorationCore
 from explorer.store import Record
-from explorer.surrogate import fit
+from explorer.model.fit import fit
 from operators.base import Operator, register
 
 MiB = 2**20
@@ -146,7 +146,7 @@ def test_the_stop_needs_a_tight_bound_and_evidence_that_holds_it():
 
 
 def test_the_evidence_is_each_profile_standardised_by_the_model_fitted_before_it_ran():
-    from explorer.stats import scale_confidence_bound
+    from explorer.model.stats import scale_confidence_bound
 
     ask, records, core = run_loop("gst3d", size_dependent_truth, seed=0)
     evidence = core.evidence(records)

@@ -13,9 +13,12 @@ import time
 import numpy as np
 import pytest
 
-from explorer import surrogate
+from explorer.model import basis as model_basis
+from explorer.model import torch_fit
 from explorer.core.paths import model_path
-from explorer.surrogate import MemoryModel, ModelNotFoundError, fit, load_model
+from explorer.model.memory_model import MemoryModel, ModelNotFoundError
+from explorer.model.fit import fit
+from explorer.model.load import load_model
 
 MiB = 2**20
 HALO = (2, 2, 2)
@@ -113,7 +116,7 @@ def test_numpy_predictor_equals_gpytorch_posterior(model15):
     rng = np.random.default_rng(5)
     a = log_uniform_shapes(rng, 20, 8, 600)
     b = log_uniform_shapes(rng, 15, 8, 600)
-    torch_mean, torch_cov = surrogate._torch_posterior(model, np.vstack([a, b]))
+    torch_mean, torch_cov = torch_fit._torch_posterior(model, np.vstack([a, b]))
     mean, var = model.latent_moments(a)
     np.testing.assert_allclose(mean, torch_mean[:20], rtol=1e-6)
     # the latent variance at a shape holds the nugget's misfit too, which no other shape shares
@@ -274,7 +277,7 @@ def test_load_model_does_not_import_torch(tmp_path, model15):
     code = textwrap.dedent(f"""
         import sys, time
         t0 = time.perf_counter()
-        import explorer.surrogate as s
+        import explorer.model.load as s
         import explorer.acquisition
         m = s.load_model("gst3d", {str(tmp_path)!r})
         cold = time.perf_counter() - t0
@@ -306,7 +309,8 @@ def test_a_mean_prior_projects_the_other_models_mean_and_never_claims_more_than_
     """``_mean_prior_rows``: a mean the basis can express comes back as ``b_0`` exactly, and the
     prior's variance of ``h^T beta`` is at least the other model's variance at every design
     block, equal at the least-leveraged one."""
-    from explorer.surrogate import _mean_prior_rows, _raw_basis
+    from explorer.model.fit import _mean_prior_rows
+    from explorer.model.basis import _raw_basis
 
     rng = np.random.default_rng(3)
     shapes = rng.integers(20, 300, size=(60, 3)).astype(float)
@@ -331,7 +335,8 @@ def test_a_fit_with_a_mean_prior_keeps_it_through_save_load_and_new_observations
     """With a prior, one profile fits; the posterior mean is ``A^{-1}(H K^-1 y + B^-1 b_0)``, so
     conditioning on a further observation by ``with_observations`` equals refitting with the
     same hyperparameters, and the saved model predicts the same."""
-    from explorer.surrogate import MeanPrior, MemoryModel
+    from explorer.model.priors import MeanPrior
+    from explorer.model.memory_model import MemoryModel
 
     def truth(s):
         s = np.asarray(s, float).reshape(-1, 3)
@@ -357,15 +362,15 @@ def test_a_fit_with_a_mean_prior_keeps_it_through_save_load_and_new_observations
 
 
 def test_basis_map_ties_the_terms_of_each_orbit_of_alike_axes():
-    np.testing.assert_array_equal(surrogate.basis_map((0, 1, 2)), np.eye(8))
-    tied = surrogate.basis_map((0, 0, 0))  # [1, V, mean of the faces, mean of the edges]
+    np.testing.assert_array_equal(model_basis.basis_map((0, 1, 2)), np.eye(8))
+    tied = model_basis.basis_map((0, 0, 0))  # [1, V, mean of the faces, mean of the edges]
     assert tied.shape == (8, 4)
     np.testing.assert_allclose(tied[:, 2], [0, 0, 1 / 3, 1 / 3, 1 / 3, 0, 0, 0])
-    traces = surrogate.basis_map((0, 0, 1))  # 1, V, n1n2, (n1n3 + n2n3)/2, (n1 + n2)/2, n3
+    traces = model_basis.basis_map((0, 0, 1))  # 1, V, n1n2, (n1n3 + n2n3)/2, (n1 + n2)/2, n3
     assert traces.shape == (8, 6)
     np.testing.assert_allclose(traces.sum(0), np.ones(6))  # every column is 1 at the design centre
-    np.testing.assert_array_equal(surrogate.canonical_dims(np.array([[5.0, 3, 9], [2, 8, 1]]),
-                                                           surrogate.alike_groups((0, 0, 1))), [[3, 5, 9], [2, 8, 1]])
+    np.testing.assert_array_equal(model_basis.canonical_dims(np.array([[5.0, 3, 9], [2, 8, 1]]),
+                                                           model_basis.alike_groups((0, 0, 1))), [[3, 5, 9], [2, 8, 1]])
 
 
 @pytest.mark.parametrize("classes", [(0, 0, 0), (0, 0, 1)])
@@ -405,7 +410,8 @@ def test_tying_alike_axes_tightens_the_bound_from_few_profiles_and_keeps_it_hone
 def test_a_model_of_an_older_format_is_refused_with_the_command_that_rebuilds_it(tmp_path, model15):
     """Format 4 kept one scale for the latent peak and the run noise, truncated at the fit's own:
     its bound is not what this code claims, so it is not read."""
-    from explorer.surrogate import ModelFileError, load_model
+    from explorer.model.memory_model import ModelFileError
+    from explorer.model.load import load_model
 
     model, _ = model15
     path = model.save(tmp_path / "gst3d" / "model.npz")
@@ -450,13 +456,13 @@ def test_a_start_whose_line_search_stops_abnormally_keeps_where_it_stopped(monke
     from botorch.fit import fit_gpytorch_mll
 
     captured = {}
-    real = surrogate._fit_hyperparameters
+    real = torch_fit._fit_hyperparameters
 
     def capture(*args, **kwargs):
         captured.update(args=args, kwargs=kwargs)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(surrogate, "_fit_hyperparameters", capture)
+    monkeypatch.setattr(torch_fit, "_fit_hyperparameters", capture)
     rng = np.random.default_rng(0)
     shapes = rng.integers(16, 200, size=(12, 3))
     volume = shapes.prod(1).astype(float)
@@ -467,9 +473,9 @@ def test_a_start_whose_line_search_stops_abnormally_keeps_where_it_stopped(monke
     _, best = real(dims, y_s, fixed_s, features, amp_floor, y_ref=y_ref)
     starved = {"maxls": 1}
 
-    t = surrogate._torch_modules()
+    t = torch_fit._torch_modules()
     tensors = [t.torch.as_tensor(a) for a in (dims, y_s, y_ref, fixed_s)]
-    mll = surrogate._start_mll(t, *tensors, features, amp_floor, *surrogate._STARTS[0])
+    mll = torch_fit._start_mll(t, *tensors, features, amp_floor, *torch_fit._STARTS[0])
     with pytest.raises(ModelFittingError), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         fit_gpytorch_mll(mll, max_attempts=1, optimizer_kwargs={"options": starved})

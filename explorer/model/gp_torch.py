@@ -1,7 +1,7 @@
-"""The surrogate's GPyTorch modules: imported only to fit (``explorer.surrogate.fit``).
+"""The surrogate's GPyTorch modules: imported only to fit (``explorer.model.fit.fit``).
 
-Kept out of :mod:`explorer.surrogate` so that ``load_model`` and ``recommend_chunks``
-never import torch.  The math is stated in :mod:`explorer.surrogate`'s docstring; these
+Kept out of :mod:`explorer.model.memory_model` so that ``load_model`` and ``recommend_chunks``
+never import torch.  The math is stated in :mod:`explorer.model.memory_model`'s docstring; these
 classes are its torch mirror (feature map, relative residual kernel, relative nugget
 noise, explicit-basis mean, restricted marginal likelihood).
 """
@@ -18,16 +18,8 @@ with warnings.catch_warnings():  # gpytorch's import-time torch.jit deprecation 
     from gpytorch.constraints import Interval, Positive
     from gpytorch.priors import LogNormalPrior, NormalPrior
 
-from explorer.surrogate import (
-    _LENGTHSCALE_PRIOR,
-    _NUGGET_PRIOR,
-    _OUTPUTSCALE_PRIOR,
-    _SLOPE_PRIOR_SD,
-    _SLOPE_START,
-    BASIS_EXPONENTS,
-    FLAT_TERMS,
-    alike_groups,
-)
+from explorer.model.priors import _LENGTHSCALE_PRIOR, _NUGGET_PRIOR, _OUTPUTSCALE_PRIOR, _SLOPE_PRIOR_SD, _SLOPE_START
+from explorer.model.basis import BASIS_EXPONENTS, FLAT_TERMS, alike_groups
 
 
 def positive_log():

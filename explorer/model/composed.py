@@ -1,7 +1,7 @@
 r"""A pipeline's peak memory from its members' models, with no profile of the pipeline.
 
-Core: arithmetic on the members' saved models (``explorer.surrogate.load_model``), no
-process, no torch.  ``load_model(spec)`` returns a :class:`ComposedModel` when the
+Core: arithmetic on the members' saved models (``explorer.model.saved.load_saved_model``), no
+process, no torch.  ``load_model(spec)`` (``explorer.model.load``) returns a :class:`ComposedModel` when the
 pipeline has no model of its own and every member has one.
 
 What is alive while a stage runs
@@ -226,7 +226,7 @@ class ComposedModel:
         ``confidence`` this is an approximation.  What the in-worker task model builds on
         (``explorer.calibration.task_bound``), which takes the scale from the bound it is
         given and only the dof from here."""
-        from explorer.stats import t_quantile
+        from explorer.model.stats import t_quantile
 
         shapes = np.asarray(shapes, dtype=np.int64).reshape(-1, 3)
         dofs = [float(m.predictive_t(shapes[:1])[2]) if hasattr(m, "predictive_t") else float("inf")
@@ -275,14 +275,15 @@ def compose(pipeline, runs_dir=None) -> ComposedModel:
     ``ModelNotFoundError`` naming every member without a model and the command to explore
     each."""
     from explorer.core import paths
-    from explorer.surrogate import ModelNotFoundError, load_model
+    from explorer.model.memory_model import ModelNotFoundError
+    from explorer.model.saved import load_saved_model
 
     members, missing = {}, []
     for op in pipeline.members:
         if op.name in members:
             continue
         try:
-            members[op.name] = load_model(op.name, runs_dir=runs_dir)
+            members[op.name] = load_saved_model(op.name, runs_dir=runs_dir)
         except ModelNotFoundError:
             missing.append(op.name)
     if missing:

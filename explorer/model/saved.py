@@ -1,0 +1,54 @@
+"""An operator's saved model (``model.npz``), loaded once per (path, mtime), its staleness warned."""
+
+from __future__ import annotations
+
+from explorer.core import paths
+from explorer.core.paths import model_path
+from explorer.model.memory_model import MemoryModel, ModelFileError, ModelNotFoundError
+
+__all__ = [
+    "load_saved_model",
+]
+
+
+_CACHE: dict[tuple[str, int], MemoryModel] = {}
+
+
+def load_saved_model(operator: str, runs_dir=None, *, stacklevel: int = 3) -> MemoryModel:
+    """The saved model of ``operator`` (``explorer.core.paths.model_path``), cached by (path, mtime).
+
+    Raises ``ModelNotFoundError`` naming the command that creates it when there is no file
+    (a pipeline's model composed from its members' is ``explorer.model.load.load_model``'s),
+    and ``ModelFileError`` naming the file and the command that rebuilds it when the file is
+    not a readable model.  A model learnt in another environment (library versions,
+    operator code, machine: ``explorer.core.environment``) is returned with a
+    ``StaleModelWarning`` on first load (``stacklevel`` as ``warnings.warn``'s, from the
+    caller); ``model.stale`` keeps the differences.
+    """
+    from explorer.core import validate
+
+    operator = validate.operator(operator)
+    path = model_path(operator, runs_dir)
+    try:
+        mtime = path.stat().st_mtime_ns
+    except FileNotFoundError:
+        where = path.parent.parent
+        raise ModelNotFoundError(
+            f"no explored model for {operator!r} in {where}/ — run: {paths.explore_command(operator)}") from None
+    key = (str(path), mtime)
+    model = _CACHE.get(key)
+    if model is None:
+        try:
+            model = MemoryModel.load(path)
+        except Exception as exc:  # truncated, not an npz, wrong layout: name the file and the fix
+            reason = " ".join(str(exc).split()) or type(exc).__name__
+            raise ModelFileError(f"{path} is not a readable model ({reason[:160]}): "
+                                 f"run `{paths.explore_command(operator)}` to rebuild it") from None
+        from explorer.core.environment import warn_stale
+
+        model.stale = model.stale_reasons()
+        warn_stale(f"{operator}'s model ({path})", model.stale, f"explore {operator}", stacklevel=stacklevel)
+        for old in [k for k in _CACHE if k[0] == key[0]]:
+            del _CACHE[old]
+        _CACHE[key] = model
+    return model
