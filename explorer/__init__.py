@@ -5,7 +5,7 @@ The public surface is four functions::
     profile(operator, shape, ...)            -> Measurement    (explorer.measure.profiling)
     explore(operator, budget=..., ...)       -> ExploreResult  (explorer.exploration)
     load_model(operator, runs_dir=None)      -> MemoryModel    (explorer.model.load)
-    recommend_chunks(operator, shape, memory_limit, ...) -> ChunkPlan (explorer.recommend)
+    recommend_chunks(operator, shape, memory_limit, ...) -> ChunkPlan (explorer.plan.recommend)
 
 and ``prepare_workers(client)`` (``explorer.measure.workersetup``): gives a cluster's workers the
 allocator setting the profiles were taken with (``docs/workers.md``); ``task_model`` and
@@ -31,10 +31,10 @@ _PUBLIC = {
     "explore": "explorer.exploration",
     "load_model": "explorer.model.load",
     "MemoryModel": "explorer.model.memory_model",
-    "recommend_chunks": "explorer.recommend",
-    "ChunkPlan": "explorer.chunking",
+    "recommend_chunks": "explorer.plan.recommend",
+    "ChunkPlan": "explorer.plan.chunk_plan",
     "prepare_workers": "explorer.measure.workersetup",
-    "task_model": "explorer.calibration",
+    "task_model": "explorer.plan.task_model",
     "observe": "explorer.live",
 }
 

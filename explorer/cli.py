@@ -336,7 +336,7 @@ def _print_probes(probes: dict | None) -> None:
 
 
 def _within_text(within: dict | None) -> str:
-    """How much equal tasks of one run differ (``explorer.calibration.WithinFit``)."""
+    """How much equal tasks of one run differ (``explorer.plan.excess.WithinFit``)."""
     if not within:
         return ""
     return (f", tasks of one run within sd {format_bytes(within['alpha_bytes'])} + {within['beta']:.1%} "
@@ -366,7 +366,7 @@ def _cmd_chunks(argv: list[str]) -> int:
     parser.add_argument("--json", action="store_true", help="print the ChunkPlan as one JSON object")
     args = parser.parse_args(argv)
 
-    from explorer.recommend import recommend_chunks
+    from explorer.plan.recommend import recommend_chunks
 
     plan = recommend_chunks(args.operator, args.shape, args.memory_limit, threads_per_worker=args.threads,
                             confidence=args.confidence, runs_dir=args.runs_dir, workers=args.workers,
@@ -417,7 +417,7 @@ def _considered(plan) -> str:
 
 
 def _add_strategy_option(parser) -> None:
-    from explorer.recommend import STRATEGY_CHOICES
+    from explorer.plan.recommend import STRATEGY_CHOICES
 
     parser.add_argument("--strategy", choices=STRATEGY_CHOICES, default="auto",
                         help="a pipeline's Dask form: fused (one task per block runs every stage), staged (one "

@@ -68,7 +68,7 @@ still running) and the old output, if any, untouched.
 Observation (``refine=True``, default): :func:`explorer.live.observe` records every
 operator task's block, peak and clocks in the store (``source="production"``, or
 ``"probe"`` for explore's in-worker probes), counts ``tasks_over_bound`` against the
-in-worker task model (``explorer.calibration.TaskModel``; ``None`` without a model), adds
+in-worker task model (``explorer.plan.task_model.TaskModel``; ``None`` without a model), adds
 one ``source="run"`` record (wall time, slots, largest worker high-water mark), and at the
 end recalibrates (``runs/<operator>/calibration.json``).
 
@@ -82,12 +82,12 @@ observed one by one (no ``production`` records, no recalibration, no re-planning
 
 Trials (``trials=True``, default; ``chunks="model"`` on several one-thread workers, the probes'
 kind, whose tasks the clock times): the time model knows a task's seconds per voxel at the block
-shapes workers have run (``explorer.chunking.TaskClock``) and elsewhere only as a function of
+shapes workers have run (``explorer.plan.time_model.TaskClock``) and elsewhere only as a function of
 the block's volume, which a block's shape can change by half or more (gst3d: 106 ns per voxel
 on 133^3, 162 on 133x133x256).  So before the run, while the
 plan's blocks are shapes the workers never ran, they are tried on the run's own workers, with
 the blocks of the plan's compact neighbour (its longest split axis cut in twice as many chunks,
-same strategy: ``explorer.chunking.compact_neighbour``): a fused plan's one block (the
+same strategy: ``explorer.plan.candidates.compact_neighbour``): a fused plan's one block (the
 operator's task, or the pipeline's when it has in-worker probes of its own), a staged plan's
 block of each stage (its member's task).  A trial is a run of two tasks per slot (where the
 block allows) of exactly that block on a synthetic volume (in a hidden directory beside the
@@ -104,7 +104,7 @@ did not time to the next run, whose plan, made on the refitted clock, can then m
 
 Re-planning (``replan=True``, ``chunks="model"`` only, at most once): when a task exceeds
 its bound, a re-planning thread recalibrates from the observations so far and asks
-``explorer.chunking.replan`` (planning policy: only early, only when the running plan no
+``explorer.plan.planner.replan`` (planning policy: only early, only when the running plan no
 longer fits); if it gives a new plan, the computation is cancelled and restarted with it
 into a fresh partial output.
 """
@@ -354,9 +354,9 @@ class _Replanner(threading.Thread):
 
     Woken by the observer's ``on_over_bound``: flushes the observations, recalibrates
     (every in-worker group of this environment, the run's own included), and asks
-    ``explorer.chunking.replan`` (the policy); a new plan interrupts the computation.
+    ``explorer.plan.planner.replan`` (the policy); a new plan interrupts the computation.
     While the run's groups do not yet identify the in-worker excess
-    (``explorer.calibration.fit_excess``), it waits for the next task over the bound.
+    (``explorer.plan.excess.fit_excess``), it waits for the next task over the bound.
     Runs beside the computation so the main thread only waits on it.
     """
 
@@ -383,8 +383,10 @@ class _Replanner(threading.Thread):
     def _decide(self) -> bool:
         """True once decided (restarted, carried on, or failed); False to wait for more evidence."""
         ctx = self.ctx
-        from explorer.calibration import TaskModel, calibrate
-        from explorer.chunking import REPLAN_MAX_DONE_FRACTION, ChunkPlanError, replan
+        from explorer.plan.task_model import TaskModel
+        from explorer.plan.calibration import calibrate
+        from explorer.plan.planner import REPLAN_MAX_DONE_FRACTION, replan
+        from explorer.plan.chunk_plan import ChunkPlanError
 
         done_fraction = ctx.done / max(ctx.total, 1)
         if done_fraction > REPLAN_MAX_DONE_FRACTION:
@@ -471,7 +473,7 @@ class ZarrTarget:
 
 
 def _recommend(ctx: RunContext):
-    from explorer.recommend import recommend_chunks
+    from explorer.plan.recommend import recommend_chunks
 
     return recommend_chunks(ctx.operator.name, ctx.shape, ctx.limit, threads_per_worker=ctx.threads,
                             confidence=ctx.confidence, runs_dir=ctx.runs_dir, workers=ctx.result.n_workers or 1,
@@ -612,7 +614,7 @@ def _prepare(ctx: RunContext, memory_limit) -> None:
         except ValueError as exc:
             raise _RunError(ERROR, f"--chunks: {exc}") from None
     from explorer.core import validate
-    from explorer.recommend import STRATEGY_CHOICES
+    from explorer.plan.recommend import STRATEGY_CHOICES
 
     if ctx.strategy not in STRATEGY_CHOICES:
         raise _RunError(ERROR, f"--strategy {ctx.strategy!r}: one of {', '.join(STRATEGY_CHOICES)}")
@@ -697,7 +699,7 @@ def _measure_workers(ctx: RunContext) -> None:
     from explorer.measure.inworker import reset_worker_high_water
 
     ctx.client.run(reset_worker_high_water, on_error="ignore")  # this run's peak, not the worker's of all time
-    from explorer.chunking import worker_pause_fraction
+    from explorer.plan.dask_config import worker_pause_fraction
 
     pause = worker_pause_fraction() * ctx.limit
     if ctx.baseline.bytes >= pause:
@@ -711,8 +713,9 @@ def _measure_workers(ctx: RunContext) -> None:
 def _choose_chunks(ctx: RunContext) -> None:
     """The chunk shape, and the in-worker task model to check tasks against (or None)."""
     import operators
-    from explorer.calibration import CalibrationFileError, task_model
-    from explorer.chunking import ChunkPlanError
+    from explorer.plan.calibration import CalibrationFileError
+    from explorer.plan.task_model import task_model
+    from explorer.plan.chunk_plan import ChunkPlanError
     from explorer.model.memory_model import ModelFileError, ModelNotFoundError
 
     result, op = ctx.result, ctx.operator
@@ -769,12 +772,12 @@ def _choose_chunks(ctx: RunContext) -> None:
 
 
 def _trial_volume(op, block, slots: int) -> tuple[tuple, tuple]:
-    """``(volume_shape, chunks)`` of a trial (``explorer.chunking.grid_volume``): every task
+    """``(volume_shape, chunks)`` of a trial (``explorer.plan.candidates.grid_volume``): every task
     sees exactly ``block``.  Two chunks along split axes longer than twice their halo, one at
     a time until every one of the ``slots`` can run two tasks (a worker's first task of a run
-    is slower than its later ones: ``explorer.calibration.fit_clock`` times the later ones);
+    is slower than its later ones: ``explorer.plan.timing.fit_clock`` times the later ones);
     one chunk along the others."""
-    from explorer.chunking import grid_volume
+    from explorer.plan.candidates import grid_volume
 
     counts, tasks = [1] * len(block), 1
     for axis, (b, h) in enumerate(zip(block, op.halo)):
@@ -832,8 +835,8 @@ def _timed_plan_instead(ctx: RunContext) -> None:
     the plans whose blocks the workers did time (each tried plan, planned again): a time
     measured beats one the volume curve only promises (the curve under-predicted every
     elongated block the trials found)."""
-    from explorer.chunking import ChunkPlanError
-    from explorer.recommend import plan_for_chunks
+    from explorer.plan.chunk_plan import ChunkPlanError
+    from explorer.plan.recommend import plan_for_chunks
 
     tried = {(t["strategy"], tuple(t["chunks"])) for t in ctx.result.trials}
     timed = []
@@ -857,9 +860,10 @@ def _timed_plan_instead(ctx: RunContext) -> None:
 
 def _trial_plans(ctx: RunContext) -> list:
     """The plan, and the plan of its compact neighbour's chunks in the same strategy
-    (``explorer.chunking.compact_neighbour``) when that fits."""
-    from explorer.chunking import ChunkPlanError, compact_neighbour
-    from explorer.recommend import plan_for_chunks
+    (``explorer.plan.candidates.compact_neighbour``) when that fits."""
+    from explorer.plan.chunk_plan import ChunkPlanError
+    from explorer.plan.candidates import compact_neighbour
+    from explorer.plan.recommend import plan_for_chunks
 
     plans = [ctx.plan]
     neighbour = compact_neighbour(ctx.plan)
@@ -878,7 +882,7 @@ def _trial_jobs(ctx: RunContext, plan) -> list[_TrialJob]:
     """The blocks of ``plan`` no worker has timed whose operator has its own in-worker
     calibration to add a trial to: a fused plan's block (the operator's, or the pipeline's
     with its own probes), or each staged stage's (its member's)."""
-    from explorer.calibration import load_calibration
+    from explorer.plan.calibration import load_calibration
 
     if plan.block_clocked:
         return []
@@ -908,7 +912,7 @@ def _trial(ctx: RunContext, job: _TrialJob, tmp: Path) -> bool:
     """One trial of ``job``'s block (module docstring, Trials), recorded in ``ctx.result.trials``
     and in the recalibrated clock; False when it did not end ok (the run goes on untried)."""
     import operators
-    from explorer.calibration import calibrate
+    from explorer.plan.calibration import calibrate
     from explorer.store import Store
     from explorer.model.load import load_model
 
@@ -1180,7 +1184,7 @@ def _advise(ctx: RunContext) -> None:
     elif result.status == FAILED and result.advice is None:
         remedy = _suggestion(ctx).split(": ", 1)[1]
         if "paused" in (result.error or ""):
-            from explorer.chunking import worker_pause_fraction
+            from explorer.plan.dask_config import worker_pause_fraction
 
             result.advice = (
                 f"the workers' memory stayed above their pause threshold ({worker_pause_fraction():.0%} of "
@@ -1212,7 +1216,7 @@ def _close_observer(ctx: RunContext) -> None:
     if not (ctx.calibrate and observer.recorded and ctx.model is not None):
         return
     try:
-        from explorer.calibration import calibrate
+        from explorer.plan.calibration import calibrate
 
         cal = calibrate(ctx.operator.name, observer.store, ctx.model.isolated, confidence=ctx.confidence,
                         runs_dir=ctx.runs_dir, environment=ctx.baseline.environment)
@@ -1224,8 +1228,9 @@ def _close_observer(ctx: RunContext) -> None:
 def _tasks_per_chunk(ctx: RunContext, counts) -> float:
     """The run's graph tasks per chunk as the time model counts them: a fused run's blocks are
     windowed reads (no halo exchanged); a staged one adds each later stage's ``map_overlap``
-    (``explorer.chunking.exchanged_halo``)."""
-    from explorer.chunking import exchanged_halo, graph_tasks_per_chunk
+    (``explorer.plan.grid.exchanged_halo``)."""
+    from explorer.plan.grid import exchanged_halo
+    from explorer.plan.time_model import graph_tasks_per_chunk
 
     if ctx.result.strategy != "staged":
         return float(graph_tasks_per_chunk(counts, (0,) * len(counts)))

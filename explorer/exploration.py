@@ -743,7 +743,7 @@ def _probe(operator, model, probes, profiled_new, runs_dir, storage, confidence,
            memory_limit=None) -> dict | None:
     """Run the in-worker probes unless told not to or already done for this model and environment."""
     from explorer import probes as probing
-    from explorer.calibration import CalibrationFileError, load_calibration
+    from explorer.plan.calibration import CalibrationFileError, load_calibration
 
     n = probing.DEFAULT_PROBES if probes is None else int(probes)
     if n <= 0:

@@ -4,8 +4,8 @@ Inside the workers (:mod:`explorer.measure.inworker`) every task of the observed
 the block its ``operator.run`` saw, the memory the task took and its clocks; here the
 client stores each report at once in the operator's study (``source="production"``, or
 ``"probe"`` for explore's in-worker probes) and compares it with the bound of the
-in-worker task model (``explorer.calibration.TaskModel``).  The stored reports are what
-``explorer.calibration.calibrate`` learns from.
+in-worker task model (``explorer.plan.task_model.TaskModel``).  The stored reports are what
+``explorer.plan.calibration.calibrate`` learns from.
 
 ::
 
@@ -284,7 +284,7 @@ class Observer:
 
 
 def _takes_cold(predict) -> bool:
-    """Whether ``predict`` takes ``cold`` (``explorer.calibration.TaskModel.predict``: a task
+    """Whether ``predict`` takes ``cold`` (``explorer.plan.task_model.TaskModel.predict``: a task
     that was its worker's first of the run is bounded with the cold offset, one that was not
     without it; a task of unknown order is bounded as a first)."""
     import inspect

@@ -17,7 +17,7 @@ measured baseline) fits the pause threshold of the target
 memory, which is the block a plan at that memory runs (without a target memory: the largest
 cube the exact isolated profiles reached).  Tasks on equal blocks differ from one another, more
 on larger blocks (gst3d's probes: sd 0.5 MiB at 110^3, 19 MiB at 182^3, 155 MiB at 303^3;
-``explorer.calibration.WithinFit``), so the probes must run where the plans will.  Lowered until the probes' predicted seconds
+``explorer.plan.excess.WithinFit``), so the probes must run where the plans will.  Lowered until the probes' predicted seconds
 fit :data:`PROBE_SECONDS_BUDGET`, but never below the three distinct blocks that identify
 the excess's line (the smallest on the operator's grid, even past the budget).  A probe's volume has two chunks
 along every axis the operator splits (``e - h`` each with a halo ``h``, ``e`` without),
@@ -25,7 +25,7 @@ so all its tasks run on blocks of exactly ``e`` per axis, each a windowed read o
 in a real plan (``operators.windowed_map``); an axis the operator needs whole is ``e`` long.  Then the
 smallest block runs once more with four chunks per split axis: eight times the graph tasks per
 worker for about the same work per task, so that the runs' wall times tell a run's fixed
-seconds apart from the overhead per graph task (``explorer.calibration.fit_run_overheads``;
+seconds apart from the overhead per graph task (``explorer.plan.timing.fit_run_overheads``;
 with every probe on one grid the two are one number, and charging all of it per graph task
 made plans of many small chunks look up to 1.8x slower than they ran).
 """
@@ -41,8 +41,8 @@ from pathlib import Path
 
 import numpy as np
 
-from explorer.calibration import N_COEFFICIENTS
-from explorer.chunking import grid_volume
+from explorer.plan.excess import N_COEFFICIENTS
+from explorer.plan.candidates import grid_volume
 
 __all__ = ["ProbeResult", "calibrate_in_workers", "probe_blocks", "profiled_volume", "run_probes"]
 
@@ -192,8 +192,9 @@ def plan_scale_edge(op, model, memory_limit: int, baseline_bytes: int, confidenc
     ``memory_limit`` under its pause threshold: ``worker_footprint`` of the block ``e^3``
     with the isolated model's upper bound and ``baseline_bytes`` (a block is a windowed read:
     no chunk is kept for a neighbour).  None when not even the smallest probe fits."""
-    from explorer.chunking import worker_footprint, worker_pause_fraction
-    from explorer.recommend import fused_output_itemsize
+    from explorer.plan.footprint import worker_footprint
+    from explorer.plan.dask_config import worker_pause_fraction
+    from explorer.plan.recommend import fused_output_itemsize
 
     budget = worker_pause_fraction() * float(memory_limit)
 
@@ -250,7 +251,7 @@ def run_probes(operator: str, model, *, n: int = DEFAULT_PROBES, runs_dir=None, 
     from distributed import Client, LocalCluster
 
     import operators
-    from explorer.calibration import calibrate
+    from explorer.plan.calibration import calibrate
     from explorer.daskrun import run
     from explorer.measure.worker_baseline import measure_worker_baseline, save_worker_baseline
     from explorer.store import Store
@@ -278,7 +279,7 @@ def run_probes(operator: str, model, *, n: int = DEFAULT_PROBES, runs_dir=None, 
             blocks = probe_blocks(op, max_volume, model.info.get("seconds_per_voxel"), n=n, plan_edge=plan_edge)
             # The smallest block once more on a finer grid: many more graph tasks per slot for about
             # the same work, which tells a run's fixed seconds from its overhead per graph task
-            # (``explorer.calibration.fit_run_overheads``).
+            # (``explorer.plan.timing.fit_run_overheads``).
             grids = result.grids = [PROBE_GRID] * len(blocks) + [OVERHEAD_PROBE_GRID]
             blocks = result.blocks = blocks + blocks[:1]
             for index, (block, per_axis) in enumerate(zip(blocks, grids)):

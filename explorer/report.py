@@ -113,12 +113,13 @@ def operator_report(operator: str, *, runs_dir=None, storage=None, confidence: f
 
     Isolated profiles are compared with the isolated model; tasks inside Dask workers
     (explore's probes and production) with the in-worker task model
-    (``explorer.calibration.TaskModel``), the one ``recommend_chunks`` applies.  A model
+    (``explorer.plan.task_model.TaskModel``), the one ``recommend_chunks`` applies.  A model
     or calibration learnt in another environment is a ``warning:`` line of the summary.  Writes ``runs/<operator>/report.png`` and returns
     ``{"rows": [...], "summary": [...], "report_path": ...}``.
     """
     from explorer.core import paths
-    from explorer.calibration import IN_WORKER_SOURCES, task_model
+    from explorer.plan.excess import IN_WORKER_SOURCES
+    from explorer.plan.task_model import task_model
     from explorer.store import SOURCE_RUN, Store
 
     store = Store(runs_dir, storage)  # a bad storage URL is the first thing to say

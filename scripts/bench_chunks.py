@@ -71,13 +71,13 @@ Scenarios (defaults), chosen so that ``chunks="auto"`` is killed, measured here 
   (envelope) and 630 MiB (semblance): 1.28x and 1.30x the terminate threshold (95% of L).
   Small workers, but the ratio task/limit is the one of many-worker nodes (24 GiB / 32).
 * gaussian 320^3 at 384 MiB (auto: one chunk, killed): not in the fit that set the
-  planner's time constants (``explorer.chunking.DEFAULT_GRAPH_TASK_SECONDS`` and
+  planner's time constants (``explorer.plan.time_model.DEFAULT_GRAPH_TASK_SECONDS`` and
   ``RUN_IO_SECONDS_PER_VOXEL`` came from the grid runs of the three scenarios above).
 
-The time model (after the summary): ``explorer.chunking.plan_seconds`` fitted to every
+The time model (after the summary): ``explorer.plan.time_model.plan_seconds`` fitted to every
 grid and ours shape that ended ok, one graph-task overhead for all operators and one
 seconds-per-voxel per operator, printed beside the planner's own prediction with the
-terms it learnt from the probes' clocks (``explorer.calibration.TimingFit``), and those
+terms it learnt from the probes' clocks (``explorer.plan.timing.TimingFit``), and those
 learnt terms against the constants they replace (``DEFAULT_GRAPH_TASK_SECONDS``, the
 profiled operator speed plus ``RUN_IO_SECONDS_PER_VOXEL``); ``--json`` keeps every run
 and ``--refit`` fits again from such files (several runs together) without running
@@ -601,7 +601,7 @@ def print_summary(outcomes: list[Outcome]) -> None:
 
 def learnt_timing(op: str, runs_dir) -> dict:
     """The scenario's learnt time terms (explore's probes) and the constants they replace."""
-    from explorer.calibration import load_calibration
+    from explorer.plan.calibration import load_calibration
     from explorer.model.load import load_model
 
     timing = load_calibration(op, runs_dir).timing
@@ -657,8 +657,8 @@ class TimedPlan:
 
 def timed_plans(records: list[dict]) -> list[TimedPlan]:
     """The grid shapes and ours (refine=False) of ``records``, one per scenario and method."""
-    from explorer.chunking import (DEFAULT_GRAPH_TASK_SECONDS, TaskClock, axis_blocks, graph_tasks_per_chunk,
-                                   run_seconds_per_voxel)
+    from explorer.plan.time_model import DEFAULT_GRAPH_TASK_SECONDS, TaskClock, graph_tasks_per_chunk, run_seconds_per_voxel
+    from explorer.plan.grid import axis_blocks
 
     groups: dict[tuple, list[dict]] = {}
     for r in records:
@@ -689,17 +689,17 @@ def timed_plans(records: list[dict]) -> list[TimedPlan]:
 
 
 def print_time_model(records: list[dict]) -> None:
-    """Fit ``explorer.chunking.plan_seconds`` to the measured runs, beside the planner's own terms.
+    """Fit ``explorer.plan.time_model.plan_seconds`` to the measured runs, beside the planner's own terms.
 
     Least squares on relative errors: one ``graph_task_seconds`` shared by every
     operator and one ``seconds_per_voxel`` per operator.  The planner's column uses
-    the terms it learnt from explore's probes (``explorer.calibration.TimingFit``),
+    the terms it learnt from explore's probes (``explorer.plan.timing.TimingFit``),
     scaled per operator to the measured median: a plan depends only on how the model
     ranks shapes of one volume.  Then the learnt terms against the constants they replace.
     """
     from scipy.optimize import least_squares
 
-    from explorer.chunking import DEFAULT_GRAPH_TASK_SECONDS, RUN_IO_SECONDS_PER_VOXEL, plan_seconds
+    from explorer.plan.time_model import DEFAULT_GRAPH_TASK_SECONDS, RUN_IO_SECONDS_PER_VOXEL, plan_seconds
 
     plans = timed_plans(records)
     ops = sorted({p.op for p in plans})
@@ -744,7 +744,7 @@ def print_time_model(records: list[dict]) -> None:
           f"{plan.planner_seconds_per_voxel * 1e9:.0f} ns | "
           f"{'Graham' if plan.planner_spread is None else f'{plan.planner_spread:.1%}'} |")
     p("\n#### Learnt time terms against the constants they replace\n")
-    p("Learnt: from the in-worker probes' clocks (`explorer.calibration.TimingFit`: operator and I/O seconds per "
+    p("Learnt: from the in-worker probes' clocks (`explorer.plan.timing.TimingFit`: operator and I/O seconds per "
       "voxel from the workers' task timings, the overhead per graph task from the probe runs' wall times).  "
       f"Constants before: the operator's isolated profiled speed + {RUN_IO_SECONDS_PER_VOXEL * 1e9:.0f} ns/voxel of "
       f"run I/O, {DEFAULT_GRAPH_TASK_SECONDS * 1e3:g} ms per graph task.  Fitted: this benchmark's wall times "
@@ -769,16 +769,17 @@ def print_time_model(records: list[dict]) -> None:
 def print_footprint_check(outcomes: list[Outcome]) -> None:
     """Every shape that ran without a restart: its worker footprint bound against the measured HWM.
 
-    The bound is ``explorer.chunking.worker_footprint`` of the shape's block and chunks
+    The bound is ``explorer.plan.footprint.worker_footprint`` of the shape's block and chunks
     with the scenario's in-worker task model's 99% upper bound
-    (``explorer.calibration.TaskModel``), each task reading its own block (``windowed``: every
+    (``explorer.plan.task_model.TaskModel``), each task reading its own block (``windowed``: every
     method's run reads the file in windows, so no chunk is kept for a neighbour) and the largest
     baseline the runs measured: what ``recommend_chunks`` would promise for that shape.  HWM: the highest
     ``worker_hwm_bytes`` over its runs.  A method whose runs ran different chunks (ours, when a run's
     trials moved its plan) has a row per chunking, each with its own runs' HWM.
     """
-    from explorer.calibration import task_model
-    from explorer.chunking import axis_blocks, worker_footprint
+    from explorer.plan.task_model import task_model
+    from explorer.plan.grid import axis_blocks
+    from explorer.plan.footprint import worker_footprint
 
     rows = []
     for o in outcomes:
@@ -844,8 +845,9 @@ class UserOutcome:
 def fixed_160_plan(op, shape, limit: int, threads: int, workers: int, runs_dir):
     """The plan the code made before issue 11: the isolated model's bound, a fixed 160 MiB
     baseline, the profiled speed + 60 ns/voxel, 2 ms per graph task."""
-    from explorer.chunking import (DEFAULT_GRAPH_TASK_SECONDS, plan_chunks, run_seconds_per_voxel,
-                                   worker_pause_fraction)
+    from explorer.plan.time_model import DEFAULT_GRAPH_TASK_SECONDS, run_seconds_per_voxel
+    from explorer.plan.planner import plan_chunks
+    from explorer.plan.dask_config import worker_pause_fraction
     from explorer.model.load import load_model
 
     isolated = load_model(op.name, runs_dir=runs_dir)
@@ -857,7 +859,7 @@ def fixed_160_plan(op, shape, limit: int, threads: int, workers: int, runs_dir):
 
 
 def run_user_clusters(args, cache: Path, tmp: Path) -> list[UserOutcome]:
-    from explorer.chunking import worker_pause_fraction
+    from explorer.plan.dask_config import worker_pause_fraction
     from tests.cluster import user_cluster
 
     outcomes = []

@@ -34,13 +34,13 @@ Every step is the command a user runs (``explore`` through its CLI, in a fresh p
    model the bound describes (a shared Student-t error of scale ``a`` with 10 dof, ``n`` within
    deviations of scale ``sigma`` with 88 dof, two of them cold when said), the share whose
    largest task is under the rule before (quadrature sum with a Sidak within term) and under
-   ``explorer.calibration.max_task_quantile``, 400,000 plans each (Monte Carlo sd 0.016%).
+   ``explorer.plan.max_task.max_task_quantile``, 400,000 plans each (Monte Carlo sd 0.016%).
 
 Each run's tasks are counted twice against their bounds: against one task's 99% bound (the
 run's own check, which knows whether the task was its worker's first of the run) and
 against the plan's bound on the largest of its ``n`` tasks (``task_peak_bytes`` of its
 footprint: the exact quantile of the shared error plus the largest of ``n``, ``min(n, slots)``
-of them cold, ``explorer.calibration.task_bound``), from the run's observations in the store.
+of them cold, ``explorer.plan.excess.task_bound``), from the run's observations in the store.
 
 Targets: tasks over their 99% bound <= 1%, and over the plan's bound <= 1%, in steps 1, 2
 and 5; step 3 says how much the plan moved.  Prints Markdown and the machine line; progress
@@ -86,7 +86,7 @@ def cli(*args, runs: Path, timeout=3600) -> subprocess.CompletedProcess:
     if WARM_UP_TIMEOUT[0] is None:
         command = [sys.executable, "-m", "explorer.cli"]
     else:
-        command = [sys.executable, "-c", "import sys, explorer.recommend as r; r.WARM_UP_TIMEOUT_SECONDS = "
+        command = [sys.executable, "-c", "import sys, explorer.plan.recommend as r; r.WARM_UP_TIMEOUT_SECONDS = "
                    f"{WARM_UP_TIMEOUT[0]!r}; from explorer.cli import main; sys.exit(main())"]
     out = subprocess.run([*command, *map(str, args), "--runs-dir", str(runs)],
                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
@@ -110,7 +110,7 @@ def simulation_table(plans: int = 400_000, confidence: float = 0.99) -> None:
     from scipy import stats
 
     sys.path.insert(0, str(ROOT))
-    from explorer.calibration import max_task_quantile
+    from explorer.plan.max_task import max_task_quantile
 
     rng = np.random.default_rng(20261126)
     c, nu_p, nu_w = confidence, 10.0, 88.0
@@ -201,7 +201,7 @@ def run_verdicts(name: str, d: dict) -> list:
 
 
 def within_text(cal: dict, short: bool = False) -> str:
-    """The spread of equal tasks of one run (``explorer.calibration.WithinFit``)."""
+    """The spread of equal tasks of one run (``explorer.plan.excess.WithinFit``)."""
     w = cal.get("within")
     if not w:
         return "" if not short else "-"
@@ -226,7 +226,7 @@ def main() -> None:
     parser.add_argument("--skip-simulation", action="store_true")
     parser.add_argument("--unet-only", action="store_true", help="steps 0 and 5 only")
     parser.add_argument("--warm-up-timeout", type=float, default=None,
-                        help="seconds the workers' warm-up graph may take (explorer.recommend's 60 s by default)")
+                        help="seconds the workers' warm-up graph may take (explorer.plan.recommend's 60 s by default)")
     args = parser.parse_args()
     WARM_UP_TIMEOUT[0] = args.warm_up_timeout
     cache = args.cache.resolve()
@@ -442,7 +442,7 @@ def unet_scenario(args, cache: Path) -> list:
 
 
 def cold_text(cal: dict) -> str:
-    """The cold first task's offset (``explorer.calibration.ColdFit``)."""
+    """The cold first task's offset (``explorer.plan.excess.ColdFit``)."""
     c = cal.get("cold")
     if not c:
         return ""

@@ -113,7 +113,7 @@ def explore_members(specs, runs: Path, budget: int, limit: int) -> None:
 
 def calibrate_pipeline(spec: str, args, limit: int) -> str:
     """``explore calibrate SPEC`` into the cache unless asked not to or done already; what was done, in words."""
-    from explorer.calibration import load_calibration
+    from explorer.plan.calibration import load_calibration
     from explorer.probes import calibrate_in_workers
 
     if not args.calibrate:
@@ -238,9 +238,9 @@ def time_model_quality(grid_arms) -> str:
 
 def time_terms(specs, cache: Path) -> str:
     """A table of each member's and pipeline's learnt time terms: the overhead per graph task
-    ``g``, a run's fixed seconds ``F`` (``explorer.calibration.fit_run_overheads``), the clock's
+    ``g``, a run's fixed seconds ``F`` (``explorer.plan.timing.fit_run_overheads``), the clock's
     seconds per voxel at its smallest and largest probe, the runs it was learnt from."""
-    from explorer.calibration import load_calibration
+    from explorer.plan.calibration import load_calibration
 
     names = []
     for spec in specs:
@@ -355,7 +355,7 @@ def bench_pipeline(spec: str, args, limit: int) -> dict:
         ours.plan_text = f"{plan['strategy']} {format_shape(plan['chunks'])}"
         ours_kwargs = {"chunks": tuple(plan["chunks"]), "strategy": plan["strategy"],
                        "branch_order": plan.get("branch_order") or None}
-    from explorer.recommend import predicted_seconds
+    from explorer.plan.recommend import predicted_seconds
 
     screened = []
     for chunks in grid(shape):

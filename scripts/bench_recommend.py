@@ -13,7 +13,7 @@
    times, with ``time.perf_counter``:
 
    * **cold**: ``import explorer`` and the first ``explorer.recommend_chunks`` call
-     (importing ``explorer.recommend`` and ``explorer.chunking``, the operators, loading
+     (importing ``explorer.plan.recommend`` and ``explorer.plan.chunk_plan``, the operators, loading
      the model's ``.npz``, the calibration and the saved worker baseline, reading Dask's
      config, the environment stamp); the interpreter's own start-up is not counted;
    * **warm**: then every case of the grid below, ``--calls`` calls each, the cases
@@ -21,7 +21,7 @@
      back-to-back repeats on a hot cache line.  A warm call does everything a user's
      second call does: ``stat`` the model, calibration and baseline files (the caches are
      keyed on their mtimes), compare the environment stamps, plan (vectorised footprints of up to
-     :data:`explorer.chunking.MAX_CANDIDATES` shapes, model predictions of the
+     :data:`explorer.plan.candidates.MAX_CANDIDATES` shapes, model predictions of the
      candidates that can win);
    * which of torch, optuna and distributed are in ``sys.modules`` at the end
      (``recommend_chunks`` should import none of them).
@@ -81,7 +81,7 @@ def child(spec: dict) -> dict:
 
     recommend = explorer.recommend_chunks
     imported = time.perf_counter()
-    from explorer.chunking import ChunkPlanError
+    from explorer.plan.chunk_plan import ChunkPlanError
 
     runs, op, grid, calls = spec["runs_dir"], spec["operator"], spec["cases"], spec["calls"]
 
@@ -166,7 +166,7 @@ def main(argv=None) -> int:
 
     import operators
     from bench_chunks import ensure_model, log
-    from explorer import calibration
+    from explorer.plan import calibration
     from explorer.core.machine import default_memory_limit
     from machine import machine_line
 

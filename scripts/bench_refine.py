@@ -76,8 +76,8 @@ def fixed_block_bound(op, plan, runs_dir, baseline_bytes: int) -> tuple[float, f
     worker footprint with the upper bound and ``baseline_bytes``."""
     import numpy as np
 
-    from explorer.calibration import task_model
-    from explorer.chunking import worker_footprint
+    from explorer.plan.task_model import task_model
+    from explorer.plan.footprint import worker_footprint
 
     mean, upper = task_model(op.name, runs_dir).predict(tuple(plan.block), CONFIDENCE)
     total = worker_footprint(plan.block, float(upper), threads_per_worker=THREADS,

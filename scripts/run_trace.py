@@ -138,7 +138,7 @@ def main() -> None:
     configs = [(c.split(":")[0], parse_shape(c.split(":")[1])) for c in args.configs.split(",")]
     from distributed import Client, LocalCluster
 
-    from explorer.recommend import plan_for_chunks
+    from explorer.plan.recommend import plan_for_chunks
 
     work = Path(tempfile.mkdtemp(prefix="run-trace-"))
     source = work / "in.sgy"

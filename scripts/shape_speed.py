@@ -1,6 +1,6 @@
 """Seconds per voxel of ``operator.run`` on blocks of one volume and different shapes.
 
-The planner's clock (``explorer.chunking.TaskClock``) knows a block by its volume only, learnt
+The planner's clock (``explorer.plan.time_model.TaskClock``) knows a block by its volume only, learnt
 from cube probes.  This measures, in one process, how much a block's shape alone changes the
 operator's speed: each shape's ``run`` on a synthetic block, the least of ``--repeat`` runs
 (after one warm-up on a small block), in ns per voxel.

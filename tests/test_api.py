@@ -11,13 +11,13 @@ def test_public_functions_resolve_to_the_right_objects():
 
     assert callable(explorer.explore) and explorer.explore.__module__ == "explorer.exploration"
     assert callable(explorer.profile) and callable(explorer.load_model) and callable(explorer.recommend_chunks)
-    assert explorer.recommend_chunks.__module__ == "explorer.recommend"
+    assert explorer.recommend_chunks.__module__ == "explorer.plan.recommend"
     assert set(explorer.__all__) >= {"explore", "profile", "load_model", "recommend_chunks"}
 
 
 def test_importing_explorer_and_chunking_never_imports_torch():
-    code = ("import sys, json, explorer, explorer.chunking, explorer.model.memory_model, explorer.calibration, "
-            "explorer.recommend, explorer.core.environment\n"
+    code = ("import sys, json, explorer, explorer.plan.chunk_plan, explorer.model.memory_model, explorer.calibration, "
+            "explorer.plan.recommend, explorer.core.environment\n"
             "print(json.dumps(sorted(m for m in ('torch', 'gpytorch', 'botorch', 'distributed', 'optuna')"
             " if m in sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

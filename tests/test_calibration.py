@@ -12,6 +12,10 @@ from scipy import stats
 
 from explorer import calibration as cal
 from explorer.core import environment
+from explorer.plan import calibration
+from explorer.plan import excess as plan_excess
+from explorer.plan import task_model
+from explorer.plan import timing
 from explorer.core.environment import StaleModelWarning, environment_stamp
 from explorer.store import Record, Store
 
@@ -28,21 +32,21 @@ def test_fit_recovers_intercept_and_bytes_per_voxel():
     rng = np.random.default_rng(0)
     v = np.geomspace(1e4, 5e6, 12)
     r = -0.8 * MiB + 4.4 * v + rng.normal(0, 0.3 * MiB, v.size)
-    fit = cal.fit_excess(v, r)
+    fit = plan_excess.fit_excess(v, r)
     assert fit.bytes_per_voxel == pytest.approx(4.4, rel=0.05)
     assert fit.intercept_bytes == pytest.approx(-0.8 * MiB, abs=0.4 * MiB)
     assert fit.dof == 10 and fit.residual_sd == pytest.approx(0.3 * MiB, rel=0.6)
 
 
 def test_the_excess_is_not_identified_from_too_few_groups_or_one_volume():
-    assert cal.fit_excess([1e5, 2e5], [1.0, 2.0]) is None
-    assert cal.fit_excess([1e5, 1e5, 1e5], [1.0, 2.0, 3.0]) is None
-    assert cal.fit_excess([1e5, 2e5, 3e5], [1.0, 2.0, 2.5]) is not None
+    assert plan_excess.fit_excess([1e5, 2e5], [1.0, 2.0]) is None
+    assert plan_excess.fit_excess([1e5, 1e5, 1e5], [1.0, 2.0, 3.0]) is None
+    assert plan_excess.fit_excess([1e5, 2e5, 3e5], [1.0, 2.0, 2.5]) is not None
 
 
 def test_few_groups_use_scipys_student_t_with_n_minus_2_dof():
     v = np.geomspace(1e4, 1e6, 6)
-    fit = cal.fit_excess(v, 3.0 * v + np.array([1, -2, 0.5, 1.5, -1, 0]) * MiB)
+    fit = plan_excess.fit_excess(v, 3.0 * v + np.array([1, -2, 0.5, 1.5, -1, 0]) * MiB)
     q, method = fit.quantile(0.99)
     assert method == "student-t" and q == pytest.approx(stats.t.ppf(0.99, 4), rel=1e-10)
     mean, half = fit.predict([5e5], 0.99)
@@ -56,8 +60,8 @@ def test_few_groups_use_scipys_student_t_with_n_minus_2_dof():
 def test_enough_groups_switch_to_the_conformal_rank_of_studentised_residuals():
     rng = np.random.default_rng(1)
     v = rng.uniform(1e4, 1e6, 120)
-    fit = cal.fit_excess(v, 4.0 * v + rng.normal(0, MiB, v.size))
-    assert cal.conformal_rank(120, 0.99) == 120 and cal.conformal_rank(98, 0.99) is None
+    fit = plan_excess.fit_excess(v, 4.0 * v + rng.normal(0, MiB, v.size))
+    assert plan_excess.conformal_rank(120, 0.99) == 120 and plan_excess.conformal_rank(98, 0.99) is None
     q, method = fit.quantile(0.99)
     assert method == "conformal" and q == fit.scores[119] == max(fit.scores)
     q95, _ = fit.quantile(0.95)
@@ -70,7 +74,7 @@ def coverage(draw, n_groups, trials, seed, confidence=0.99):
     covered = 0
     for _ in range(trials):
         v = np.geomspace(2e4, 4e6, n_groups)
-        fit = cal.fit_excess(v, 1e6 + 4.0 * v + draw(rng, n_groups))
+        fit = plan_excess.fit_excess(v, 1e6 + 4.0 * v + draw(rng, n_groups))
         v_new = rng.uniform(2e4, 8e6)
         mean, half = fit.predict([v_new], confidence)
         covered += 1e6 + 4.0 * v_new + draw(rng, 1)[0] <= mean[0] + half[0]
@@ -99,7 +103,7 @@ def simulated_groups(rng, n_groups, n_tasks, alpha, beta):
 
 
 def within_of(peaks):
-    return cal.fit_within([p.mean() for p in peaks], [p.var(ddof=1) for p in peaks], [len(p) for p in peaks],
+    return plan_excess.fit_within([p.mean() for p in peaks], [p.var(ddof=1) for p in peaks], [len(p) for p in peaks],
                           [p - p.mean() for p in peaks])
 
 
@@ -111,7 +115,7 @@ def test_the_within_group_spread_recovers_an_absolute_floor_and_a_relative_part(
     assert fit.alpha_bytes == pytest.approx(0.3 * MiB, rel=0.5)
     assert fit.quantile(0.99) == (pytest.approx(stats.t.ppf(0.99, fit.dof)), "student-t")
     # one task per group: nothing within to learn
-    assert cal.fit_within([MiB, 2 * MiB], [0.0, 0.0], [1, 1]) is None
+    assert plan_excess.fit_within([MiB, 2 * MiB], [0.0, 0.0], [1, 1]) is None
 
 
 def test_enough_tasks_switch_the_within_quantile_to_their_conformal_rank():
@@ -119,7 +123,7 @@ def test_enough_tasks_switch_the_within_quantile_to_their_conformal_rank():
     fit = within_of(simulated_groups(rng, 15, 8, alpha=0.3 * MiB, beta=0.04))
     assert len(fit.scores) == 120
     q, method = fit.quantile(0.99)
-    assert method == "conformal" and q == fit.scores[cal.conformal_rank(120, 0.99) - 1]
+    assert method == "conformal" and q == fit.scores[plan_excess.conformal_rank(120, 0.99) - 1]
 
 
 def test_a_single_tasks_bound_covers_99_percent_of_tasks_where_a_line_through_group_maxima_does_not():
@@ -133,17 +137,17 @@ def test_a_single_tasks_bound_covers_99_percent_of_tasks_where_a_line_through_gr
     for _ in range(trials):
         means = truth(v) * (1 + rng.normal(0, 0.01, v.size))
         peaks = [m + rng.normal(0, 0.04 * m, 8) for m in means]
-        excess = cal.fit_excess(v, [p.mean() for p in peaks])
+        excess = plan_excess.fit_excess(v, [p.mean() for p in peaks])
         within = within_of(peaks)
-        old = cal.fit_excess(v, [p.max() for p in peaks])
+        old = plan_excess.fit_excess(v, [p.max() for p in peaks])
         v_new = rng.uniform(1e6, 3e7)
         m_new = truth(v_new) * (1 + rng.normal(0, 0.01))
         run = m_new + rng.normal(0, 0.04 * m_new, 18)
         zeros = np.zeros(1)
-        _, upper = cal.task_bound(zeros, zeros, [v_new], excess, within, 0.99)
+        _, upper = plan_excess.task_bound(zeros, zeros, [v_new], excess, within, 0.99)
         covered += int((run <= upper[0]).sum())
         tasks += run.size
-        _, upper_old = cal.task_bound(zeros, zeros, [v_new], old, None, 0.99)
+        _, upper_old = plan_excess.task_bound(zeros, zeros, [v_new], old, None, 0.99)
         covered_old += int(run.max() <= upper_old[0])
         groups += 1
     assert covered / tasks >= 0.985
@@ -157,11 +161,11 @@ def test_a_plans_bound_covers_the_largest_of_its_tasks():
     rng = np.random.default_rng(8)
     within = within_of(simulated_groups(rng, 6, 8, alpha=0.3 * MiB, beta=0.04))
     v = np.geomspace(1e4, 3e7, 6)
-    excess = cal.fit_excess(v, 0.5 * MiB + 16.0 * v + rng.normal(0, 0.5 * MiB, v.size))
+    excess = plan_excess.fit_excess(v, 0.5 * MiB + 16.0 * v + rng.normal(0, 0.5 * MiB, v.size))
     zeros = np.zeros(3)
     voxels = np.array([1e6, 1e7, 2e7])
-    mean, one = cal.task_bound(zeros, zeros, voxels, excess, within, 0.99)
-    _, many = cal.task_bound(zeros, zeros, voxels, excess, within, 0.99, tasks=np.array([1, 18, 18]))
+    mean, one = plan_excess.task_bound(zeros, zeros, voxels, excess, within, 0.99)
+    _, many = plan_excess.task_bound(zeros, zeros, voxels, excess, within, 0.99, tasks=np.array([1, 18, 18]))
     assert many[0] == one[0] and np.all(many[1:] > one[1:])
     _, d_half = excess.predict(voxels, 0.99)
     b = d_half[2] / stats.t.ppf(0.99, excess.dof)
@@ -184,10 +188,10 @@ def test_groups_are_run_and_block_shape_with_their_largest_task():
     records = [record((40, 40, 40), 10), record((40, 40, 40), 12), record((40, 40, 30), 7),
                record((40, 40, 40), 30, run="r2"), record((40, 40, 40), 99, exact=False),
                record((40, 40, 40), 50, source="profile"), record((40, 40, 40), 77, run="r3", environment="other")]
-    g = cal.task_groups(records)
+    g = plan_excess.task_groups(records)
     assert sorted(zip(map(tuple, g.shapes), g.peak_bytes, g.n_tasks)) == [
         ((40, 40, 30), 7.0, 1), ((40, 40, 40), 12.0, 2), ((40, 40, 40), 30.0, 1), ((40, 40, 40), 77.0, 1)]
-    only = cal.task_groups(records, environment="other")
+    only = plan_excess.task_groups(records, environment="other")
     assert list(only.peak_bytes) == [77.0]
 
 
@@ -195,15 +199,15 @@ def test_equal_tasks_of_one_run_are_one_piece_of_evidence():
     shapes = [(30, 30, 30), (50, 50, 50), (70, 70, 70), (90, 90, 90)]
     one = [record(s, 4.0 * math.prod(s) + i * 1e4, run=f"r{i}") for i, s in enumerate(shapes)]
     many = one + [record(shapes[0], 4.0 * 27000, run="r0") for _ in range(200)]
-    a, b = cal.task_groups(one), cal.task_groups(many)
+    a, b = plan_excess.task_groups(one), plan_excess.task_groups(many)
     assert len(b.peak_bytes) == len(a.peak_bytes) == 4
-    fa = cal.fit_excess(a.shapes.prod(1), a.peak_bytes)
-    fb = cal.fit_excess(b.shapes.prod(1), b.peak_bytes)
+    fa = plan_excess.fit_excess(a.shapes.prod(1), a.peak_bytes)
+    fb = plan_excess.fit_excess(b.shapes.prod(1), b.peak_bytes)
     assert fa.residual_sd == fb.residual_sd and fa.quantile(0.99) == fb.quantile(0.99)
 
 
 def test_timings_are_learnt_from_the_workers_clocks_and_the_runs_wall_time():
-    from explorer.chunking import schedule_waves
+    from explorer.plan.time_model import schedule_waves
 
     v = 100**3
     tasks = [record((100, 100, 100), 1, run="r1", task_seconds=0.30, run_seconds=0.20, other_seconds=0.05)
@@ -212,7 +216,7 @@ def test_timings_are_learnt_from_the_workers_clocks_and_the_runs_wall_time():
     wall = schedule_waves(8, 2, 0.0) * (0.35 + 0.004 * 10)
     run_record = Record(shape=(96, 96, 96), peak_bytes=1.0, status="ok", source="run",
                         context={"run": "r1", "seconds": wall, "n_tasks": 8, "slots": 2, "tasks_per_chunk": 10})
-    t = cal.fit_timing(tasks + [run_record])
+    t = timing.fit_timing(tasks + [run_record])
     assert t.operator_seconds_per_voxel == pytest.approx(0.20 / v)
     assert t.io_seconds_per_voxel == pytest.approx(0.15 / v)
     assert t.seconds_per_voxel == pytest.approx(0.35 / v)
@@ -220,7 +224,7 @@ def test_timings_are_learnt_from_the_workers_clocks_and_the_runs_wall_time():
     assert t.n_tasks == 8 and t.n_runs == 1
     assert t.clock.volumes == (v,) and t.clock.seconds_per_voxel == pytest.approx((0.35 / v,))
     assert t.clock.spreads == (0.0,)  # equal tasks
-    assert cal.fit_timing([]).seconds_per_voxel is None
+    assert timing.fit_timing([]).seconds_per_voxel is None
 
 
 def test_the_clock_times_each_block_shape_by_the_tasks_after_each_workers_first():
@@ -235,7 +239,7 @@ def test_the_clock_times_each_block_shape_by_the_tasks_after_each_workers_first(
     rows = [task(slab, "a", w, s) for w, s in (("w1", 0.2), ("w2", 0.2), ("w1", 0.1), ("w2", 0.1), ("w1", 0.1))]
     rows += [task(cube, "b", w, s) for w, s in (("w1", 0.8), ("w2", 0.8), ("w2", 0.05), ("w1", 0.05))]
     rows += [task(lone, "c", "w1", 0.001), task(lone, "c", "w2", 0.003)]
-    clock = cal.fit_timing(rows).clock
+    clock = timing.fit_timing(rows).clock
     assert clock.shapes == tuple(sorted((slab, cube, lone)))
     figures = dict(zip(clock.shapes, clock.shape_seconds_per_voxel))
     assert figures[slab] == pytest.approx(0.1 / math.prod(slab))
@@ -245,7 +249,7 @@ def test_the_clock_times_each_block_shape_by_the_tasks_after_each_workers_first(
     # tasks of workers with several threads share the cores: the clock does not time them
     shared = [record(cube, 1, run="d", worker="w1", threads_per_worker=4, task_seconds=9.0, run_seconds=9.0,
                      other_seconds=0.0) for _ in range(3)]
-    assert cal.fit_timing(rows + shared).clock == clock
+    assert timing.fit_timing(rows + shared).clock == clock
 
 
 def test_a_tasks_fixed_cost_stays_with_the_blocks_that_pay_it():
@@ -255,7 +259,7 @@ def test_a_tasks_fixed_cost_stays_with_the_blocks_that_pay_it():
     per-voxel cost of large ones (as a ratio of sums would make them), and the runs' wall
     times (4 ms per graph task, 4 graph tasks per chunk, tasks spread by 10%) give back
     the overhead per graph task.  Groups of 4 tasks with a known spread give it back."""
-    from explorer.chunking import schedule_waves
+    from explorer.plan.time_model import schedule_waves
 
     shapes = [(20, 20, 20), (40, 40, 40), (80, 80, 80)]
     spread = 0.1
@@ -273,7 +277,7 @@ def test_a_tasks_fixed_cost_stays_with_the_blocks_that_pay_it():
         runs.append(Record(shape=shape, peak_bytes=1.0, status="ok", source="run",
                            context={"run": run, "seconds": schedule_waves(4, 2, spread) * (inside + around + 0.016),
                                     "n_tasks": 4, "slots": 2, "tasks_per_chunk": 4}))
-    t = cal.fit_timing(tasks + runs)
+    t = timing.fit_timing(tasks + runs)
     assert t.operator_seconds_per_voxel == pytest.approx(100e-9)
     assert t.io_seconds_per_voxel == pytest.approx(50e-9)
     volumes = [math.prod(s) for s in shapes]
@@ -296,7 +300,7 @@ def test_reads_reported_with_one_task_are_every_tasks_cost_and_not_their_spread(
     evenly = [record(shape, 1, run="a", task_seconds=t, run_seconds=0.2, other_seconds=0.04) for t in own]
     first = [record(shape, 1, run="b", task_seconds=t, run_seconds=0.2, other_seconds=0.24 if i == 0 else 0.0)
              for i, t in enumerate(own)]
-    a, b = cal.fit_timing(evenly).clock, cal.fit_timing(first).clock
+    a, b = timing.fit_timing(evenly).clock, timing.fit_timing(first).clock
     assert a.seconds_per_voxel == pytest.approx(b.seconds_per_voxel)
     assert a.seconds_per_voxel == pytest.approx(((0.30 + 0.04) / v,))
     cv = np.std(own, ddof=1) / np.mean(own)
@@ -319,9 +323,9 @@ class Isolated:
 
 def test_task_bound_adds_the_excess_and_never_falls_below_the_isolated_bound():
     v = np.geomspace(1e4, 2e6, 6)
-    excess = cal.fit_excess(v, -2 * MiB + 4.0 * v + np.array([1, -1, 0.5, -0.5, 0.2, -0.2]) * 1e5)
-    c = cal.WorkerCalibration(OPERATOR, excess, cal.fit_timing([]), 6, 6, 48, 0.99, 0, environment_stamp(OPERATOR))
-    model = cal.TaskModel(Isolated(), c)
+    excess = plan_excess.fit_excess(v, -2 * MiB + 4.0 * v + np.array([1, -1, 0.5, -0.5, 0.2, -0.2]) * 1e5)
+    c = calibration.WorkerCalibration(OPERATOR, excess, timing.fit_timing([]), 6, 6, 48, 0.99, 0, environment_stamp(OPERATOR))
+    model = task_model.TaskModel(Isolated(), c)
     shapes = np.array([[20, 20, 20], [150, 150, 150]])
     mean, upper = model.predict_many(shapes, 0.99)
     m0, u0 = Isolated().predict_many(shapes)
@@ -336,7 +340,7 @@ def test_task_bound_adds_the_excess_and_never_falls_below_the_isolated_bound():
     assert p == pytest.approx(0.99, abs=1e-4)
     assert upper[0] == u0[0]  # heap reuse on a tiny block never lowers the bound below isolation
     assert upper[1] > u0[1] and model.warnings == []
-    assert "no in-worker calibration" in cal.TaskModel(Isolated(), None).warnings[0]
+    assert "no in-worker calibration" in task_model.TaskModel(Isolated(), None).warnings[0]
 
 
 def test_a_small_crop_run_moves_a_large_plan_only_as_its_evidence_warrants():
@@ -346,10 +350,10 @@ def test_a_small_crop_run_moves_a_large_plan_only_as_its_evidence_warrants():
     probes = [record((e, e, e), 90.0 * e**3 + 0.3 * MiB + 4.4 * e**3 + rng.normal(0, 0.5 * MiB), run=f"p{e}",
                      source="probe") for e in (24, 35, 51, 75, 110, 161)]
     crop = record((23, 18, 75), 90.0 * 23 * 18 * 75 + 3 * MiB, run="crop")
-    before = cal.task_groups(probes)
-    after = cal.task_groups(probes + [crop])
+    before = plan_excess.task_groups(probes)
+    after = plan_excess.task_groups(probes + [crop])
     large = (210.0, 210.0, 210.0)
-    fits = [cal.fit_excess(g.shapes.prod(1), g.peak_bytes - 90.0 * g.shapes.prod(1)) for g in (before, after)]
+    fits = [plan_excess.fit_excess(g.shapes.prod(1), g.peak_bytes - 90.0 * g.shapes.prod(1)) for g in (before, after)]
     (m0, h0), (m1, h1) = [f.predict([math.prod(large)], 0.99) for f in fits]
     task = 90.0 * math.prod(large)
     assert abs((m1[0] + h1[0]) - (m0[0] + h0[0])) < 0.02 * task
@@ -365,16 +369,16 @@ def test_calibrate_saves_a_stamped_file_that_loads_back(tmp_path, gst3d_model):
         for _ in range(3):
             store.add_observation(OPERATOR, shape, gst3d_model.predict(shape)[0] + 4.0 * e**3 + 1e5 * i,
                                   source="probe", context={"run": f"p{i}", "exact": True, "environment": HERE})
-    c = cal.calibrate(OPERATOR, store, gst3d_model, runs_dir=tmp_path)
+    c = calibration.calibrate(OPERATOR, store, gst3d_model, runs_dir=tmp_path)
     assert c.n_groups == c.n_probe_groups == 4 and c.n_tasks == 12
     assert c.excess.bytes_per_voxel == pytest.approx(4.0, rel=0.2)
-    saved = json.loads(cal.calibration_path(OPERATOR, tmp_path).read_text())
-    assert saved["format_version"] == cal.FORMAT_VERSION and saved["environment"]["numpy"] == np.__version__
-    loaded = cal.load_calibration(OPERATOR, tmp_path)
+    saved = json.loads(calibration.calibration_path(OPERATOR, tmp_path).read_text())
+    assert saved["format_version"] == calibration.FORMAT_VERSION and saved["environment"]["numpy"] == np.__version__
+    loaded = calibration.load_calibration(OPERATOR, tmp_path)
     assert loaded.excess == c.excess and loaded.stale == []
     assert c.within is not None and c.within.dof == 4 * 2 - 2 and loaded.within == c.within
     gst3d_model.save(cal.paths.model_path(OPERATOR, tmp_path))
-    tasks = cal.task_model(OPERATOR, tmp_path)
+    tasks = task_model.task_model(OPERATOR, tmp_path)
     assert tasks.predict((60, 60, 60))[0] > gst3d_model.predict((60, 60, 60))[0]
 
 
@@ -384,26 +388,26 @@ def test_a_calibration_from_other_workers_is_stale_and_a_garbage_file_names_the_
         other = dict(environment_stamp(OPERATOR), distributed="1999.1.0")
         store.add_observation(OPERATOR, (e, e, e), gst3d_model.predict((e, e, e))[0] * 1.05, source="probe",
                               context={"run": f"p{i}", "exact": True, "environment": environment.environment_digest(other)})
-    cal.calibrate(OPERATOR, store, gst3d_model, runs_dir=tmp_path, environment=other)
-    loaded = cal.load_calibration(OPERATOR, tmp_path)
+    calibration.calibrate(OPERATOR, store, gst3d_model, runs_dir=tmp_path, environment=other)
+    loaded = calibration.load_calibration(OPERATOR, tmp_path)
     assert loaded.stale and "distributed 1999.1.0" in loaded.stale[0]
     gst3d_model.save(cal.paths.model_path(OPERATOR, tmp_path))
     assert any("in-worker calibration was learnt in another environment" in w
-               for w in cal.task_model(OPERATOR, tmp_path).warnings)
-    path = cal.calibration_path(OPERATOR, tmp_path)
+               for w in task_model.task_model(OPERATOR, tmp_path).warnings)
+    path = calibration.calibration_path(OPERATOR, tmp_path)
     for garbage in ("", "{", json.dumps({"mean": 1.1, "var": 0.01})):
         path.write_text(garbage)
-        with pytest.raises(cal.CalibrationFileError) as err:
-            cal.load_calibration(OPERATOR, tmp_path)
+        with pytest.raises(calibration.CalibrationFileError) as err:
+            calibration.load_calibration(OPERATOR, tmp_path)
         assert str(path) in str(err.value) and "explore gst3d" in str(err.value) and "\n" not in str(err.value)
     assert StaleModelWarning  # the class users filter on
     # a calibration saved by another version of the tool is not garbage: used as none, with the fix
-    saved = json.loads(json.dumps({"format_version": cal.FORMAT_VERSION - 1, "operator": OPERATOR}))
+    saved = json.loads(json.dumps({"format_version": calibration.FORMAT_VERSION - 1, "operator": OPERATOR}))
     path.write_text(json.dumps(saved))
     with pytest.warns(RuntimeWarning, match="saved by another version of memory-explorer.*explore gst3d"):
-        assert cal.load_calibration(OPERATOR, tmp_path) is None
+        assert calibration.load_calibration(OPERATOR, tmp_path) is None
     with pytest.warns(RuntimeWarning, match="saved by another version"):
-        tasks = cal.task_model(OPERATOR, tmp_path)
+        tasks = task_model.task_model(OPERATOR, tmp_path)
     assert any("no in-worker calibration for gst3d" in w for w in tasks.warnings)
 
 
@@ -414,7 +418,7 @@ def test_the_top_probe_is_the_block_a_plan_at_the_target_memory_runs(gst3d_model
     """The plan-scale edge is the largest cube whose one-thread footprint fits the pause
     threshold: the next edge does not; the probes reach it (when their seconds allow)."""
     import operators
-    from explorer.chunking import worker_pause_fraction
+    from explorer.plan.dask_config import worker_pause_fraction
     from explorer.probes import _REGULAR, plan_scale_edge, probe_blocks
 
     op = operators.get("gst3d")
@@ -442,7 +446,7 @@ def test_probes_keep_enough_distinct_blocks_to_identify_the_excess():
     probe; the excess's line needs three distinct blocks, so the smallest three on the
     grid run anyway.  An operator the budget does not bind keeps its log-spaced six."""
     import operators
-    from explorer.calibration import N_COEFFICIENTS
+    from explorer.plan.excess import N_COEFFICIENTS
     from explorer.probes import _on_grid, probe_blocks
 
     unet = operators.get("unet3d")
@@ -487,15 +491,15 @@ def test_the_memoised_student_t_quantiles_are_stdtrits_values(monkeypatch):
     computing them afresh, whatever was asked before (and across a cleared table)."""
     from scipy.special import stdtrit
 
-    monkeypatch.setattr(cal, "_STUDENT_T_MEMO", {})
-    monkeypatch.setattr(cal, "STUDENT_T_MEMO_SIZE", 500)
+    monkeypatch.setattr(plan_excess, "_STUDENT_T_MEMO", {})
+    monkeypatch.setattr(plan_excess, "STUDENT_T_MEMO_SIZE", 500)
     rng = np.random.default_rng(4)
     for _ in range(40):
         dof = float(rng.choice([2.0, 7.0, 31.5]))
         counts = rng.integers(1, 4000, size=int(rng.integers(1, 300)))
         confidences = 0.99 ** (1.0 / counts)
-        np.testing.assert_array_equal(cal.student_t_quantiles(dof, confidences), stdtrit(dof, confidences))
-    assert all(len(keys) <= 500 for keys, _ in cal._STUDENT_T_MEMO.values())
+        np.testing.assert_array_equal(plan_excess.student_t_quantiles(dof, confidences), stdtrit(dof, confidences))
+    assert all(len(keys) <= 500 for keys, _ in plan_excess._STUDENT_T_MEMO.values())
 
 
 def test_a_runs_fixed_seconds_are_told_from_its_graph_tasks_when_the_runs_differ():
@@ -504,12 +508,12 @@ def test_a_runs_fixed_seconds_are_told_from_its_graph_tasks_when_the_runs_differ
     old rule, for stores whose runs cannot tell them apart); no run, no figure."""
     fixed, g = 0.15, 0.001
     runs = [(fixed + g * x + work, x, work) for x, work in [(52, 0.2), (52, 0.5), (52, 1.4), (660, 0.3)]]
-    f, per_task = cal.fit_run_overheads(runs)
+    f, per_task = timing.fit_run_overheads(runs)
     assert f == pytest.approx(fixed) and per_task == pytest.approx(g)
     one_grid = runs[:3]
-    f, per_task = cal.fit_run_overheads(one_grid)
+    f, per_task = timing.fit_run_overheads(one_grid)
     assert f == 0.0 and per_task == pytest.approx(g + fixed / 52)
-    assert cal.fit_run_overheads([]) == (None, None)
+    assert timing.fit_run_overheads([]) == (None, None)
     # never negative: a wall below its work's clock is no negative overhead
-    f, per_task = cal.fit_run_overheads([(0.1, 52, 0.3), (0.2, 660, 0.3)])
+    f, per_task = timing.fit_run_overheads([(0.1, 52, 0.3), (0.2, 660, 0.3)])
     assert f >= 0 and per_task >= 0

@@ -1,4 +1,4 @@
-"""Pure tests of explorer.chunking: footprint arithmetic and chunk plans with an analytic predictor.
+"""Pure tests of explorer.plan.chunk_plan: footprint arithmetic and chunk plans with an analytic predictor.
 
 The predictor is analytic (peak = 240 B per block sample + 5 MB, bound = 1.05 x mean),
 so every expected number below is computed by hand in the test, independently of
@@ -18,20 +18,24 @@ import sys
 import numpy as np
 import pytest
 
-from explorer import chunking
-from explorer.chunking import (
-    ChunkPlanError,
-    plan_chunks,
-    worker_footprint,
-    worker_pause_fraction,
-)
+from explorer.core import units
+from explorer.plan import candidates as plan_candidates
+from explorer.plan import footprint as plan_footprint
+from explorer.plan import grid
+from explorer.plan import planner
+from explorer.plan import staged
+from explorer.plan import time_model
+from explorer.plan.chunk_plan import ChunkPlanError
+from explorer.plan.planner import plan_chunks
+from explorer.plan.footprint import worker_footprint
+from explorer.plan.dask_config import worker_pause_fraction
 
 MiB = 2**20
 GiB = 2**30
 BYTES_PER_SAMPLE = 240.0
 FIXED_BYTES = 5e6
 UPPER_FACTOR = 1.05
-#: A worker baseline for these pure tests (in use it is measured: explorer.recommend).
+#: A worker baseline for these pure tests (in use it is measured: explorer.plan.recommend).
 BASELINE = 150 * MiB
 
 
@@ -308,16 +312,16 @@ def test_dask_chunks_sum_to_shape_and_survive_map_overlap(shape, halo, whole_axe
 def test_axis_candidates_are_never_rechunked_by_map_overlap(length, halo):
     from dask.array.overlap import ensure_minimum_chunksize
 
-    candidates = chunking.axis_chunk_candidates(length, halo, False, 8, 10**6)
+    candidates = plan_candidates.axis_chunk_candidates(length, halo, False, 8, 10**6)
     assert candidates[0] == length and list(candidates) == sorted(candidates, reverse=True)
     for c in candidates:
-        chunks = chunking._axis_chunks(length, int(c))
+        chunks = grid._axis_chunks(length, int(c))
         if len(chunks) > 1:
             assert ensure_minimum_chunksize(halo, chunks) == chunks
     if (length, halo) == (100, 4):
         assert 33 not in candidates  # 33, 33, 33, 1: Dask would rechunk the 1
         assert {50, 34, 25, 20} <= set(candidates.tolist())
-    assert chunking.axis_chunk_candidates(length, halo, True, 8, 10**6).tolist() == [length]
+    assert plan_candidates.axis_chunk_candidates(length, halo, True, 8, 10**6).tolist() == [length]
 
 
 def test_min_chunk_is_respected():
@@ -349,16 +353,16 @@ def test_confidence_and_int_blocks_are_passed_to_every_predict_call():
     assert plan.confidence == 0.9
     for blocks, _ in recorder.calls:
         assert blocks.ndim == 2 and blocks.shape[1] == 3 and blocks.dtype == np.int64
-        assert len(blocks) <= chunking.PREDICT_BATCH_ROWS
+        assert len(blocks) <= plan_candidates.PREDICT_BATCH_ROWS
     predicted = np.concatenate([blocks for blocks, _ in recorder.calls])
     assert plan.n_candidates == len(predicted) == len(np.unique(predicted, axis=0))  # no row twice
-    assert plan.n_candidates <= chunking.MAX_CANDIDATES
+    assert plan.n_candidates <= plan_candidates.MAX_CANDIDATES
 
 
 def test_probe_pruning_gives_the_exhaustive_answer(monkeypatch):
     shape, halo = (800, 600, 1000), (5, 5, 5)
     pruned = plan_chunks(shape, halo, (), predict, 1.5 * GiB, baseline_bytes=BASELINE)
-    monkeypatch.setattr(chunking, "PROBE_VALUES_PER_AXIS", 10**6)  # the probe is every candidate
+    monkeypatch.setattr(plan_candidates, "PROBE_VALUES_PER_AXIS", 10**6)  # the probe is every candidate
     exhaustive = plan_chunks(shape, halo, (), predict, 1.5 * GiB, baseline_bytes=BASELINE)
     assert pruned.chunks == exhaustive.chunks
     assert pruned.n_candidates < exhaustive.n_candidates
@@ -407,14 +411,14 @@ def test_pause_fraction_follows_dask_config():
 
 def test_pause_fraction_default_is_read_without_importing_distributed():
     code = (
-        "import sys, time; t = time.perf_counter(); import explorer.chunking as c; "
+        "import sys, time; t = time.perf_counter(); import explorer.plan.dask_config as c; "
         "t1 = time.perf_counter(); f = c.worker_pause_fraction(); t2 = time.perf_counter(); "
         "print(f, 'distributed' in sys.modules, round((t1 - t) * 1e3, 1), round((t2 - t1) * 1e3, 1))"
     )
     env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("DASK_")}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
     fraction, imported, import_ms, pause_ms = out.stdout.split()
-    print(f"\nimport explorer.chunking: {import_ms} ms; first worker_pause_fraction(): {pause_ms} ms")
+    print(f"\nimport explorer.plan.dask_config: {import_ms} ms; first worker_pause_fraction(): {pause_ms} ms")
     assert float(fraction) == 0.8
     assert imported == "False"
 
@@ -425,19 +429,19 @@ def test_pause_fraction_default_is_read_without_importing_distributed():
 def test_plan_seconds_is_grahams_bound_with_per_task_overhead():
     g, s = 0.002, 1e-7
     chunk = g * 13 + s * 1e6  # one chunk: 13 graph tasks and a 1e6-voxel block
-    one_slot = chunking.plan_seconds(8, 1e6, 1, tasks_per_chunk=13, seconds_per_voxel=s, graph_task_seconds=g)
+    one_slot = time_model.plan_seconds(8, 1e6, 1, tasks_per_chunk=13, seconds_per_voxel=s, graph_task_seconds=g)
     assert one_slot == pytest.approx(8 * chunk)
     # 8 chunks on 2 slots: 4 each, plus half a chunk of tail (Graham: n/C + 1 - 1/C)
-    two = chunking.plan_seconds(8, 1e6, 2, tasks_per_chunk=13, seconds_per_voxel=s, graph_task_seconds=g)
+    two = time_model.plan_seconds(8, 1e6, 2, tasks_per_chunk=13, seconds_per_voxel=s, graph_task_seconds=g)
     assert two == pytest.approx(4.5 * chunk)
     # arrays broadcast, one value per candidate
-    many = chunking.plan_seconds(np.array([1, 2, 4]), np.array([4e6, 2e6, 1e6]), 2, seconds_per_voxel=s,
+    many = time_model.plan_seconds(np.array([1, 2, 4]), np.array([4e6, 2e6, 1e6]), 2, seconds_per_voxel=s,
                                  graph_task_seconds=0.0)
     assert many == pytest.approx([1.0 * 0.4, 1.5 * 0.2, 2.5 * 0.1])
     with pytest.raises(ValueError):
-        chunking.plan_seconds(1, 1, 0)
+        time_model.plan_seconds(1, 1, 0)
     with pytest.raises(ValueError):
-        chunking.plan_seconds(1, 1, 1, seconds_per_voxel=-1.0)
+        time_model.plan_seconds(1, 1, 1, seconds_per_voxel=-1.0)
 
 
 @pytest.mark.parametrize("name,shape,chunks", [
@@ -461,13 +465,13 @@ def test_graph_tasks_per_chunk_counts_the_operators_dask_graphs(name, shape, chu
     n_chunks = math.prod(len(c) for c in x.chunks)
     per_chunk = len(dict(y.__dask_graph__())) / n_chunks + 1
     counts = [len(c) for c in x.chunks]
-    assert chunking.graph_tasks_per_chunk(counts, op.halo) == pytest.approx(per_chunk, abs=1.0)
+    assert time_model.graph_tasks_per_chunk(counts, op.halo) == pytest.approx(per_chunk, abs=1.0)
 
 
 def test_run_seconds_per_voxel_adds_the_runs_io_to_the_profiled_speed():
-    assert chunking.run_seconds_per_voxel(None) == chunking.DEFAULT_SECONDS_PER_VOXEL
-    assert chunking.run_seconds_per_voxel(float("nan")) == chunking.DEFAULT_SECONDS_PER_VOXEL
-    assert chunking.run_seconds_per_voxel(3e-7) == pytest.approx(3e-7 + chunking.RUN_IO_SECONDS_PER_VOXEL)
+    assert time_model.run_seconds_per_voxel(None) == time_model.DEFAULT_SECONDS_PER_VOXEL
+    assert time_model.run_seconds_per_voxel(float("nan")) == time_model.DEFAULT_SECONDS_PER_VOXEL
+    assert time_model.run_seconds_per_voxel(3e-7) == pytest.approx(3e-7 + time_model.RUN_IO_SECONDS_PER_VOXEL)
 
 
 def test_with_several_slots_heavy_work_gets_more_chunks_and_light_work_fewer():
@@ -489,7 +493,7 @@ def test_with_several_slots_heavy_work_gets_more_chunks_and_light_work_fewer():
     for p in (heavy, light):
         assert p.slots == 2
         # a task reads its block in one window: read, operator, store per chunk, no halo pieces
-        expected = chunking.plan_seconds(p.n_tasks, math.prod(p.block), 2, tasks_per_chunk=3.0,
+        expected = time_model.plan_seconds(p.n_tasks, math.prod(p.block), 2, tasks_per_chunk=3.0,
                                          seconds_per_voxel=p.seconds_per_voxel)
         assert p.predicted_seconds == pytest.approx(float(expected))
         assert p.to_dict()["predicted_seconds"] == p.predicted_seconds
@@ -502,7 +506,7 @@ def test_the_fastest_plan_is_the_exhaustive_optimum():
     faster beyond the tie fraction.  (One slot: the fewest-tasks brute force above.)"""
     shape, halo, limit = (300, 200, 250), (5, 5, 5), 2 * GiB
     budget = math.floor(0.8 * limit)
-    cands = [chunking.axis_chunk_candidates(n, h, False, chunking.DEFAULT_MIN_CHUNK, 10**6)
+    cands = [plan_candidates.axis_chunk_candidates(n, h, False, plan_candidates.DEFAULT_MIN_CHUNK, 10**6)
              for n, h in zip(shape, halo)]
     for workers, s in ((2, 1e-7), (2, 4e-7), (4, 1e-7)):
         plan = plan_chunks(shape, halo, (), predict, limit, workers=workers, seconds_per_voxel=s, baseline_bytes=BASELINE)
@@ -513,12 +517,12 @@ def test_the_fastest_plan_is_the_exhaustive_optimum():
             block = expected_block(shape, chunk, halo)
             if expected_total(block, windowed=True) > budget:  # windowed reads: no input waits, no chunk kept
                 continue
-            t = float(chunking.plan_seconds(math.prod(counts), math.prod(block), workers,
+            t = float(time_model.plan_seconds(math.prod(counts), math.prod(block), workers,
                                             tasks_per_chunk=3.0,  # read, operator, store: no halo pieces
                                             seconds_per_voxel=s))
             best = min(best, t)
         assert best < math.inf
-        assert best <= plan.predicted_seconds <= best * (1 + chunking.SECONDS_TIE_FRACTION) + 1e-12
+        assert best <= plan.predicted_seconds <= best * (1 + plan_candidates.SECONDS_TIE_FRACTION) + 1e-12
 
 
 def test_footprint_neighbour_chunk_term():
@@ -534,7 +538,7 @@ def test_footprint_neighbour_chunk_term():
 
 
 def test_neighbour_chunks_held_are_two_grid_layers_across_the_first_overlapped_axis():
-    held = chunking.neighbour_chunks_held
+    held = plan_footprint.neighbour_chunks_held
     assert held([2, 2, 2], (8, 8, 8), 2) == 4  # every chunk borders every other: all 8, on 2 workers
     assert held([3, 3, 3], (1, 1, 4), 2) == 9  # two layers of 3 x 3, on 2 workers
     assert held([3, 3, 3], (1, 1, 4), 1) == 18
@@ -572,34 +576,34 @@ def test_a_large_baseline_leaves_less_room_and_the_error_names_it():
 def test_the_three_stages_compose_into_the_plan():
     budget = math.floor(0.8 * LIMIT)
     footprint = functools.partial(worker_footprint, baseline_bytes=BASELINE, windowed=True)  # a plan's tasks read windows
-    candidates = chunking.chunk_candidates(SHAPE, HALO, (), footprint=footprint, budget=budget, min_chunk=16,
+    candidates = plan_candidates.chunk_candidates(SHAPE, HALO, (), footprint=footprint, budget=budget, min_chunk=16,
                                            workers=2, slots=2, seconds_per_voxel=1e-7, graph_task_seconds=0.002)
     assert len(candidates.chunks) == len(candidates.blocks) == len(candidates.seconds) > 100
     assert np.all(candidates.upper_total == np.iinfo(np.int64).max)  # nothing predicted yet
-    n = chunking.evaluate_candidates(candidates, predict, confidence=0.99, footprint=footprint, budget=budget,
+    n = plan_candidates.evaluate_candidates(candidates, predict, confidence=0.99, footprint=footprint, budget=budget,
                                      slots=2)
     assert 0 < n < len(candidates.chunks)  # the probe pass pruned rows
-    index = chunking.rank_candidates(candidates, SHAPE, (), budget=budget, slots=2)
+    index = plan_candidates.rank_candidates(candidates, SHAPE, (), budget=budget, slots=2)
     plan = plan_chunks(SHAPE, HALO, (), predict, LIMIT, baseline_bytes=BASELINE, workers=2)
     assert tuple(candidates.chunks[index]) == plan.chunks
     assert candidates.upper_total[index] == plan.upper_bytes <= budget
 
 
 def test_schedule_waves_is_grahams_bound_without_clocks():
-    assert chunking.schedule_waves(8, 1) == 8
-    assert chunking.schedule_waves(8, 2) == pytest.approx(4.5)
-    np.testing.assert_allclose(chunking.schedule_waves(np.array([1, 3]), 4), [1.0, 1.5])
+    assert time_model.schedule_waves(8, 1) == 8
+    assert time_model.schedule_waves(8, 2) == pytest.approx(4.5)
+    np.testing.assert_allclose(time_model.schedule_waves(np.array([1, 3]), 4), [1.0, 1.5])
     with pytest.raises(ValueError):
-        chunking.schedule_waves(3, 0)
+        time_model.schedule_waves(3, 0)
 
 
 def test_expected_max_of_normals():
     rng = np.random.default_rng(0)
-    assert chunking.expected_max_normal(1) == 0.0
-    assert chunking.expected_max_normal(2) == pytest.approx(1 / math.sqrt(math.pi), rel=1e-6)
+    assert time_model.expected_max_normal(1) == 0.0
+    assert time_model.expected_max_normal(2) == pytest.approx(1 / math.sqrt(math.pi), rel=1e-6)
     for m in (3, 8):
         sampled = rng.standard_normal((200_000, m)).max(axis=1).mean()
-        assert chunking.expected_max_normal(m) == pytest.approx(sampled, abs=0.01)
+        assert time_model.expected_max_normal(m) == pytest.approx(sampled, abs=0.01)
 
 
 def test_near_equal_tasks_pay_no_tail_on_a_multiple_of_the_slots():
@@ -608,7 +612,7 @@ def test_near_equal_tasks_pay_no_tail_on_a_multiple_of_the_slots():
     list scheduling, simulated with normal task times, is what the formula says when the
     waves are full; a partial last wave goes to the slots that finished first, so there
     the simulation is below the formula, within its spread term of ``ceil(n / C)``."""
-    np.testing.assert_allclose(chunking.schedule_waves(np.array([1, 2, 3, 8, 9]), 2, 0.0), [1, 1, 2, 4, 5])
+    np.testing.assert_allclose(time_model.schedule_waves(np.array([1, 2, 3, 8, 9]), 2, 0.0), [1, 1, 2, 4, 5])
     rng = np.random.default_rng(1)
     for n, slots, sigma in ((8, 2, 0.1), (2, 2, 0.1), (1, 2, 0.1), (12, 4, 0.05), (5, 2, 0.1), (10, 4, 0.1)):
         makespans = []
@@ -617,42 +621,42 @@ def test_near_equal_tasks_pay_no_tail_on_a_multiple_of_the_slots():
             for t in 1.0 + sigma * rng.standard_normal(n):
                 finish[np.argmin(finish)] += t  # the free slot takes the next task
             makespans.append(finish.max())
-        simulated, formula = np.mean(makespans), chunking.schedule_waves(n, slots, sigma)
+        simulated, formula = np.mean(makespans), time_model.schedule_waves(n, slots, sigma)
         if n % slots == 0 or n < slots:
             assert formula == pytest.approx(simulated, rel=0.01)
         else:
             waves = math.ceil(n / slots)
             assert waves - (formula - waves) < simulated < formula
     with pytest.raises(ValueError):
-        chunking.schedule_waves(3, 2, -0.1)
+        time_model.schedule_waves(3, 2, -0.1)
 
 
 def test_tasks_of_several_units_are_balanced_unit_by_unit_but_never_beat_their_own_chain():
     """A staged chunk is ``u`` stage tasks the scheduler hands out one by one: ``ceil(n u / C)``
     waves of units, ``/ u`` in chunk times, at least one chunk time (its own chain)."""
-    equal = chunking.schedule_waves(np.array([1, 2, 3, 9, 4]), 2, 0.0, units=3)
+    equal = time_model.schedule_waves(np.array([1, 2, 3, 9, 4]), 2, 0.0, units=3)
     np.testing.assert_allclose(equal, [1.0, 1.0, 5 / 3, 14 / 3, 2.0])
-    np.testing.assert_allclose(chunking.schedule_waves(9, 2, 0.0, units=2), 4.5)  # a whole chunk's tail: 5
-    np.testing.assert_allclose(chunking.schedule_waves(9, 2, 0.0, units=1), 5.0)
+    np.testing.assert_allclose(time_model.schedule_waves(9, 2, 0.0, units=2), 4.5)  # a whole chunk's tail: 5
+    np.testing.assert_allclose(time_model.schedule_waves(9, 2, 0.0, units=1), 5.0)
     k = 18 // 2
-    spread = chunking.schedule_waves(9, 2, 0.3, units=2)
-    assert spread == pytest.approx((k + 0.3 * math.sqrt(k) * chunking.expected_max_normal(2)) / 2)
-    assert chunking.schedule_waves(8, 2, None, units=3) == chunking.schedule_waves(8, 2)  # Graham: its chain
+    spread = time_model.schedule_waves(9, 2, 0.3, units=2)
+    assert spread == pytest.approx((k + 0.3 * math.sqrt(k) * time_model.expected_max_normal(2)) / 2)
+    assert time_model.schedule_waves(8, 2, None, units=3) == time_model.schedule_waves(8, 2)  # Graham: its chain
     with pytest.raises(ValueError):
-        chunking.schedule_waves(3, 2, 0.1, units=0)
+        time_model.schedule_waves(3, 2, 0.1, units=0)
 
 
 def test_task_clock_interpolates_in_log_volume_and_holds_its_ends():
-    clock = chunking.TaskClock(volumes=(1e3, 1e5), seconds_per_voxel=(3e-7, 1e-7),
+    clock = time_model.TaskClock(volumes=(1e3, 1e5), seconds_per_voxel=(3e-7, 1e-7),
                                spread_volumes=(1e3, 1e5), spreads=(0.4, 0.1))
     np.testing.assert_allclose(clock.seconds_per_voxel_at([1e2, 1e3, 1e4, 1e5, 1e7]), [3e-7, 3e-7, 2e-7, 1e-7, 1e-7])
     np.testing.assert_allclose(clock.spread_at([1e4]), [0.25])
-    assert chunking.TaskClock(volumes=(1e3,), seconds_per_voxel=(1e-7,)).spread_at(1e4) is None
-    assert chunking.TaskClock.from_dict(clock.to_dict()) == clock
+    assert time_model.TaskClock(volumes=(1e3,), seconds_per_voxel=(1e-7,)).spread_at(1e4) is None
+    assert time_model.TaskClock.from_dict(clock.to_dict()) == clock
     with pytest.raises(ValueError):
-        chunking.TaskClock(volumes=(), seconds_per_voxel=())
+        time_model.TaskClock(volumes=(), seconds_per_voxel=())
     with pytest.raises(ValueError):
-        chunking.TaskClock(volumes=(1e3,), seconds_per_voxel=(-1.0,))
+        time_model.TaskClock(volumes=(1e3,), seconds_per_voxel=(-1.0,))
 
 
 def test_a_plan_pays_what_its_block_costs_per_voxel():
@@ -667,14 +671,14 @@ def test_a_plan_pays_what_its_block_costs_per_voxel():
         return plan_chunks(shape, halo, (), predict, 64 * GiB, baseline_bytes=BASELINE, workers=2,
                            graph_task_seconds=0.002, task_clock=clock)
 
-    flat = plan(chunking.TaskClock(volumes=(1e6, 1e8), seconds_per_voxel=(2e-7, 2e-7),
+    flat = plan(time_model.TaskClock(volumes=(1e6, 1e8), seconds_per_voxel=(2e-7, 2e-7),
                                    spread_volumes=(1e6,), spreads=(0.02,)))
-    steep = plan(chunking.TaskClock(volumes=(1e6, 4e6, 1e7), seconds_per_voxel=(2e-7, 2e-7, 2.8e-7),
+    steep = plan(time_model.TaskClock(volumes=(1e6, 4e6, 1e7), seconds_per_voxel=(2e-7, 2e-7, 2.8e-7),
                                     spread_volumes=(1e6,), spreads=(0.02,)))
     assert flat.n_tasks == 2
     assert math.prod(steep.block) <= 4e6 < math.prod(flat.block)
     assert steep.seconds_per_voxel == pytest.approx(2e-7) and steep.task_spread == pytest.approx(0.02)
-    expected = chunking.plan_seconds(steep.n_tasks, math.prod(steep.block), 2, seconds_per_voxel=2e-7,
+    expected = time_model.plan_seconds(steep.n_tasks, math.prod(steep.block), 2, seconds_per_voxel=2e-7,
                                      tasks_per_chunk=3.0,  # read, operator, store: a windowed read, no halo pieces
                                      graph_task_seconds=0.002, spread=0.02)
     assert steep.predicted_seconds == pytest.approx(float(expected))
@@ -682,22 +686,22 @@ def test_a_plan_pays_what_its_block_costs_per_voxel():
 
 
 def test_a_clocked_block_shape_takes_its_own_figure_and_survives_a_round_trip():
-    clock = chunking.TaskClock(volumes=(1e6, 1e7), seconds_per_voxel=(2e-7, 2e-7),
+    clock = time_model.TaskClock(volumes=(1e6, 1e7), seconds_per_voxel=(2e-7, 2e-7),
                                shapes=((100, 100, 400),), shape_seconds_per_voxel=(5e-7,))
     blocks = np.array([[100, 100, 400], [200, 200, 100], [400, 100, 100]])
     np.testing.assert_allclose(clock.seconds_per_voxel_at(np.prod(blocks, axis=1), blocks), [5e-7, 2e-7, 2e-7])
     np.testing.assert_allclose(clock.seconds_per_voxel_at([4e6]), [2e-7])  # no blocks: the volume curve
     assert clock.clocked(blocks).tolist() == [True, False, False] and clock.clocked((100, 100, 400))[0]
-    assert chunking.TaskClock.from_dict(json.loads(json.dumps(clock.to_dict()))) == clock
+    assert time_model.TaskClock.from_dict(json.loads(json.dumps(clock.to_dict()))) == clock
     with pytest.raises(ValueError):
-        chunking.TaskClock(volumes=(1e6,), seconds_per_voxel=(1e-7,), shapes=((10, 10, 10),))
-    huge = chunking.TaskClock(volumes=(1e6,), seconds_per_voxel=(1e-7,), shapes=((2**40, 1, 1), (1, 2, 3)),
+        time_model.TaskClock(volumes=(1e6,), seconds_per_voxel=(1e-7,), shapes=((10, 10, 10),))
+    huge = time_model.TaskClock(volumes=(1e6,), seconds_per_voxel=(1e-7,), shapes=((2**40, 1, 1), (1, 2, 3)),
                               shape_seconds_per_voxel=(5e-7, 6e-7))  # too long to pack into one key
     assert huge.clocked([[2**40, 1, 1], [1, 1, 1], [1, 2, 3]]).tolist() == [True, False, True]
     # a composed clock knows the shapes every member clocked, at the members' sum less the shared I/O
-    other = chunking.TaskClock(volumes=(1e6,), seconds_per_voxel=(1e-7,),
+    other = time_model.TaskClock(volumes=(1e6,), seconds_per_voxel=(1e-7,),
                                shapes=((100, 100, 400), (50, 50, 50)), shape_seconds_per_voxel=(3e-7, 9e-7))
-    fused = chunking.composed_clock([clock, other], shared_seconds_per_voxel=5e-8)
+    fused = time_model.composed_clock([clock, other], shared_seconds_per_voxel=5e-8)
     assert fused.shapes == ((100, 100, 400),)
     assert fused.seconds_per_voxel_at([4e6], [[100, 100, 400]])[0] == pytest.approx(5e-7 + 3e-7 - 5e-8)
 
@@ -714,36 +718,36 @@ def test_a_plan_avoids_a_block_shape_the_workers_timed_slow_and_says_whether_its
                            graph_task_seconds=0.002, task_clock=clock)
 
     curve = dict(volumes=(1e6, 1e8), seconds_per_voxel=(2e-7, 2e-7), spread_volumes=(1e6,), spreads=(0.02,))
-    by_volume = plan(chunking.TaskClock(**curve))
+    by_volume = plan(time_model.TaskClock(**curve))
     assert by_volume.n_tasks == 2 and not by_volume.block_clocked
-    slow = plan(chunking.TaskClock(**curve, shapes=(tuple(by_volume.block),), shape_seconds_per_voxel=(3.2e-7,)))
+    slow = plan(time_model.TaskClock(**curve, shapes=(tuple(by_volume.block),), shape_seconds_per_voxel=(3.2e-7,)))
     assert tuple(slow.block) != tuple(by_volume.block) and not slow.block_clocked
-    assert slow.predicted_seconds < float(chunking.fused_seconds(
+    assert slow.predicted_seconds < float(time_model.fused_seconds(
         shape, halo, [by_volume.chunks], slots=2, graph_task_seconds=0.002,
-        task_clock=chunking.TaskClock(**curve, shapes=(tuple(by_volume.block),), shape_seconds_per_voxel=(3.2e-7,))
+        task_clock=time_model.TaskClock(**curve, shapes=(tuple(by_volume.block),), shape_seconds_per_voxel=(3.2e-7,))
     )[0])
-    timed = plan(chunking.TaskClock(**curve, shapes=(tuple(by_volume.block), tuple(slow.block)),
+    timed = plan(time_model.TaskClock(**curve, shapes=(tuple(by_volume.block), tuple(slow.block)),
                                     shape_seconds_per_voxel=(3.2e-7, 2e-7)))
     assert timed.block_clocked and timed.chunks == slow.chunks and timed.to_dict()["block_clocked"] is True
 
 
 def test_a_grid_volume_gives_every_task_the_block_with_two_chunks_per_axis():
-    volume, chunks = chunking.grid_volume((40, 50, 60), (5, 5, 5), (2,), (2, 1, 2))
+    volume, chunks = plan_candidates.grid_volume((40, 50, 60), (5, 5, 5), (2,), (2, 1, 2))
     assert volume == (70, 50, 60) and chunks == (35, 50, 60)  # two chunks of b - h, one of b, a whole axis b
-    assert chunking.axis_blocks(70, [35], 5)[0] == 40  # each of the two chunks sees its neighbour's halo once
-    assert chunking.grid_volume((40, 40, 40), (5, 5, 5), (), (4, 4, 4)) == ((140, 140, 140), (35, 35, 35))
+    assert grid.axis_blocks(70, [35], 5)[0] == 40  # each of the two chunks sees its neighbour's halo once
+    assert plan_candidates.grid_volume((40, 40, 40), (5, 5, 5), (), (4, 4, 4)) == ((140, 140, 140), (35, 35, 35))
 
 
 def test_the_compact_neighbour_cuts_the_longest_split_axis_into_twice_the_chunks():
     shape, halo = (256, 256, 256), (5, 5, 5)
     predict = lambda blocks, confidence=0.99: (100.0 * np.prod(blocks, axis=1),) * 2  # noqa: E731
     plan = plan_chunks(shape, halo, (), predict, 64 * GiB, baseline_bytes=BASELINE, chunks=(128, 128, 256))
-    assert chunking.compact_neighbour(plan) == (128, 128, 128)
+    assert plan_candidates.compact_neighbour(plan) == (128, 128, 128)
     whole = plan_chunks(shape, halo, (2,), predict, 64 * GiB, baseline_bytes=BASELINE, chunks=(128, 64, 256))
-    assert chunking.compact_neighbour(whole) == (64, 64, 256)  # the whole axis stays whole
+    assert plan_candidates.compact_neighbour(whole) == (64, 64, 256)  # the whole axis stays whole
     smallest = plan_chunks((40, 40, 40), halo, (), predict, 64 * GiB, baseline_bytes=BASELINE, min_chunk=16,
                            chunks=(20, 20, 20))
-    assert chunking.compact_neighbour(smallest) is None  # nothing shorter than 16 on any axis
+    assert plan_candidates.compact_neighbour(smallest) is None  # nothing shorter than 16 on any axis
 
 
 def scaled(factor):
@@ -755,25 +759,25 @@ def scaled(factor):
 
 def test_a_plan_still_fits_under_its_own_predictor_and_not_under_a_doubled_one():
     plan = plan_chunks(SHAPE, HALO, (), predict, LIMIT, baseline_bytes=BASELINE)
-    assert chunking.plan_fits(plan, predict)
-    assert not chunking.plan_fits(plan, scaled(2.0))
+    assert planner.plan_fits(plan, predict)
+    assert not planner.plan_fits(plan, scaled(2.0))
 
 
 def test_replan_policy_only_early_and_only_when_the_plan_no_longer_fits():
     plan = plan_chunks(SHAPE, HALO, (), predict, LIMIT, baseline_bytes=BASELINE)  # one slot: largest chunks
-    assert chunking.replan(plan, predict, done_fraction=0.0) is None  # still fits: carry on
-    assert chunking.replan(plan, scaled(2.0), done_fraction=0.9) is None  # too late: finishing is cheaper
-    new = chunking.replan(plan, scaled(2.0), done_fraction=0.1)
+    assert planner.replan(plan, predict, done_fraction=0.0) is None  # still fits: carry on
+    assert planner.replan(plan, scaled(2.0), done_fraction=0.9) is None  # too late: finishing is cheaper
+    new = planner.replan(plan, scaled(2.0), done_fraction=0.1)
     assert new is not None and new.n_tasks > plan.n_tasks
     assert new == plan_chunks(SHAPE, HALO, (), scaled(2.0), LIMIT, baseline_bytes=BASELINE)
     with pytest.raises(ChunkPlanError):
-        chunking.replan(plan, scaled(1e4), done_fraction=0.1)
+        planner.replan(plan, scaled(1e4), done_fraction=0.1)
 
 
 def test_chunks_of_an_operator_that_pads_its_blocks_sit_on_its_grid():
     """unet3d pads blocks to multiples of 8: split axes get chunk lengths on that grid, and the
     plan carries the multiple (a re-plan keeps it)."""
-    from explorer.chunking import axis_chunk_candidates
+    from explorer.plan.candidates import axis_chunk_candidates
 
     lengths = axis_chunk_candidates(1000, 48, False, 1, 64, multiple=8)
     split = lengths[lengths < 1000]
@@ -784,7 +788,7 @@ def test_chunks_of_an_operator_that_pads_its_blocks_sit_on_its_grid():
         v = np.prod(np.asarray(blocks, dtype=float), axis=1)
         return 320.0 * v, 330.0 * v
 
-    plan = chunking.plan_chunks((300, 500, 700), (48, 48, 48), (), predict, 8 * 2**30, baseline_bytes=100 * 2**20,
+    plan = planner.plan_chunks((300, 500, 700), (48, 48, 48), (), predict, 8 * 2**30, baseline_bytes=100 * 2**20,
                        block_multiple=(8, 8, 8))
     assert plan.block_multiple == (8, 8, 8)
     assert all(c % 8 == 0 or c == n for c, n in zip(plan.chunks, (300, 500, 700)))
@@ -792,7 +796,7 @@ def test_chunks_of_an_operator_that_pads_its_blocks_sit_on_its_grid():
 
 def test_a_predictor_taking_tasks_bounds_the_largest_task_of_each_candidate_plan():
     """The planner gives a predictor that takes ``tasks`` each candidate's task count: a
-    plan's footprint must hold for every task it runs (``explorer.calibration.task_bound``)."""
+    plan's footprint must hold for every task it runs (``explorer.plan.excess.task_bound``)."""
     seen = []
 
     def predict(blocks, confidence=0.99, tasks=1):
@@ -805,7 +809,7 @@ def test_a_predictor_taking_tasks_bounds_the_largest_task_of_each_candidate_plan
     assert any(np.any(t > 1) for t in seen)
     mean = 100.0 * math.prod(plan.block)
     assert plan.footprint.task_peak_bytes == pytest.approx(mean + 2**20 * plan.n_tasks, rel=1e-9)
-    assert chunking.plan_fits(plan, predict)
+    assert planner.plan_fits(plan, predict)
 
 
 # --------------------------------------------------------------------------- staged plans
@@ -826,7 +830,7 @@ class StagePredictor:
 
 def staged_stages(halos=((4, 4, 4), (6, 6, 6)), bytes_per_sample=(20.0, 200.0), groups=None):
     groups = groups or list(range(len(halos)))
-    return [chunking.PlanStage(name=f"op{i}", halo=h, predict=StagePredictor(a), group=g,
+    return [staged.PlanStage(name=f"op{i}", halo=h, predict=StagePredictor(a), group=g,
                                seconds_per_voxel=1e-8 * (i + 1))
             for i, (h, a, g) in enumerate(zip(halos, bytes_per_sample, groups))]
 
@@ -857,7 +861,7 @@ def by_hand_staged_total(plan, stages, shape, workers, threads=1, baseline=BASEL
 def test_a_staged_plans_bound_is_its_largest_stage_plus_every_stages_queue_and_held_chunks(workers):
     shape = (300, 260, 200)
     stages = staged_stages()
-    plan = chunking.plan_staged_chunks(shape, (), stages, 1 * GiB, baseline_bytes=BASELINE, workers=workers,
+    plan = staged.plan_staged_chunks(shape, (), stages, 1 * GiB, baseline_bytes=BASELINE, workers=workers,
                                        confidence=0.99)
     assert plan.strategy == "staged" and plan.upper_bytes <= plan.budget_bytes
     assert plan.upper_bytes == by_hand_staged_total(plan, stages, shape, workers)
@@ -875,7 +879,7 @@ def test_a_fan_outs_branches_keep_their_shared_input_once():
     shape = (300, 260, 200)
     fan = staged_stages(halos=((4, 4, 4), (6, 6, 6), (3, 3, 3)), bytes_per_sample=(20.0, 200.0, 50.0),
                         groups=[0, 1, 1])
-    plan = chunking.plan_staged_chunks(shape, (), fan, 1 * GiB, baseline_bytes=BASELINE, workers=2)
+    plan = staged.plan_staged_chunks(shape, (), fan, 1 * GiB, baseline_bytes=BASELINE, workers=2)
     assert plan.upper_bytes == by_hand_staged_total(plan, fan, shape, 2)
     assert len(plan.stages) == 3
     # the branches' shared intermediate keeps its chunks once, for the larger of their halos
@@ -885,14 +889,14 @@ def test_a_fan_outs_branches_keep_their_shared_input_once():
 def test_a_staged_plans_time_charges_every_stages_tasks_and_block_and_the_transfers():
     shape, workers = (300, 260, 200), 2
     stages = staged_stages()
-    plan = chunking.plan_staged_chunks(shape, (), stages, 4 * GiB, baseline_bytes=BASELINE, workers=workers,
+    plan = staged.plan_staged_chunks(shape, (), stages, 4 * GiB, baseline_bytes=BASELINE, workers=workers,
                                        graph_task_seconds=0.002, io_seconds_per_voxel=5e-8)
     counts = [-(-n // c) for n, c in zip(shape, plan.chunks)]
     chunk_seconds = 0.0
     for i, s in enumerate(stages):
-        block = [int(chunking.axis_blocks(n, [c], h)[0]) for n, c, h in zip(shape, plan.chunks, s.halo)]
+        block = [int(grid.axis_blocks(n, [c], h)[0]) for n, c, h in zip(shape, plan.chunks, s.halo)]
         # the first stage reads its blocks in windows: read, operator, store, no halo pieces
-        graph_tasks = 3.0 if i == 0 else float(chunking.graph_tasks_per_chunk(counts, s.halo))
+        graph_tasks = 3.0 if i == 0 else float(time_model.graph_tasks_per_chunk(counts, s.halo))
         chunk_seconds += 0.002 * graph_tasks + s.seconds_per_voxel * math.prod(block)
         chunk_seconds += 5e-8 * (math.prod(block) if i == 0 else (math.prod(block) - math.prod(plan.chunks)) / 2)
     waves = plan.n_tasks / 2 + 1 - 1 / 2  # Graham's bound on two slots
@@ -901,26 +905,26 @@ def test_a_staged_plans_time_charges_every_stages_tasks_and_block_and_the_transf
 
 def test_a_staged_plan_is_never_replanned_and_fails_in_one_line_when_nothing_fits():
     stages = staged_stages()
-    plan = chunking.plan_staged_chunks((200, 200, 200), (), stages, 1 * GiB, baseline_bytes=BASELINE)
+    plan = staged.plan_staged_chunks((200, 200, 200), (), stages, 1 * GiB, baseline_bytes=BASELINE)
     doubled = lambda blocks, confidence=0.99: tuple(2 * x for x in analytic_peak(blocks))  # noqa: E731
-    assert chunking.replan(plan, doubled, done_fraction=0.0) is None
+    assert planner.replan(plan, doubled, done_fraction=0.0) is None
     with pytest.raises(ChunkPlanError) as info:
-        chunking.plan_staged_chunks((2000, 2000, 2000), (2,), stages, 200 * MiB, baseline_bytes=BASELINE,
+        staged.plan_staged_chunks((2000, 2000, 2000), (2,), stages, 200 * MiB, baseline_bytes=BASELINE,
                                     operator="a,b")
     assert "fits staged for a,b" in str(info.value) and "\n" not in str(info.value)
 
 
 def test_a_composed_clock_sums_the_members_and_takes_off_the_io_a_fused_task_does_once():
-    a = chunking.TaskClock(volumes=(1e4, 1e6), seconds_per_voxel=(4e-7, 1e-7), spread_volumes=(1e4, 1e6),
+    a = time_model.TaskClock(volumes=(1e4, 1e6), seconds_per_voxel=(4e-7, 1e-7), spread_volumes=(1e4, 1e6),
                            spreads=(0.5, 0.1))
-    b = chunking.TaskClock(volumes=(1e5, 1e7), seconds_per_voxel=(3e-7, 2e-7), spread_volumes=(1e5,), spreads=(0.3,))
-    fused = chunking.composed_clock([a, b], shared_seconds_per_voxel=5e-8)
+    b = time_model.TaskClock(volumes=(1e5, 1e7), seconds_per_voxel=(3e-7, 2e-7), spread_volumes=(1e5,), spreads=(0.3,))
+    fused = time_model.composed_clock([a, b], shared_seconds_per_voxel=5e-8)
     for v in (1e4, 3e5, 1e6, 5e6, 1e7):
         expected = a.seconds_per_voxel_at(v) + b.seconds_per_voxel_at(v) - 5e-8
         assert fused.seconds_per_voxel_at(v) == pytest.approx(expected, rel=1e-9)
     assert fused.spread_at(1e4) == pytest.approx(0.5) and fused.spread_at(1e6) == pytest.approx(0.3)
-    no_spread = chunking.TaskClock(volumes=(1e5,), seconds_per_voxel=(1e-7,))
-    assert chunking.composed_clock([a, no_spread]).spread_at(1e5) is None
+    no_spread = time_model.TaskClock(volumes=(1e5,), seconds_per_voxel=(1e-7,))
+    assert time_model.composed_clock([a, no_spread]).spread_at(1e5) is None
 
 
 def test_a_staged_plan_is_timed_when_every_stages_block_is_and_pays_each_stages_own_figure():
@@ -928,10 +932,10 @@ def test_a_staged_plan_is_timed_when_every_stages_block_is_and_pays_each_stages_
     curve = dict(volumes=(1e5, 1e7), seconds_per_voxel=(2e-7, 5e-8))
 
     def plan(shapes_of):
-        stages = [dataclasses.replace(s, task_clock=chunking.TaskClock(
+        stages = [dataclasses.replace(s, task_clock=time_model.TaskClock(
             **curve, shapes=shapes_of(i), shape_seconds_per_voxel=(5e-8,) * len(shapes_of(i))))
             for i, s in enumerate(staged_stages())]
-        return stages, chunking.plan_staged_chunks(shape, (), stages, 4 * GiB, baseline_bytes=BASELINE, workers=2,
+        return stages, staged.plan_staged_chunks(shape, (), stages, 4 * GiB, baseline_bytes=BASELINE, workers=2,
                                                    graph_task_seconds=0.002, io_seconds_per_voxel=5e-8)
 
     _, untimed = plan(lambda i: ())
@@ -943,31 +947,31 @@ def test_a_staged_plan_is_timed_when_every_stages_block_is_and_pays_each_stages_
     assert timed.block_clocked and timed.chunks == untimed.chunks
     # each stage pays its own block's figure (50 ns, below the curve's at these volumes), not the curve's
     assert timed.predicted_seconds < untimed.predicted_seconds
-    assert timed.predicted_seconds == pytest.approx(float(chunking.staged_seconds(
+    assert timed.predicted_seconds == pytest.approx(float(time_model.staged_seconds(
         shape, stages, [timed.chunks], workers=2, slots=2, graph_task_seconds=0.002, io_seconds_per_voxel=5e-8)[0]))
 
 
 def test_a_staged_plan_with_the_members_clocks_pays_their_tasks_and_their_spread():
     shape, workers = (300, 260, 200), 2
-    clocks = [chunking.TaskClock(volumes=(1e5, 1e7), seconds_per_voxel=(2e-7, 5e-8), spread_volumes=(1e5,),
+    clocks = [time_model.TaskClock(volumes=(1e5, 1e7), seconds_per_voxel=(2e-7, 5e-8), spread_volumes=(1e5,),
                                  spreads=(s,)) for s in (0.2, 0.4)]
     stages = [dataclasses.replace(s, task_clock=c) for s, c in zip(staged_stages(), clocks)]
-    plan = chunking.plan_staged_chunks(shape, (), stages, 4 * GiB, baseline_bytes=BASELINE, workers=workers,
+    plan = staged.plan_staged_chunks(shape, (), stages, 4 * GiB, baseline_bytes=BASELINE, workers=workers,
                                        graph_task_seconds=0.002, io_seconds_per_voxel=5e-8)
     counts = [-(-n // c) for n, c in zip(shape, plan.chunks)]
     chunk_seconds = 0.0
     for i, (s, clock) in enumerate(zip(stages, clocks)):
-        v = math.prod(int(chunking.axis_blocks(n, [c], h)[0]) for n, c, h in zip(shape, plan.chunks, s.halo))
+        v = math.prod(int(grid.axis_blocks(n, [c], h)[0]) for n, c, h in zip(shape, plan.chunks, s.halo))
         # the first stage reads its blocks in windows: read, operator, store, no halo pieces
-        graph_tasks = 3.0 if i == 0 else float(chunking.graph_tasks_per_chunk(counts, s.halo))
+        graph_tasks = 3.0 if i == 0 else float(time_model.graph_tasks_per_chunk(counts, s.halo))
         chunk_seconds += 0.002 * graph_tasks + clock.seconds_per_voxel_at(v) * v
         # a later stage reads its input from, and leaves its output in, the workers: no read, no store
         chunk_seconds += 0.0 if i == 0 else 5e-8 * (v - math.prod(plan.chunks)) / 2 - 5e-8 * math.prod(plan.chunks)
     # the larger of the two spreads; the scheduler balances the 2 n stage tasks, not n chunks
     k = math.ceil(2 * plan.n_tasks / 2)
-    waves = max(1.0, (k + 0.4 * math.sqrt(k) * chunking.expected_max_normal(2)) / 2)
+    waves = max(1.0, (k + 0.4 * math.sqrt(k) * time_model.expected_max_normal(2)) / 2)
     assert plan.predicted_seconds == pytest.approx(waves * chunk_seconds)
-    np.testing.assert_allclose(chunking.staged_seconds(shape, stages, [plan.chunks], workers=workers, slots=2,
+    np.testing.assert_allclose(time_model.staged_seconds(shape, stages, [plan.chunks], workers=workers, slots=2,
                                                        graph_task_seconds=0.002, io_seconds_per_voxel=5e-8),
                                [plan.predicted_seconds])
 
@@ -975,10 +979,10 @@ def test_a_staged_plan_with_the_members_clocks_pays_their_tasks_and_their_spread
 @pytest.mark.parametrize("workers", [1, 4])
 def test_a_staged_plans_probe_pruning_gives_the_exhaustive_answer(monkeypatch, workers):
     shape = (800, 600, 1000)
-    pruned = chunking.plan_staged_chunks(shape, (), staged_stages(), 1.5 * GiB, baseline_bytes=BASELINE,
+    pruned = staged.plan_staged_chunks(shape, (), staged_stages(), 1.5 * GiB, baseline_bytes=BASELINE,
                                          workers=workers)
-    monkeypatch.setattr(chunking, "PROBE_VALUES_PER_AXIS", 10**6)  # the probe is every candidate
-    exhaustive = chunking.plan_staged_chunks(shape, (), staged_stages(), 1.5 * GiB, baseline_bytes=BASELINE,
+    monkeypatch.setattr(plan_candidates, "PROBE_VALUES_PER_AXIS", 10**6)  # the probe is every candidate
+    exhaustive = staged.plan_staged_chunks(shape, (), staged_stages(), 1.5 * GiB, baseline_bytes=BASELINE,
                                              workers=workers)
     assert pruned.chunks == exhaustive.chunks and pruned.upper_bytes == exhaustive.upper_bytes
     assert pruned.n_candidates < exhaustive.n_candidates
@@ -993,28 +997,28 @@ def test_a_staged_no_fit_names_the_smallest_complete_footprint_as_an_unpruned_se
                            groups=[0, 1, 1])
     limit = 260 * MiB
     with pytest.raises(ChunkPlanError) as info:
-        chunking.plan_staged_chunks((1200, 1000, 900), (), stages, limit, baseline_bytes=BASELINE, workers=2)
-    c = chunking.chunk_candidates((1200, 1000, 900), (6, 6, 6), (), footprint=functools.partial(
-        worker_footprint, threads_per_worker=1, baseline_bytes=0), budget=2**62, min_chunk=chunking.DEFAULT_MIN_CHUNK,
+        staged.plan_staged_chunks((1200, 1000, 900), (), stages, limit, baseline_bytes=BASELINE, workers=2)
+    c = plan_candidates.chunk_candidates((1200, 1000, 900), (6, 6, 6), (), footprint=functools.partial(
+        worker_footprint, threads_per_worker=1, baseline_bytes=0), budget=2**62, min_chunk=plan_candidates.DEFAULT_MIN_CHUNK,
         workers=2, slots=2, seconds_per_voxel=1e-7, graph_task_seconds=0.002)
     rows = [type("P", (), {"chunks": tuple(int(x) for x in row)}) for row in c.chunks]
     smallest = min(by_hand_staged_total(row, stages, (1200, 1000, 900), 2) for row in rows)
     idle = [dataclasses.replace(s, predict=StagePredictor(0.0)) for s in stages]  # every task peak at 0
     least_floor = min(by_hand_staged_total(row, idle, (1200, 1000, 900), 2) for row in rows)
     assert least_floor <= math.floor(0.8 * limit) < smallest  # predicted, and pruned, yet nothing fits
-    assert chunking.format_bytes(smallest) in str(info.value)
+    assert units.format_bytes(smallest) in str(info.value)
 
 
 @pytest.mark.parametrize("halo", [(5, 5, 5), (0, 3, 0), (0, 0, 0)])
 def test_a_candidate_grids_time_model_terms_are_the_row_by_row_ones(halo):
     """Candidates are a sub-grid of per-axis lengths: their graph tasks are computed per axis
     and gathered, and must equal graph_tasks_per_chunk's row by row (bit for bit)."""
-    c = chunking.chunk_candidates((800, 600, 1000), halo, (), footprint=functools.partial(
+    c = plan_candidates.chunk_candidates((800, 600, 1000), halo, (), footprint=functools.partial(
         worker_footprint, baseline_bytes=BASELINE), budget=10**15, min_chunk=16, workers=3, slots=3,
         seconds_per_voxel=1e-7, graph_task_seconds=0.002)
     counts = -(-np.asarray((800, 600, 1000)) // c.chunks)
-    np.testing.assert_array_equal(chunking._grid_graph_tasks((800, 600, 1000), halo, c.axis_chunks, c.grid),
-                                  chunking.graph_tasks_per_chunk(counts, halo))
+    np.testing.assert_array_equal(time_model._grid_graph_tasks((800, 600, 1000), halo, c.axis_chunks, c.grid),
+                                  time_model.graph_tasks_per_chunk(counts, halo))
     k = counts[:, None, :]  # (m, 1, 3): neighbour_chunks_held on any leading shape, row by row
-    rows = np.array([chunking.neighbour_chunks_held(row, halo, 3) for row in counts])
-    np.testing.assert_array_equal(chunking.neighbour_chunks_held(k, halo, 3)[:, 0], rows)
+    rows = np.array([plan_footprint.neighbour_chunks_held(row, halo, 3) for row in counts])
+    np.testing.assert_array_equal(plan_footprint.neighbour_chunks_held(k, halo, 3)[:, 0], rows)

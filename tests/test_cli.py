@@ -167,7 +167,7 @@ def test_user_mistakes_are_one_line_that_names_the_fix(args, fragment, tmp_path)
 
 def test_the_library_refuses_the_same_confidence_as_the_cli():
     from explorer.core import validate
-    from explorer.recommend import recommend_chunks
+    from explorer.plan.recommend import recommend_chunks
 
     with pytest.raises(ValueError, match=r"confidence must be in \(0.5, 1\)"):
         recommend_chunks("gst3d", (100, 100, 100), "1GiB", confidence=0.5)

@@ -206,8 +206,8 @@ def test_auto_chunks_are_reported(cluster, segy, tmp_path):
 
 def test_model_chunks_follow_recommend_chunks_with_the_clusters_baseline(cluster, segy, expected, model_runs,
                                                                          tmp_path):
-    from explorer.calibration import calibration_path
-    from explorer.recommend import recommend_chunks
+    from explorer.plan.calibration import calibration_path
+    from explorer.plan.recommend import recommend_chunks
     from explorer.store import Store
 
     r = run(OPERATOR, segy, tmp_path / "out.zarr", scheduler=cluster.scheduler_address, runs_dir=model_runs)
@@ -262,7 +262,7 @@ def test_a_task_over_the_bound_early_restarts_the_run_with_the_recalibrated_plan
 
     from explorer.core import paths
     from explorer.model import fit
-    from explorer.recommend import recommend_chunks
+    from explorer.plan.recommend import recommend_chunks
     from explorer.store import Store
 
     runs = tmp_path / "model-runs"

@@ -47,7 +47,7 @@ def test_explore_profiles_persists_fits_and_reports(explored):
 
 
 def test_explore_ends_with_in_worker_probes_and_saves_the_calibration(explored):
-    from explorer.calibration import load_calibration
+    from explorer.plan.calibration import load_calibration
     from explorer.measure.worker_baseline import baseline_path
 
     runs, result, _ = explored

@@ -200,7 +200,7 @@ def test_tasks_over_the_bound_are_counted_and_warned(client, segy, tmp_path, mod
 
 
 def test_observations_carry_run_environment_and_clocks(client, segy, tmp_path, model):
-    from explorer.calibration import calibrate
+    from explorer.plan.calibration import calibrate
     from explorer.core.environment import environment_digest
     from explorer.core.environment import environment_stamp
 

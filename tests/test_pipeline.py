@@ -372,7 +372,7 @@ def test_a_fan_out_plan_from_composed_models_runs_the_branches_in_liu_order(tmp_
     over its output (~85 B/voxel) dwarfs envelope's (~12), so the plan runs gst3d first,
     whatever the order written, and its bound is the one of that order."""
     from explorer.core import paths
-    from explorer.recommend import recommend_chunks
+    from explorer.plan.recommend import recommend_chunks
     from explorer.model.load import load_model
 
     for name in ("gaussian", "envelope"):
@@ -478,7 +478,7 @@ def test_recommend_weighs_fused_against_staged_by_predicted_time_among_plans_tha
     least predicted seconds (``considered`` keeps both); an asked strategy is honoured; a
     single operator has one form; a staged plan needs every member's model."""
     from explorer.core import paths
-    from explorer.recommend import recommend_chunks
+    from explorer.plan.recommend import recommend_chunks
     from explorer.model.memory_model import ModelNotFoundError
 
     gst3d_model.save(paths.model_path("gst3d", tmp_path))
@@ -498,12 +498,12 @@ def test_recommend_weighs_fused_against_staged_by_predicted_time_among_plans_tha
             assert one.considered[asked] == plan.considered[asked]
     staged = recommend_chunks(spec, (300, 300, 300), "1GiB", strategy="staged", **kwargs)
     assert [s["operator"] for s in staged.stages] == ["gaussian", "gst3d"]
-    from explorer.chunking import axis_blocks
+    from explorer.plan.grid import axis_blocks
 
     gst3d_halo = operators.get("gst3d").halo  # each stage's block carries its own halo, not the pipeline's
     assert staged.stages[1]["block"] == [int(axis_blocks(300, [c], h)[0]) for c, h in zip(staged.chunks, gst3d_halo)]
-    from explorer.chunking import ChunkPlanError
-    from explorer.recommend import plan_for_chunks, predicted_seconds
+    from explorer.plan.chunk_plan import ChunkPlanError
+    from explorer.plan.recommend import plan_for_chunks, predicted_seconds
 
     for plan in (staged, recommend_chunks(spec, (300, 300, 300), "1GiB", strategy="fused", **kwargs)):
         again = predicted_seconds(spec, (300, 300, 300), [plan.chunks, (100, 100, 300)], strategy=plan.strategy,
@@ -529,7 +529,7 @@ def test_explore_calibrate_probes_a_composed_model_in_workers_so_auto_weighs_fus
     LocalCluster and saves its calibration; after, the fused plan is calibrated (its bound
     carries the excess) and no warning is left."""
     from explorer.core import paths
-    from explorer.recommend import recommend_chunks
+    from explorer.plan.recommend import recommend_chunks
 
     for name in ("envelope", "gaussian"):
         fitted_model(name).save(paths.model_path(name, tmp_path))
@@ -630,8 +630,9 @@ def test_a_composed_models_ceiling_only_stops_short_on_blocks_above_it(spec):
 def test_a_fused_plan_of_a_composed_model_is_the_plan_of_its_full_predictions(limit, threads, workers):
     """The planner's ceiling lets a composed model skip members on blocks that cannot fit:
     the plan (or the no-fit message) is the one predicting every member everywhere gives."""
-    from explorer.calibration import TaskModel
-    from explorer.chunking import ChunkPlanError, plan_chunks
+    from explorer.plan.task_model import TaskModel
+    from explorer.plan.chunk_plan import ChunkPlanError
+    from explorer.plan.planner import plan_chunks
     from explorer.model.composed import ComposedModel
 
     pipeline = operators.get("gaussian,envelope+gst3d+instantaneous_phase")

@@ -14,10 +14,10 @@ import warnings
 import pytest
 
 from explorer.core import paths
-from explorer.chunking import ChunkPlanError
+from explorer.plan.chunk_plan import ChunkPlanError
 from explorer.core.environment import StaleModelWarning
 from explorer.measure.worker_baseline import baseline_path
-from explorer.recommend import recommend_chunks
+from explorer.plan.recommend import recommend_chunks
 from explorer.model.memory_model import ModelNotFoundError
 
 OPERATOR = "gst3d"
@@ -54,7 +54,7 @@ def test_confidence_threads_and_dask_pause_fraction_are_applied(runs):
 
 
 def test_the_bound_is_the_in_worker_one_and_the_time_terms_are_learnt(runs, gst3d_model):
-    from explorer.calibration import load_calibration
+    from explorer.plan.calibration import load_calibration
 
     plan = recommend_chunks(OPERATOR, SHAPE, "1GiB", runs_dir=runs)
     isolated_upper = gst3d_model.predict(plan.block)[1]
@@ -137,7 +137,7 @@ def test_errors_name_the_fix(tmp_path, runs):
 
 
 def test_auto_prefers_a_complete_bound_then_the_faster_plan_then_fused():
-    from explorer.recommend import choose_strategy
+    from explorer.plan.recommend import choose_strategy
 
     def plan(seconds, calibrated):
         return {"predicted_seconds": seconds, "in_worker_calibrated": calibrated}
@@ -150,7 +150,7 @@ def test_auto_prefers_a_complete_bound_then_the_faster_plan_then_fused():
 
 
 def test_auto_names_the_command_that_calibrates_a_faster_plan_it_passed_over():
-    from explorer.recommend import _passed_over
+    from explorer.plan.recommend import _passed_over
 
     def plan(seconds, calibrated):
         return {"predicted_seconds": seconds, "in_worker_calibrated": calibrated}

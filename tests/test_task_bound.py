@@ -11,7 +11,11 @@ import numpy as np
 import pytest
 from scipy import integrate, stats
 
-from explorer import calibration as cal
+from explorer.plan import calibration as plan_calibration
+from explorer.plan import excess as plan_excess
+from explorer.plan import max_task
+from explorer.plan import task_model
+from explorer.plan import timing
 from explorer.store import Record
 
 MiB = 2**20
@@ -43,7 +47,7 @@ def test_the_quantile_matches_monte_carlo_of_shared_plus_the_largest(a, b, sigma
     """The share of simulated plans whose largest task is under the bound is ``c`` within
     Monte Carlo error (3.5 binomial standard deviations at 300,000 draws)."""
     c, plans = 0.99, 300_000
-    u = cal.max_task_quantile(c, ([a], [b]), dofs, sigma, n, cold=k, cold_offset=kappa, cold_sd=cold_sd,
+    u = max_task.max_task_quantile(c, ([a], [b]), dofs, sigma, n, cold=k, cold_offset=kappa, cold_sd=cold_sd,
                               within_dof=within_dof)[0]
     x = simulate(np.random.default_rng(11), plans, a, b, sigma, n, k=k, kappa=kappa, cold_sd=cold_sd, dofs=dofs,
                  within_dof=within_dof)
@@ -55,22 +59,22 @@ def test_one_task_is_the_quantile_of_the_shared_error_plus_one_deviation():
     """``n = 1``: ``P(S + W <= u) = c`` by numerical integration over ``S``; the limits: no
     spread within gives ``S``'s own quantile, no shared error the within one's."""
     c, a, sigma, nu, nu_w = 0.99, 1.0, 0.7, 8.0, 30.0
-    u = cal.max_task_quantile(c, ([a], [0.0]), (nu, 12.0), sigma, 1, within_dof=nu_w)[0]
+    u = max_task.max_task_quantile(c, ([a], [0.0]), (nu, 12.0), sigma, 1, within_dof=nu_w)[0]
     p, _ = integrate.quad(lambda s: stats.t.cdf((u - a * s) / sigma, nu_w) * stats.t.pdf(s, nu), -np.inf, np.inf,
                           epsabs=1e-12)
     assert p == pytest.approx(c, abs=5e-5)
-    assert cal.max_task_quantile(c, ([a], [0.0]), (nu, 12.0), 0.0, 1)[0] == pytest.approx(stats.t.ppf(c, nu), rel=2e-3)
-    assert cal.max_task_quantile(c, ([0.0], [0.0]), (nu, 12.0), sigma, 1, within_dof=nu_w)[0] == \
+    assert max_task.max_task_quantile(c, ([a], [0.0]), (nu, 12.0), 0.0, 1)[0] == pytest.approx(stats.t.ppf(c, nu), rel=2e-3)
+    assert max_task.max_task_quantile(c, ([0.0], [0.0]), (nu, 12.0), sigma, 1, within_dof=nu_w)[0] == \
         pytest.approx(sigma * stats.t.ppf(c, nu_w), rel=2e-3)
     # the largest of n warm deviations alone is exactly Sidak's: F^{-1}(c^(1/n))
-    assert cal.max_task_quantile(c, ([0.0], [0.0]), (nu, 12.0), sigma, 50, within_dof=nu_w)[0] == \
+    assert max_task.max_task_quantile(c, ([0.0], [0.0]), (nu, 12.0), sigma, 50, within_dof=nu_w)[0] == \
         pytest.approx(sigma * stats.t.ppf(c ** (1 / 50), nu_w), rel=2e-3)
 
 
 def test_the_bound_on_many_tasks_is_at_least_one_tasks_and_grows_with_their_count():
     counts = np.array([1, 2, 4, 9, 30, 100, 1000, 10_000], dtype=float)
     for a, sigma in ((1.0, 0.2), (1.0, 1.0), (0.2, 1.0)):
-        u = cal.max_task_quantile(0.99, (np.full(counts.size, a), 0.1), (10.0, 12.0), sigma, counts,
+        u = max_task.max_task_quantile(0.99, (np.full(counts.size, a), 0.1), (10.0, 12.0), sigma, counts,
                                   within_dof=96.0)
         assert np.all(np.diff(u) > 0) and u[0] > 0
         # never below either part's own quantile (S and W symmetric and unimodal)
@@ -86,15 +90,15 @@ def test_the_quadrature_sum_covers_too_few_plans_of_100_tasks_and_the_exact_quan
     c, n, plans = 0.99, 100, 200_000
     rng = np.random.default_rng(5)
     v = np.geomspace(1e4, 3e7, 6)
-    excess = cal.fit_excess(v, 0.5 * MiB + 16.0 * v + np.array([1, -1, 0.5, -0.5, 0.3, -0.3]) * 2 * MiB)
-    within = cal.WithinFit(alpha_bytes=0.3 * MiB, beta=0.03, dof=96)
+    excess = plan_excess.fit_excess(v, 0.5 * MiB + 16.0 * v + np.array([1, -1, 0.5, -0.5, 0.3, -0.3]) * 2 * MiB)
+    within = plan_excess.WithinFit(alpha_bytes=0.3 * MiB, beta=0.03, dof=96)
     voxels = np.array([2e7])
     mean_p, nu_p = np.array([900 * MiB]), 10.0
     d_mean, d_half = excess.predict(voxels, c)
     sigma = float(within.sd(mean_p[0] + d_mean[0]))
     a = 1.4 * sigma  # the isolated model's scale: the shared and the largest's quantiles alike
     upper_p = mean_p + stats.t.ppf(c, nu_p) * a
-    mean, upper = cal.task_bound(mean_p, upper_p, voxels, excess, within, c, n, cold=0, isolated_dof=nu_p)
+    mean, upper = plan_excess.task_bound(mean_p, upper_p, voxels, excess, within, c, n, cold=0, isolated_dof=nu_p)
     # plans drawn from the model the bound describes: S = a T_nu_P + b T_{n-p}, W = sigma_w T_nu_w
     b = d_half[0] / stats.t.ppf(c, excess.dof)
     largest = mean[0] + simulate(rng, plans, a, b, sigma, n, dofs=(nu_p, excess.dof), within_dof=within.dof)
@@ -108,7 +112,7 @@ def test_the_quadrature_sum_covers_too_few_plans_of_100_tasks_and_the_exact_quan
 def test_the_planner_bounds_the_largest_of_a_plans_tasks_with_one_cold_task_per_slot():
     """``plan_chunks`` passes each candidate's task count and ``min(tasks, workers x threads)``
     cold tasks to a predictor that takes them."""
-    from explorer.chunking import plan_chunks
+    from explorer.plan.planner import plan_chunks
 
     seen = []
 
@@ -142,10 +146,10 @@ def cold_groups(rng, ratio, fixed=0.0, *, n_groups=7, workers=2, per_worker=4, a
 
 
 def fit_cold_of(records):
-    groups = cal.task_groups(records)
-    within = cal.fit_within(groups.mean_bytes, groups.variances, groups.n_tasks, groups.deviations, groups.dofs,
+    groups = plan_excess.task_groups(records)
+    within = plan_excess.fit_within(groups.mean_bytes, groups.variances, groups.n_tasks, groups.deviations, groups.dofs,
                             groups.cells)
-    return groups, within, cal.fit_cold(groups.mean_bytes, groups.cold_mean, groups.n_warm, groups.n_cold, within)
+    return groups, within, plan_excess.fit_cold(groups.mean_bytes, groups.cold_mean, groups.n_warm, groups.n_cold, within)
 
 
 def test_the_cold_offset_is_estimated_from_groups_holding_both_kinds():
@@ -187,35 +191,35 @@ def test_the_bound_takes_the_cold_tasks_into_the_largest():
     """Cold tasks raise the bound on a plan's largest task; a warm task alone is bounded
     without the offset, one of unknown order with it."""
     v = np.geomspace(1e4, 3e7, 6)
-    excess = cal.fit_excess(v, 0.5 * MiB + 16.0 * v + np.array([1, -1, 0.5, -0.5, 0.3, -0.3]) * MiB)
-    within = cal.WithinFit(alpha_bytes=0.3 * MiB, beta=0.02, dof=96)
-    cold = cal.ColdFit(coef=(0.0, 0.04 * GiB), cov=(0.0, 0.0, 0.0, (0.005 * GiB) ** 2), m_ref=GiB, dof=40,
+    excess = plan_excess.fit_excess(v, 0.5 * MiB + 16.0 * v + np.array([1, -1, 0.5, -0.5, 0.3, -0.3]) * MiB)
+    within = plan_excess.WithinFit(alpha_bytes=0.3 * MiB, beta=0.02, dof=96)
+    cold = plan_excess.ColdFit(coef=(0.0, 0.04 * GiB), cov=(0.0, 0.0, 0.0, (0.005 * GiB) ** 2), m_ref=GiB, dof=40,
                        n_groups=7)
     m, u = np.array([800 * MiB]), np.array([840 * MiB])
-    bound = lambda **kw: cal.task_bound(m, u, [2e7], excess, within, 0.99, cold_fit=cold, **kw)[1][0]  # noqa: E731
+    bound = lambda **kw: plan_excess.task_bound(m, u, [2e7], excess, within, 0.99, cold_fit=cold, **kw)[1][0]  # noqa: E731
     warm_one, cold_one, unknown = bound(cold=0), bound(cold=1), bound()
     assert warm_one < cold_one == unknown
     assert bound(tasks=100, cold=0) < bound(tasks=100, cold=2) < bound(tasks=100, cold=8)
-    assert cal.task_bound(m, u, [2e7], excess, within, 0.99, 100, cold=2)[1][0] < bound(tasks=100, cold=2)
+    assert plan_excess.task_bound(m, u, [2e7], excess, within, 0.99, 100, cold=2)[1][0] < bound(tasks=100, cold=2)
     # an offset measured as nothing still widens the cold tasks by its error
-    measured_none = cal.ColdFit(coef=(0.0, -0.01 * GiB), cov=(0.0, 0.0, 0.0, (0.01 * GiB) ** 2), m_ref=GiB,
+    measured_none = plan_excess.ColdFit(coef=(0.0, -0.01 * GiB), cov=(0.0, 0.0, 0.0, (0.01 * GiB) ** 2), m_ref=GiB,
                                 dof=40, n_groups=7)
-    none = cal.task_bound(m, u, [2e7], excess, within, 0.99, 9, cold=2, cold_fit=measured_none)[1][0]
-    assert cal.task_bound(m, u, [2e7], excess, within, 0.99, 9, cold=2)[1][0] < none < \
-        cal.task_bound(m, u, [2e7], excess, within, 0.99, 9, cold=2, cold_fit=cold)[1][0]
+    none = plan_excess.task_bound(m, u, [2e7], excess, within, 0.99, 9, cold=2, cold_fit=measured_none)[1][0]
+    assert plan_excess.task_bound(m, u, [2e7], excess, within, 0.99, 9, cold=2)[1][0] < none < \
+        plan_excess.task_bound(m, u, [2e7], excess, within, 0.99, 9, cold=2, cold_fit=cold)[1][0]
 
 
 def test_a_saved_calibration_keeps_its_cold_fit_and_an_old_file_reads_without_one(tmp_path):
     from explorer.core.environment import environment_stamp
 
-    cold = cal.ColdFit(coef=(0.5 * MiB, 0.03 * GiB), cov=(1e10, -1e9, -1e9, 1e14), m_ref=GiB, dof=12.0, n_groups=6)
-    c = cal.WorkerCalibration("gst3d", None, cal.fit_timing([]), 6, 6, 48, 0.99, 0, environment_stamp("gst3d"),
+    cold = plan_excess.ColdFit(coef=(0.5 * MiB, 0.03 * GiB), cov=(1e10, -1e9, -1e9, 1e14), m_ref=GiB, dof=12.0, n_groups=6)
+    c = plan_calibration.WorkerCalibration("gst3d", None, timing.fit_timing([]), 6, 6, 48, 0.99, 0, environment_stamp("gst3d"),
                               cold=cold)
     data = c.to_dict()
     assert data["cold"]["intercept_bytes"] == 0.5 * MiB and data["cold"]["bytes_per_byte"] == pytest.approx(0.03)
-    assert cal.WorkerCalibration.from_dict(data).cold == cold
+    assert plan_calibration.WorkerCalibration.from_dict(data).cold == cold
     del data["cold"]
-    assert cal.WorkerCalibration.from_dict(data).cold is None
+    assert plan_calibration.WorkerCalibration.from_dict(data).cold is None
 
 
 def test_real_workers_record_each_ones_first_task_of_a_run(probed_runs):
@@ -247,7 +251,7 @@ def test_real_workers_record_each_ones_first_task_of_a_run(probed_runs):
     for indices in by_process.values():
         assert sorted(indices) == list(range(len(indices)))
     assert any(r.context["first_in_run"] and r.context["process_task_index"] > 0 for r in records)
-    saved = cal.load_calibration("gst3d", probed_runs)
+    saved = plan_calibration.load_calibration("gst3d", probed_runs)
     assert saved.cold is not None and saved.cold.n_groups >= 3
 
 
@@ -258,19 +262,19 @@ def test_rows_shown_above_or_below_the_ceiling_get_a_bound_on_the_right_side():
     counts = np.array([1.0, 9.0, 100.0, 1000.0])
     a, b, sigma = np.full(4, 1.0), 0.2, 0.8
     kwargs = dict(cold=2, cold_offset=0.3, cold_sd=1.0, within_dof=88.0)
-    exact = cal.max_task_quantile(0.99, (a, b), (10.0, 12.0), sigma, counts, **kwargs)
-    for ceiling, state in ((-1.0, cal.ABOVE), (1e3, cal.BELOW)):
-        u, states = cal.max_task_quantile(0.99, (a, b), (10.0, 12.0), sigma, counts, ceiling=ceiling, **kwargs)
+    exact = max_task.max_task_quantile(0.99, (a, b), (10.0, 12.0), sigma, counts, **kwargs)
+    for ceiling, state in ((-1.0, max_task.ABOVE), (1e3, max_task.BELOW)):
+        u, states = max_task.max_task_quantile(0.99, (a, b), (10.0, 12.0), sigma, counts, ceiling=ceiling, **kwargs)
         assert np.all(states == state)
-        assert np.all(u <= exact) if state == cal.ABOVE else np.all((u >= exact) & (u < 1.6 * exact))
-    u, states = cal.max_task_quantile(0.99, (a, b), (10.0, 12.0), sigma, counts, ceiling=exact * 1.0001, **kwargs)
+        assert np.all(u <= exact) if state == max_task.ABOVE else np.all((u >= exact) & (u < 1.6 * exact))
+    u, states = max_task.max_task_quantile(0.99, (a, b), (10.0, 12.0), sigma, counts, ceiling=exact * 1.0001, **kwargs)
     assert np.all(states == 0) and np.allclose(u, exact)
 
 
 def test_a_plans_footprint_is_its_blocks_own_bound_not_the_shortcut():
     """The planner's ceiling lets the task model answer an upper bound for rows that surely
     fit; the plan is ranked and its footprint computed on its block's own bound."""
-    from explorer.chunking import plan_chunks
+    from explorer.plan.planner import plan_chunks
 
     class Isolated:
         operator, halo, info, stale = "gst3d", (5, 5, 5), {}, []
@@ -280,15 +284,15 @@ def test_a_plans_footprint_is_its_blocks_own_bound_not_the_shortcut():
             return 90.0 * v, 94.0 * v
 
     v = np.geomspace(1e4, 3e7, 7)
-    excess = cal.fit_excess(v, 0.5 * MiB + 4.0 * v + np.array([1, -1, 0.5, -0.5, 0.3, -0.3, 0.1]) * MiB)
-    within = cal.WithinFit(alpha_bytes=0.3 * MiB, beta=0.02, dof=96)
-    cold = cal.ColdFit(coef=(0.3 * MiB, 0.003 * GiB), cov=(1e10, 0.0, 0.0, (0.005 * GiB) ** 2), m_ref=GiB, dof=6,
+    excess = plan_excess.fit_excess(v, 0.5 * MiB + 4.0 * v + np.array([1, -1, 0.5, -0.5, 0.3, -0.3, 0.1]) * MiB)
+    within = plan_excess.WithinFit(alpha_bytes=0.3 * MiB, beta=0.02, dof=96)
+    cold = plan_excess.ColdFit(coef=(0.3 * MiB, 0.003 * GiB), cov=(1e10, 0.0, 0.0, (0.005 * GiB) ** 2), m_ref=GiB, dof=6,
                        n_groups=7)
     from explorer.core.environment import environment_stamp
 
-    calibration = cal.WorkerCalibration("gst3d", excess, cal.fit_timing([]), 7, 7, 56, 0.99, 0,
+    calibration = plan_calibration.WorkerCalibration("gst3d", excess, timing.fit_timing([]), 7, 7, 56, 0.99, 0,
                                         environment_stamp("gst3d"), within=within, cold=cold)
-    model = cal.TaskModel(Isolated(), calibration)
+    model = task_model.TaskModel(Isolated(), calibration)
     plan = plan_chunks((600, 500, 400), (5, 5, 5), (), model.predict_many, 4 * GiB, baseline_bytes=100 * MiB,
                        workers=2)
     _, own = model.predict_many(np.asarray([plan.block]), 0.99, tasks=[plan.n_tasks],

@@ -8,7 +8,7 @@ Baseline (:func:`warm_worker`, run on every worker with ``client.run`` before pl
     imports what a run of the operator needs (the operator's module, its lazy imports by
     running it on a tiny block, segyio, zarr, dask.array), collects garbage, and reports
     the worker process's resident set: ``baseline_bytes`` of the worker footprint
-    (``explorer.chunking.worker_footprint``), measured on the workers that do the work.
+    (``explorer.plan.footprint.worker_footprint``), measured on the workers that do the work.
     No task pays a first-use import afterwards.
 
 Task peaks (definitions in ``docs/definitions.md``), with the kernel high-water method of

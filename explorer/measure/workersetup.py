@@ -18,7 +18,7 @@ bound describes them:
   a worker a nanny restarted included;
 * :func:`prepare_workers` registers it (once per scheduler: a named, idempotent plugin) and
   returns, per worker, whether the setting took; ``explorer.daskrun``, ``explorer.probes``
-  and ``explorer.recommend`` call it before they measure a worker's baseline or run a task;
+  and ``explorer.plan.recommend`` call it before they measure a worker's baseline or run a task;
 * :func:`dask_setup`: the same as a preload, ``dask worker --preload explorer.measure.workersetup``;
 * or the environment, ``MALLOC_MMAP_THRESHOLD_=131072 dask worker ...``, read by glibc at the
   process's start (``docs/workers.md``).

@@ -53,7 +53,7 @@ outputs of a fan-out's earlier branches are >= 0), so member ``X``'s bound alone
     upper(b) >= max_{s containing X} ( O_{s-1}(b) + U_X(b; c_s) )      (O_0 = 0)
 
 A planner that only needs to know whether ``upper(b)`` exceeds a ceiling (a block whose
-footprint cannot fit: ``explorer.chunking``'s ``ceiling``) predicts the members one at a
+footprint cannot fit: ``explorer.plan.chunk_plan``'s ``ceiling``) predicts the members one at a
 time, heaviest first, and stops on a block as soon as one member's bound exceeds it.
 """
 
@@ -224,7 +224,7 @@ class ComposedModel:
         ``upper(c) = location + scale t_dof(c)`` as for a member (``MemoryModel.predictive_t``).
         The composed bound is a largest of Bonferroni bounds, not a Student-t: away from
         ``confidence`` this is an approximation.  What the in-worker task model builds on
-        (``explorer.calibration.task_bound``), which takes the scale from the bound it is
+        (``explorer.plan.excess.task_bound``), which takes the scale from the bound it is
         given and only the dof from here."""
         from explorer.model.stats import t_quantile
 

@@ -147,7 +147,7 @@ def fit(operator: str, shapes, peak_bytes, noise_var, lower_bound, *, halo=(0, 0
             run: a floor applies).
         lower_bound: ``(n,)`` True where the profile exceeded the cap, so the truth
             is ``>= peak_bytes``.
-        halo: the operator's halo, kept on the model for ``explorer.chunking``.
+        halo: the operator's halo, kept on the model for ``explorer.plan.chunk_plan``.
         block_multiple: the multiples the operator pads its blocks to (the features then
             use :func:`effective_dims`); by default the registered operator's
             ``block_multiple``, 1 for a name the registry does not know.

@@ -6,7 +6,7 @@ What is modelled
 exactly that shape (the definition lives in ``docs/definitions.md``).  The shape
 is the *block the operator runs on*: a Dask task on a chunk ``c`` of an
 operator with halo ``h`` runs on the chunk plus its halos (at most ``c + 2h``
-per axis that is not whole), so the caller (``explorer.chunking``) asks about
+per axis that is not whole), so the caller (``explorer.plan.chunk_plan``) asks about
 that block.  ``halo`` is kept on the model as metadata for that caller.
 
 The model (Rasmussen & Williams 2006, section 2.7, "explicit basis functions")
@@ -353,7 +353,7 @@ class MemoryModel:
         The predictive of a new run is a Student-t with ``nu`` degrees of freedom, location
         ``m = mean_g`` and squared scale ``v = var_g + sigma^2`` (``predictive_var``,
         :meth:`predictive_t`): ``upper = m + t_nu(confidence) sqrt(v)``.
-        What a task needs inside a Dask worker on top is ``explorer.calibration.TaskModel``'s.
+        What a task needs inside a Dask worker on top is ``explorer.plan.task_model.TaskModel``'s.
         """
         t = _bound_quantile(float(confidence), self._predictive_dof) * self._certified_factor
         mean, var = self._latent(_as_dims(shapes))

@@ -13,7 +13,7 @@ no ``scipy.stats``), each written once.
   sequence of predictive distributions understated their scale (an e-process per candidate).
 * :func:`fit_spread`: the spread ``sd(m)^2 = a^2 + (r m)^2`` of repeated measurements about
   their means, by maximum likelihood from sample variances (the isolated profiles' run noise,
-  ``explorer.model.memory_model``; equal tasks of one run, ``explorer.calibration.fit_within``).
+  ``explorer.model.memory_model``; equal tasks of one run, ``explorer.plan.excess.fit_within``).
 """
 
 from __future__ import annotations

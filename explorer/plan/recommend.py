@@ -2,7 +2,7 @@
 
 An edge module: it reads what ``explore`` saved (the isolated model, the in-worker
 calibration) and the worker baseline (``explorer.measure.worker_baseline``), and calls the
-pure planner (``explorer.chunking.plan_chunks``).
+pure planner (``explorer.plan.planner.plan_chunks``).
 """
 
 from __future__ import annotations
@@ -12,15 +12,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from explorer.chunking import (
-    DEFAULT_GRAPH_TASK_SECONDS,
-    INPUT_ITEMSIZE,
-    RUN_IO_SECONDS_PER_VOXEL,
-    ChunkPlan,
-    plan_chunks,
-    run_seconds_per_voxel,
-    worker_pause_fraction,
-)
+from explorer.plan.time_model import DEFAULT_GRAPH_TASK_SECONDS, RUN_IO_SECONDS_PER_VOXEL, run_seconds_per_voxel
+from explorer.plan.footprint import INPUT_ITEMSIZE
+from explorer.plan.chunk_plan import ChunkPlan
+from explorer.plan.planner import plan_chunks
+from explorer.plan.dask_config import worker_pause_fraction
 from explorer.measure.worker_baseline import WorkerBaseline, local_worker_baseline
 
 __all__ = [
@@ -46,14 +42,14 @@ def recommend_chunks(
 
     ``shape``: a tuple or ``"800x600x1000"``; ``memory_limit``: bytes or ``"4GiB"`` (a
     Dask worker's ``memory_limit``); ``workers``: how many such workers share the work
-    (``explorer.chunking.plan_chunks``).  ``baseline_bytes``: an idle worker's resident
+    (``explorer.plan.planner.plan_chunks``).  ``baseline_bytes``: an idle worker's resident
     memory with the operator loaded, measured on the cluster that runs the work: bytes,
     or the :class:`WorkerBaseline` of :func:`measure_worker_baseline` (whose workers'
     environment the calibration is then checked against); ``None``: measured once per
     environment on this machine and saved (:func:`local_worker_baseline`).
 
     Halo and whole axes come from the operator registry; a task's peak from the saved
-    model plus its in-worker calibration (``explorer.calibration.TaskModel``); the pause
+    model plus its in-worker calibration (``explorer.plan.task_model.TaskModel``); the pause
     fraction from Dask's config; the time model's terms from the calibration's learnt
     timings, else from the operator's profiled speed.  The plan's ``warnings`` say what
     the bound does not know (a stale model, no calibration).  The footprint is that of the
@@ -67,7 +63,7 @@ def recommend_chunks(
     ``strategy`` (a pipeline's; :data:`STRATEGY_CHOICES`): ``"fused"`` plans one task per
     block for all stages (the pipeline's own model, or the one composed from its members');
     ``"staged"`` one ``map_overlap`` per stage from the members' task models
-    (``explorer.chunking.plan_staged_chunks``); ``"auto"`` plans both and takes the one of
+    (``explorer.plan.staged.plan_staged_chunks``); ``"auto"`` plans both and takes the one of
     least predicted seconds among those that fit, a plan whose every task model has its
     in-worker calibration before one that lacks it (its bound omits what a task needs
     around its run inside a worker); the plan's ``considered`` keeps both.  A single
@@ -88,7 +84,7 @@ def recommend_chunks(
     if strategy not in STRATEGY_CHOICES:
         raise ValueError(f"unknown strategy {strategy!r}: one of {', '.join(STRATEGY_CHOICES)}")
     import operators
-    from explorer.chunking import ChunkPlanError
+    from explorer.plan.chunk_plan import ChunkPlanError
     from explorer.model.memory_model import ModelNotFoundError
 
     op = operators.get(operator)
@@ -163,7 +159,7 @@ class _PlanRequest:
     def model(self):
         """The operator's (or pipeline's) task model, loaded once for every strategy."""
         if self._model is None:
-            from explorer.calibration import task_model
+            from explorer.plan.task_model import task_model
 
             self._model = task_model(self.operator, runs_dir=self.runs_dir, environment=self.environment)
         return self._model
@@ -258,8 +254,8 @@ def _member_environment(request: _PlanRequest, member):
 
 
 def _member_timings(op, request: _PlanRequest) -> dict:
-    """Each member's learnt timing (``explorer.calibration.TimingFit``), or None without one."""
-    from explorer.calibration import load_calibration
+    """Each member's learnt timing (``explorer.plan.timing.TimingFit``), or None without one."""
+    from explorer.plan.calibration import load_calibration
 
     timings = {}
     for member in op.members:
@@ -276,8 +272,8 @@ def _members_io(timings: dict) -> float:
 
 def _members_clock(op, request: _PlanRequest):
     """A fused pipeline's clock composed from its members' learnt clocks
-    (``explorer.chunking.composed_clock``), or None unless every member has one."""
-    from explorer.chunking import composed_clock
+    (``explorer.plan.time_model.composed_clock``), or None unless every member has one."""
+    from explorer.plan.time_model import composed_clock
 
     timings = _member_timings(op, request)
     if any(t is None or t.clock is None for t in timings.values()):
@@ -290,8 +286,9 @@ def _staged_stages(request: _PlanRequest) -> tuple[list, dict, tuple, bool]:
     included, and learnt clock, else profiled speed), its time-model terms (the members' I/O,
     the graph-task overhead the fused plan uses), the members' warnings, and whether every
     member's task model has its in-worker calibration."""
-    from explorer.calibration import TaskModel, load_calibration
-    from explorer.chunking import PlanStage
+    from explorer.plan.task_model import TaskModel
+    from explorer.plan.calibration import load_calibration
+    from explorer.plan.staged import PlanStage
     from explorer.model.composed import compose
 
     op = request.op
@@ -326,7 +323,7 @@ def _staged_stages(request: _PlanRequest) -> tuple[list, dict, tuple, bool]:
 def _staged_plan(request: _PlanRequest) -> tuple[ChunkPlan, bool]:
     """One ``map_overlap`` per stage (:func:`_staged_stages`); and whether every member's task
     model has its in-worker calibration."""
-    from explorer.chunking import plan_staged_chunks
+    from explorer.plan.staged import plan_staged_chunks
 
     stages, timing, warnings, calibrated = _staged_stages(request)
     plan = plan_staged_chunks(request.shape, request.op.whole_axes, stages, request.limit_bytes, warnings=warnings,
@@ -339,11 +336,11 @@ def predicted_seconds(operator: str, shape, chunks, *, strategy: str = "fused", 
     """What the planner's time model predicts for running ``operator`` on ``shape`` with each
     of the given chunk shapes (``(m, 3)`` or one) in ``strategy`` (``"fused"``, or a pipeline's
     ``"staged"``), on ``workers`` x ``threads_per_worker`` slots: the same terms
-    :func:`recommend_chunks` weighs (``explorer.chunking.fused_seconds`` and
+    :func:`recommend_chunks` weighs (``explorer.plan.time_model.fused_seconds`` and
     ``staged_seconds``), for chunkings it did not choose (``scripts/bench_pipeline_runs.py``
     sets them beside the measured seconds).  Needs no memory limit and starts no cluster."""
     from explorer.core import validate
-    from explorer.chunking import fused_seconds, staged_seconds
+    from explorer.plan.time_model import fused_seconds, staged_seconds
 
     operator = validate.operator(operator)
     shape = validate.shape(shape)

@@ -1,0 +1,377 @@
+"""Candidate chunk shapes (:func:`chunk_candidates`), their predictions and footprints
+(:func:`evaluate_candidates`) and their ranking (:func:`rank_candidates`): the three stages
+of a plan (``explorer.plan.planner`` states the rules).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from explorer.plan.grid import Candidates, _samples, axis_blocks
+from explorer.plan.time_model import _fused_seconds
+
+if TYPE_CHECKING:
+    from explorer.plan.chunk_plan import ChunkPlan
+    from explorer.plan.time_model import TaskClock
+
+__all__ = [
+    "chunk_candidates",
+    "evaluate_candidates",
+    "rank_candidates",
+    "compact_neighbour",
+    "grid_volume",
+]
+
+
+#: Smallest chunk along a non-whole axis (a task per 16^3 float32 samples is all overhead).
+DEFAULT_MIN_CHUNK = 16
+#: Upper bound on the number of candidate chunk shapes per plan: 20 per axis when three
+#: axes are free, 89 when two are.  Against an unthinned search over 80 cases (analytic
+#: predictor), the thinned plans had 0.8% more tasks on average, 6.6% at most.
+MAX_CANDIDATES = 8_000
+#: Rows per ``predict`` call.  Every call is vectorised; batching only keeps each one in
+#: the regime where its cost is linear: the GP's ``predict_many`` took 37 ms for 8,000
+#: rows in one call and 3.3 ms in batches of 1,024 (BLAS threading on (n_train, m) products).
+PREDICT_BATCH_ROWS = 1024
+#: Lengths per axis in the probe pass of a plan (a sub-grid of at most 6^3 candidates).
+PROBE_VALUES_PER_AXIS = 6
+#: With several slots, plans whose predicted seconds are within this fraction of the
+#: fastest count as tied, and evenness, compactness and fewer tasks decide among them:
+#: fitted to ``scripts/bench_chunks.py``'s runs the time model's RMS error is 6-14%
+#: (two machines), so it does not resolve smaller differences.  (With 2% and fewer tasks
+#: first, it took 4 chunks of 160x320x160 for gaussian 320^3 over 8 cubes of 160^3
+#: predicted 2% faster; measured, 1.3x slower.)
+SECONDS_TIE_FRACTION = 0.05
+
+#: ``predict(block_shapes (m, ndim) int64, confidence=...) -> (mean_bytes (m,), upper_bytes (m,))``.
+#: A predictor that takes ``tasks=`` (``(m,)``: the tasks of each row's plan) bounds the
+#: largest of that many tasks (``explorer.plan.task_model.TaskModel``: a plan's footprint must
+#: hold for every task it runs); the planner passes it when it does.  A predictor that
+#: takes ``ceiling=`` (``(m,)`` bytes: the largest task peak with which each row's plan
+#: still fits) may stop short on a row once it has shown that the row's ``upper`` exceeds
+#: its ceiling: it returns ``mean = nan`` there and, as ``upper``, a lower bound of the
+#: row's upper that is above the ceiling (``explorer.model.composed.ComposedModel``: one member's
+#: term bounds the pipeline's peak from below; ``explorer.plan.task_model.TaskModel``: the isolated
+#: bound, or its quantile's lower bound), and where it has shown that the row's upper is at or
+#: below its ceiling it may return, also with ``mean = nan``, an upper bound of it
+#: (``TaskModel``: a Bonferroni bound, a few table lookups instead of the quantile's
+#: quadrature): ``plan_chunks`` predicts the candidates the upper footprint ranks, and its
+#: plan, again without a ceiling where they were not solved (:func:`_rank_on_own_bounds`).
+#: A predictor that takes ``cold=`` (``(m,)``) is told how many of each row's tasks are their
+#: slot's first of the run, ``min(tasks, slots)``: a worker's first task finds none of the
+#: run's freed memory to reuse (the task model's cold offset).
+Predictor = Callable[..., tuple[np.ndarray, np.ndarray]]
+
+
+def _takes(predict, keyword: str) -> bool:
+    """Whether ``predict`` takes the keyword ``keyword`` (its signature read once per function)."""
+    function = getattr(predict, "__func__", predict)  # a bound method's function: one entry per class
+    try:
+        return _function_takes(function, keyword)
+    except TypeError:  # an unhashable callable
+        return _function_takes.__wrapped__(function, keyword)
+
+
+@functools.lru_cache(maxsize=256)
+def _function_takes(function, keyword: str) -> bool:
+    import inspect
+
+    try:
+        return keyword in inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _takes_tasks(predict) -> bool:
+    return _takes(predict, "tasks")
+
+
+def _counts(n_max: int, cap: int) -> np.ndarray:
+    """Chunk counts ``1 .. n_max``; past ``cap`` values, the first half consecutive, the rest log-spaced."""
+    if n_max <= cap:
+        return np.arange(1, n_max + 1)
+    dense = cap // 2
+    sparse = np.geomspace(dense + 1, n_max, cap - dense)
+    return np.unique(np.concatenate([np.arange(1, dense + 1), np.rint(sparse).astype(np.int64)]))
+
+
+def axis_chunk_candidates(length: int, halo: int, whole: bool, min_chunk: int, cap: int,
+                          multiple: int = 1) -> np.ndarray:
+    """Candidate chunk lengths along one axis, largest first.
+
+    Whole axis: ``[length]``.  Otherwise the distinct ``ceil(length / k)`` for
+    ``k = 1 .. length // c_min``, ``c_min = min(length, max(min_chunk, 2 halo + 1))``,
+    each rounded up to a multiple of ``multiple`` when the axis is split (an operator
+    that pads its blocks to a multiple needs its chunk boundaries on that grid:
+    ``Operator.block_multiple``), keeping those whose last chunk is at least ``halo``
+    (Dask's ``map_overlap`` rechunks smaller ones).
+    """
+    if whole:
+        return np.array([length], dtype=np.int64)
+    smallest = min(length, max(int(min_chunk), 2 * halo + 1))
+    counts = _counts(length // smallest, cap)
+    chunk = -(-length // counts)
+    m = int(multiple)
+    if m > 1:
+        chunk = np.where(chunk >= length, length, np.minimum(-(-chunk // m) * m, length))
+    chunk = np.unique(chunk)[::-1]
+    n_chunks = -(-length // chunk)
+    last = length - (n_chunks - 1) * chunk
+    return chunk[(n_chunks == 1) | (last >= halo)]
+
+
+def _axis_cap(ndim: int, whole) -> int:
+    """Candidate lengths per split axis, so that their product stays near :data:`MAX_CANDIDATES`."""
+    return max(4, int(MAX_CANDIDATES ** (1.0 / max(1, ndim - len(whole))) + 1e-9))
+
+
+def grid_volume(block, halo, whole_axes, counts) -> tuple[tuple, tuple]:
+    """``(volume_shape, chunks)`` of a synthetic volume whose tasks see ``block`` (the probes'
+    and the trials'): along a split axis with ``k`` chunks, ``k`` chunks of ``b - h`` (with two,
+    each has its neighbour's halo on one side only, so every task's block is exactly ``b``;
+    with more, the interior ones see ``b + h``); with one chunk, or along a whole axis, ``b``
+    (a windowed read clips the halo at the volume's edge)."""
+    volume, chunks = [], []
+    for axis, (b, h, k) in enumerate(zip(block, halo, counts)):
+        if axis in whole_axes or int(k) == 1:
+            volume.append(int(b))
+            chunks.append(int(b))
+        else:
+            volume.append(int(k) * (int(b) - int(h)))
+            chunks.append(int(b) - int(h))
+    return tuple(volume), tuple(chunks)
+
+
+def compact_neighbour(plan: "ChunkPlan") -> tuple[int, ...] | None:
+    """The plan's chunks with its longest split axis cut in about twice as many chunks: the
+    largest of that axis's candidate lengths (:func:`axis_chunk_candidates`, as
+    :func:`plan_chunks` made them) at most half the plan's; None when no axis can be cut.
+
+    The time model ranks blocks it has no clock of by their volume alone, and a longer
+    block's extra cost per voxel (its cache misses) can outweigh the waves it saves: gst3d's
+    256^3 plan of 128x128x256 chunks ran 1.6x slower than 128^3.  ``explorer.daskrun`` times
+    this neighbour beside the plan before a run (its trials) so that the choice between them
+    is measured."""
+    whole = set(plan.whole_axes)
+    free = [axis for axis in range(len(plan.shape)) if axis not in whole and plan.chunks[axis] > 1]
+    cap = _axis_cap(len(plan.shape), whole)
+    multiple = plan.block_multiple or (1,) * len(plan.shape)
+    for axis in sorted(free, key=lambda a: (-plan.chunks[a], -a)):
+        lengths = axis_chunk_candidates(plan.shape[axis], plan.halo[axis], False, plan.min_chunk, cap,
+                                        multiple[axis])
+        shorter = lengths[lengths <= plan.chunks[axis] // 2]
+        if shorter.size:
+            chunks = list(plan.chunks)
+            chunks[axis] = int(shorter.max())
+            return tuple(chunks)
+    return None
+
+
+def chunk_candidates(shape, halo, whole, *, footprint, budget: int, min_chunk: int, workers: int, slots: int,
+                     seconds_per_voxel: float, graph_task_seconds: float, block_multiple=None,
+                     task_clock: TaskClock | None = None, run_fixed_seconds: float = 0.0,
+                     chunks=None) -> Candidates:
+    """The candidate chunkings (module docstring): the Cartesian product of per-axis chunk
+    lengths, less those whose footprint with ``peak = 0`` already exceeds ``budget`` (the
+    smallest is kept so that a failure can report it); their time model is evaluated.
+    ``chunks``: one chunk shape, the only candidate (a whole axis whole, none longer than the
+    volume): the plan of a chunking chosen elsewhere."""
+    ndim = len(shape)
+    cap = _axis_cap(ndim, whole)
+    multiple = (1,) * ndim if block_multiple is None else tuple(int(m) for m in block_multiple)
+    if chunks is None:
+        axis_chunks = [axis_chunk_candidates(shape[i], halo[i], i in whole, min_chunk, cap, multiple[i])
+                       for i in range(ndim)]
+    else:
+        axis_chunks = [np.array([shape[i] if i in whole else min(int(chunks[i]), shape[i])], dtype=np.int64)
+                       for i in range(ndim)]
+    axis_block = [axis_blocks(shape[i], c, halo[i]) for i, c in enumerate(axis_chunks)]
+    axis_counts = [-(-shape[i] // c) for i, c in enumerate(axis_chunks)]
+    block_samples = functools.reduce(np.multiply.outer, axis_block).ravel()
+    n_tasks = functools.reduce(np.multiply.outer, axis_counts).ravel()
+    # The footprint depends on a block only through its volume: volumes as 1-axis shapes.
+    floor_total = footprint(block_samples[:, None], 0).total
+    keep = np.flatnonzero(floor_total <= budget)
+    if keep.size == 0:
+        keep = np.array([np.argmin(floor_total)])
+    grid = np.unravel_index(keep, [len(c) for c in axis_chunks])
+    chunks = np.stack([c[g] for c, g in zip(axis_chunks, grid)], axis=1)
+    blocks = np.stack([b[g] for b, g in zip(axis_block, grid)], axis=1)
+    seconds = _fused_seconds(shape, axis_chunks, grid, blocks, n_tasks[keep], slots=slots,
+                             seconds_per_voxel=seconds_per_voxel, graph_task_seconds=graph_task_seconds,
+                             task_clock=task_clock, run_fixed_seconds=run_fixed_seconds)
+    return Candidates(axis_chunks=axis_chunks, grid=grid, chunks=chunks, blocks=blocks, n_tasks=n_tasks[keep],
+                      # a fused task reads its own block (operators.windowed_map): nothing kept for a neighbour
+                      neighbours=np.zeros(len(keep), dtype=np.int64), seconds=seconds)
+
+
+def _first_key(c: Candidates, slots: int) -> tuple[np.ndarray, float]:
+    """The first ranking key and its tie factor: fewest tasks (exactly) with one slot; the
+    time model within :data:`SECONDS_TIE_FRACTION` with several.  Known before any prediction."""
+    if slots == 1:
+        return c.n_tasks.astype(np.float64), 1.0
+    return c.seconds, 1.0 + SECONDS_TIE_FRACTION
+
+
+def evaluate_candidates(c: Candidates, predict: Predictor | None, *, confidence: float, footprint, budget: int,
+                        slots: int, fill=None) -> int:
+    """Predict the candidates' task peaks and upper footprints; return how many were predicted.
+
+    The first ranking key ``k`` (:func:`_first_key`) needs no prediction, and the plan is
+    among the candidates that fit with ``k <= k* x tie``, ``k*`` the least key of any that
+    fits (:func:`rank_candidates`).  Two passes over disjoint rows find them.  Pass 1, a
+    probe: a sub-grid of at most :data:`PROBE_VALUES_PER_AXIS` lengths per axis, whose fits
+    give a first ``k*``.  Pass 2, a sweep of the rest in increasing ``k``, in batches of
+    :data:`PREDICT_BATCH_ROWS`: each batch's fits lower ``k*``, and the sweep stops
+    at the first row with ``k > k* x tie``.  Every row it leaves has ``k`` above the
+    threshold of the true ``k*`` (which is at most the sweep's), so the plan is the one an
+    exhaustive evaluation would give, for a fraction of the rows; when nothing fits, every
+    row is predicted (the error names the smallest footprint).  ``fill(rows)``, when
+    given, fills ``c``'s predictions at ``rows`` instead of ``predict`` with ``footprint``
+    (a staged plan's: :func:`plan_staged_chunks`).
+    """
+    if fill is None:
+        takes_tasks, ceiling_budget = _takes_tasks(predict), (budget if _takes(predict, "ceiling") else None)
+
+        def fill(rows):
+            _predict_rows(predict, c, rows, confidence, footprint, takes_tasks, ceiling_budget, slots)
+
+    first_key, tie = _first_key(c, slots)
+    probe = np.ones(len(c.blocks), dtype=bool)
+    for axis, lengths in enumerate(c.axis_chunks):
+        sub = np.zeros(len(lengths), dtype=bool)
+        sub[np.rint(np.linspace(0, len(lengths) - 1, PROBE_VALUES_PER_AXIS)).astype(np.int64)] = True
+        probe &= sub[c.grid[axis]]
+    probe_rows = np.flatnonzero(probe)
+    fill(probe_rows)
+    predicted = len(probe_rows)
+
+    def least_fitting_key(rows, least):
+        fits = rows[c.upper_total[rows] <= budget]
+        return min(least, float(first_key[fits].min())) if fits.size else least
+
+    least = least_fitting_key(probe_rows, math.inf)
+    rest = np.flatnonzero(~probe)
+    rest = rest[first_key[rest] <= least * tie]
+    rest = rest[np.argsort(first_key[rest], kind="stable")]
+    for start in range(0, len(rest), PREDICT_BATCH_ROWS):
+        rows = rest[start:start + PREDICT_BATCH_ROWS]
+        rows = rows[first_key[rows] <= least * tie]
+        if not len(rows):
+            break
+        fill(rows)
+        predicted += len(rows)
+        least = least_fitting_key(rows, least)
+    return predicted
+
+
+def rank_candidates(c: Candidates, shape, whole, *, budget: int, slots: int) -> int:
+    """The index of the plan among the candidates that fit (module docstring, keys 1-5)."""
+    tied, keys = _ranking_keys(c, shape, whole, budget=budget, slots=slots)
+    return int(tied[np.lexsort(keys)[0]])
+
+
+def _ranking_keys(c: Candidates, shape, whole, *, budget: int, slots: int) -> tuple[np.ndarray, list]:
+    """``(tied, keys)``: the candidates that fit within the first key's tie, and their later
+    keys for ``np.lexsort`` (last key first; :func:`rank_candidates`)."""
+    ndim = len(shape)
+    fits = c.upper_total <= budget
+    first_key, tie = _first_key(c, slots)
+    # 1. the first key (fewest tasks; or, with several slots, least predicted seconds within
+    #    the tie fraction: the model ranks, it is no stopwatch); the rest order the tied.
+    tied = np.flatnonzero(fits & (first_key <= first_key[fits].min() * tie))
+    tied_chunks = c.chunks[tied]
+    n_chunks = -(-np.asarray(shape) // tied_chunks)
+    # 2. evenness: the share of the task grid past the array's end.
+    grid_samples = _samples(n_chunks * tied_chunks).astype(np.float64)
+    padding_fraction = grid_samples / float(math.prod(shape)) - 1.0
+    # 3. compactness: aspect ratio over the non-whole axes.
+    free = [i for i in range(ndim) if i not in whole] or list(range(ndim))
+    aspect = tied_chunks[:, free].max(axis=1) / tied_chunks[:, free].min(axis=1)
+    # 4. fewest tasks, 5. smaller upper footprint, then longer chunks on later axes.
+    #    (np.lexsort: last key first.)
+    later_axes_longer = [-tied_chunks[:, i] for i in range(ndim)]
+    return tied, later_axes_longer + [c.upper_total[tied], c.n_tasks[tied], aspect, padding_fraction]
+
+
+def _predict_rows(predict, c: Candidates, rows, confidence, footprint, takes_tasks: bool,
+                  ceiling_budget: int | None = None, slots: int | None = None) -> None:
+    """Fill ``mean_peak``, ``upper_peak`` (>= mean), ``upper_total`` and ``exact`` of ``c`` at
+    ``rows`` (:func:`_predict_blocks`); a non-finite prediction leaves the total at int64 max
+    (never fits).  With ``ceiling_budget`` (the predictor takes ``ceiling``), each row's
+    ceiling is the largest task peak ``P`` whose footprint fits it: the footprint is
+    ``F(0) + T ceil(P)`` (:func:`worker_footprint`), so it fits iff ``P <= floor((budget -
+    F(0)) / T)``; a row the predictor bounds above its ceiling gets the footprint of that
+    lower bound (above the budget) and stays inexact."""
+    blocks, kept = c.blocks[rows], {"chunk_shapes": c.chunks[rows], "neighbour_chunks": c.neighbours[rows]}
+    ceiling = None
+    if ceiling_budget is not None:
+        empty = footprint(blocks, 0.0, **kept)
+        ceiling = ((int(ceiling_budget) - empty.total) // empty.threads_per_worker).astype(np.float64)
+    mean, upper, exact = _predict_blocks(predict, blocks, c.n_tasks[rows], confidence, takes_tasks, ceiling, slots)
+    finite = np.isfinite(upper)
+    total = footprint(blocks, np.where(finite, upper, 0.0), **kept).total
+    c.mean_peak[rows], c.upper_peak[rows] = mean, upper
+    c.upper_total[rows] = np.where(finite, total, np.iinfo(np.int64).max)
+    c.exact[rows] = exact
+
+
+def _predict_blocks(predict, blocks, n_tasks, confidence, takes_tasks: bool,
+                    ceiling=None, slots: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(mean, upper, exact)`` task peaks at ``blocks`` (``upper >= mean``, NaN as inf),
+    predicted in slices of ``PREDICT_BATCH_ROWS``; a predictor taking ``tasks``
+    (``takes_tasks``) gets each row's count from ``n_tasks``, and given ``ceiling`` (``(m,)``)
+    it gets each row's; given ``slots`` a predictor taking ``cold`` gets ``min(tasks, slots)``.
+    ``exact`` is False where the predictor stopped short of a row (:data:`Predictor`): ``mean``
+    inf and ``upper`` its bound there (a lower bound above the ceiling, or an upper bound at or
+    below it)."""
+    means, uppers, exacts = [], [], []
+    takes_cold = takes_tasks and slots is not None and _takes(predict, "cold")
+    for start in range(0, len(blocks), PREDICT_BATCH_ROWS):
+        part = slice(start, start + PREDICT_BATCH_ROWS)
+        m = len(blocks[part])
+        keywords = {"tasks": n_tasks[part]} if takes_tasks else {}
+        if takes_cold:
+            keywords["cold"] = np.minimum(n_tasks[part], int(slots))
+        if ceiling is not None:
+            keywords["ceiling"] = ceiling[part]
+        raw_mean, upper = predict(blocks[part], confidence=confidence, **keywords)
+        mean = _checked_prediction(raw_mean, m, "mean")
+        upper = _checked_prediction(upper, m, "upper")
+        bounded = np.zeros(m, dtype=bool) if ceiling is None else np.isnan(np.asarray(raw_mean, dtype=np.float64))
+        means.append(mean)
+        uppers.append(np.where(bounded, upper, np.maximum(upper, mean)))
+        exacts.append(~bounded)
+    if not means:
+        return np.zeros(0), np.zeros(0), np.zeros(0, dtype=bool)
+    return np.concatenate(means), np.concatenate(uppers), np.concatenate(exacts)
+
+
+def _complete_smallest(c: Candidates, exact, complete) -> None:
+    """Make the smallest ``upper_total`` an exact one, as an exhaustive evaluation gives it
+    (what the no-fit message names), when some totals are lower bounds: while the smallest
+    is not ``exact()``, ``complete(rows)`` (predict exactly) the inexact rows at or below the
+    smallest exact total, smallest first, a batch at a time.  A lower bound above an exact
+    total cannot be the smallest once completed; every row is completed at most once."""
+    completed = np.zeros(len(c.upper_total), dtype=bool)
+    while True:
+        done = exact() | completed
+        if done[int(np.argmin(c.upper_total))]:
+            return
+        least_exact = c.upper_total[done].min(initial=np.iinfo(np.int64).max)
+        below = np.flatnonzero(~done & (c.upper_total <= least_exact))
+        rows = below[np.argsort(c.upper_total[below], kind="stable")[:PREDICT_BATCH_ROWS // 4]]
+        complete(rows)
+        completed[rows] = True
+
+
+def _checked_prediction(values, m: int, what: str) -> np.ndarray:
+    values = np.asarray(values, dtype=np.float64)
+    if values.shape != (m,):
+        raise ValueError(f"predict returned {what} of shape {values.shape}; expected ({m},)")
+    return np.where(np.isnan(values), np.inf, values)

@@ -1,0 +1,305 @@
+"""Chunk plans: the largest Dask chunks whose worker footprint stays under the pause threshold.
+
+Like rechunker's ``algorithm.py``, the planning core is pure: shapes, bytes and a
+predictor in, a :class:`ChunkPlan` out; no processes, files or Dask clusters.
+
+The plan (:func:`plan_chunks`)
+------------------------------
+Per non-whole axis of length ``N``, the candidates are ``c = ceil(N / k)`` for chunk
+counts ``k = 1 .. N // c_min`` (all distinct values, log-thinned beyond a cap so the
+product over axes stays <= :data:`MAX_CANDIDATES`), with ``c_min = max(min_chunk,
+2h + 1)`` and the last chunk ``N - (k - 1) c >= h`` (else ``map_overlap`` would
+rechunk).  A whole axis has the one candidate ``N``.  A candidate fits when
+``upper total <= pause_fraction * limit_bytes`` (Dask pauses a worker at that
+fraction of its memory limit).  Footprints are evaluated vectorised, never one shape
+at a time: candidates whose footprint exceeds the budget even with ``peak = 0`` are
+dropped, a probe sub-grid (6 lengths per axis) is predicted, and then the rest fastest
+first, only until the rows are slower than the fastest fit so far (which cannot change
+the answer); a predictor that takes a ``ceiling`` (a composed pipeline's) may stop short
+on a row it shows cannot fit (:data:`Predictor`).
+Among the candidates that fit the plan is, in order:
+
+1. with one slot (one worker, one thread): fewest tasks ``n = prod(ceil(N_i / c_i))``,
+   the largest chunks.  With ``C = workers * threads > 1`` slots: fastest by
+   :func:`plan_seconds`, ``waves(n, C) * (o + s(b) prod(b))`` (``o`` the Dask overhead
+   of a chunk's graph tasks, ``s(b)`` the seconds per voxel at the block's volume,
+   ``waves`` list scheduling's makespan in tasks: :func:`schedule_waves`), all plans within 5%
+   (:data:`SECONDS_TIE_FRACTION`) of the fastest tied: enough chunks per slot that
+   none idles through the tail, not so many that the overhead ``n o`` wins;
+2. most even: smallest padding fraction ``(prod(k_i c_i) - prod(N_i)) / prod(N_i)``,
+   the share of the task grid past the array's end (0 when each axis divides evenly);
+3. most compact: smallest aspect ratio ``max(c_i) / min(c_i)`` over non-whole axes
+   (halos cost surface; a cube has the least surface per volume);
+4. fewest tasks (this only matters with several slots);
+5. smallest upper footprint, then longer chunks on later axes (the samples axis of a
+   seismic volume is contiguous on disk), so the choice is deterministic.
+
+The three stages are separate functions: :func:`chunk_candidates` (shapes, blocks, task
+counts, time model), :func:`evaluate_candidates` (predictions and footprints) and
+:func:`rank_candidates` (the keys above).  The time model's ``s`` and ``o`` come from
+the caller: learnt from the workers' clocks once a probe or a run has taught them
+(``explorer.plan.timing.TimingFit``: a :class:`TaskClock`), the defaults below before.
+
+Re-planning (:func:`replan`) is planning policy too: a running computation whose task
+exceeded its bound restarts with a new plan only early (at most
+:data:`REPLAN_MAX_DONE_FRACTION` of its tasks done) and only when its own footprint no
+longer fits under the updated predictor.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from explorer.core.units import format_bytes, format_shape
+from explorer.plan.candidates import (
+    DEFAULT_MIN_CHUNK,
+    _complete_smallest,
+    _predict_rows,
+    _ranking_keys,
+    _takes,
+    _takes_tasks,
+    chunk_candidates,
+    evaluate_candidates,
+    rank_candidates,
+)
+from explorer.plan.chunk_plan import ChunkPlan, ChunkPlanError
+from explorer.plan.dask_config import FALLBACK_PAUSE_FRACTION
+from explorer.plan.footprint import INPUT_ITEMSIZE, worker_footprint
+from explorer.plan.time_model import DEFAULT_GRAPH_TASK_SECONDS, DEFAULT_SECONDS_PER_VOXEL
+
+if TYPE_CHECKING:
+    from explorer.plan.candidates import Predictor
+    from explorer.plan.grid import Candidates
+    from explorer.plan.time_model import TaskClock
+
+__all__ = [
+    "plan_chunks",
+    "plan_fits",
+    "replan",
+]
+
+
+def plan_chunks(
+    shape,
+    halo,
+    whole_axes,
+    predict: Predictor,
+    limit_bytes: int,
+    *,
+    baseline_bytes: int,
+    threads_per_worker: int = 1,
+    confidence: float = 0.99,
+    pause_fraction: float = FALLBACK_PAUSE_FRACTION,
+    itemsize: int = INPUT_ITEMSIZE,
+    output_itemsize: int = 4,
+    min_chunk: int = DEFAULT_MIN_CHUNK,
+    operator: str | None = None,
+    workers: int = 1,
+    seconds_per_voxel: float = DEFAULT_SECONDS_PER_VOXEL,
+    graph_task_seconds: float = DEFAULT_GRAPH_TASK_SECONDS,
+    warnings: tuple[str, ...] = (),
+    baseline_source: str = "given",
+    block_multiple=None,
+    task_clock: TaskClock | None = None,
+    run_fixed_seconds: float = 0.0,
+    chunks=None,
+) -> ChunkPlan:
+    """The fastest chunks whose upper worker footprint fits (module docstring):
+    :func:`chunk_candidates`, :func:`evaluate_candidates`, :func:`rank_candidates`.
+
+    ``baseline_bytes``: the idle worker's resident memory, measured where the work runs
+    (``explorer.plan.recommend``).  ``workers``: the cluster's workers; tasks run
+    ``C = workers * threads_per_worker`` at a time.  With one slot the first key is the
+    fewest tasks; with several it is :func:`plan_seconds` with ``C`` slots and the given
+    ``seconds_per_voxel`` and ``graph_task_seconds``, or, given the workers' learnt
+    ``task_clock``, its seconds per voxel and spread at each candidate's block; plans
+    within :data:`SECONDS_TIE_FRACTION` of the fastest are tied.  ``predicted_seconds``
+    is reported either way.
+
+    ``predict(block_shapes, confidence=confidence) -> (mean, upper)`` gives a task's
+    ``peak_bytes`` for ``(m, ndim)`` int64 block shapes.  A candidate fits when
+    ``worker_footprint(b, upper).total <= pause_fraction * limit_bytes``.  Raises
+    :class:`ChunkPlanError` when none does, saying so when the baseline alone leaves no
+    room.  ``warnings`` (one line each) and ``baseline_source`` are carried on the plan.
+    ``chunks``: plan only that chunk shape (its bound and time; :class:`ChunkPlanError` when
+    its bound does not fit).
+    """
+    shape, halo, whole, limit_bytes, threads = _checked_plan_arguments(
+        shape, halo, whole_axes, limit_bytes, pause_fraction=pause_fraction, confidence=confidence,
+        threads_per_worker=threads_per_worker, min_chunk=min_chunk, workers=workers, baseline_bytes=baseline_bytes)
+    slots = int(workers) * threads
+    budget = math.floor(pause_fraction * limit_bytes)
+    footprint = functools.partial(worker_footprint, threads_per_worker=threads, itemsize=itemsize,
+                                  output_itemsize=output_itemsize, baseline_bytes=baseline_bytes, windowed=True)
+    candidates = chunk_candidates(shape, halo, whole, footprint=footprint, budget=budget, min_chunk=int(min_chunk),
+                                  workers=int(workers), slots=slots, seconds_per_voxel=seconds_per_voxel,
+                                  graph_task_seconds=graph_task_seconds, block_multiple=block_multiple,
+                                  task_clock=task_clock, run_fixed_seconds=run_fixed_seconds, chunks=chunks)
+    n_predicted = evaluate_candidates(candidates, predict, confidence=confidence, footprint=footprint,
+                                      budget=budget, slots=slots)
+    if not (candidates.upper_total <= budget).any():
+        takes_tasks = _takes_tasks(predict)
+        _complete_smallest(candidates, lambda: candidates.exact, lambda rows: _predict_rows(
+            predict, candidates, rows, confidence, footprint, takes_tasks, slots=slots))
+        raise ChunkPlanError(_no_fit_message(candidates, shape, operator, threads, confidence, pause_fraction,
+                                             limit_bytes, budget, int(baseline_bytes)))
+    index = rank_candidates(candidates, shape, whole, budget=budget, slots=slots)
+    if _takes(predict, "ceiling"):
+        index = _rank_on_own_bounds(candidates, shape, whole, index, predict, confidence, footprint, budget, slots)
+
+    chunk = tuple(int(c) for c in candidates.chunks[index])
+    block = tuple(int(b) for b in candidates.blocks[index])
+    kept = {"chunk_shapes": chunk, "neighbour_chunks": int(candidates.neighbours[index])}
+    bound = footprint(block, float(candidates.upper_peak[index]), **kept)
+    mean = footprint(block, float(candidates.mean_peak[index]), **kept)
+    return ChunkPlan(
+        operator=operator,
+        shape=shape,
+        chunks=chunk,
+        block=block,
+        halo=halo,
+        whole_axes=whole,
+        predicted_bytes=int(mean.total),
+        upper_bytes=int(bound.total),
+        limit_bytes=limit_bytes,
+        pause_fraction=float(pause_fraction),
+        confidence=float(confidence),
+        n_tasks=int(candidates.n_tasks[index]),
+        threads_per_worker=threads,
+        footprint=bound,
+        n_candidates=n_predicted,
+        slots=slots,
+        predicted_seconds=float(candidates.seconds[index]),
+        seconds_per_voxel=float(seconds_per_voxel if task_clock is None
+                                else task_clock.seconds_per_voxel_at([math.prod(block)], [block])[0]),
+        block_clocked=task_clock is not None and bool(task_clock.clocked(block)[0]),
+        task_spread=None if task_clock is None or task_clock.spread_at(math.prod(block)) is None
+        else float(task_clock.spread_at(math.prod(block))),
+        task_clock=task_clock,
+        neighbour_chunks=int(candidates.neighbours[index]),
+        workers=int(workers),
+        itemsize=int(itemsize),
+        output_itemsize=int(output_itemsize),
+        min_chunk=int(min_chunk),
+        graph_task_seconds=float(graph_task_seconds),
+        run_fixed_seconds=float(run_fixed_seconds),
+        warnings=tuple(warnings),
+        baseline_source=str(baseline_source),
+        block_multiple=None if block_multiple is None else tuple(int(m) for m in block_multiple),
+    )
+
+
+def _rank_on_own_bounds(c: Candidates, shape, whole, index: int, predict: Predictor, confidence, footprint,
+                        budget: int, slots: int) -> int:
+    """The plan's index once the candidates the ranking's upper footprint (key 5) decides
+    among have their own bounds: a predictor given a ceiling may have answered an upper bound
+    of a row's upper where it showed the row fits (:data:`Predictor`, ``exact`` False).  Those
+    are the rows ranked equal to ``index`` on keys 1-4 (usually it alone, whose footprint the
+    plan reports); those not solved are predicted again without a ceiling and ranked again.
+    A row's own upper is at most that bound: each still fits, and no row ranked below them on
+    keys 1-4 can overtake them."""
+    tied, keys = _ranking_keys(c, shape, whole, budget=budget, slots=slots)
+    at = int(np.flatnonzero(tied == index)[0])
+    same = np.ones(len(tied), dtype=bool)
+    for key in keys[-3:]:  # n_tasks, aspect, padding: the keys before the upper footprint
+        same &= key == key[at]
+    rows = tied[same & ~c.exact[tied]]
+    if not len(rows):
+        return index
+    _predict_rows(predict, c, rows, confidence, footprint, _takes_tasks(predict), slots=slots)
+    return rank_candidates(c, shape, whole, budget=budget, slots=slots)
+
+
+def _checked_plan_arguments(shape, halo, whole_axes, limit_bytes, *, pause_fraction, confidence, threads_per_worker,
+                            min_chunk, workers, baseline_bytes):
+    """``(shape, halo, whole, limit_bytes, threads)`` as ints, or ``ValueError`` naming the bad one."""
+    shape = tuple(int(n) for n in shape)
+    ndim = len(shape)
+    halo = tuple(int(h) for h in halo)
+    whole = tuple(sorted({int(a) % ndim for a in whole_axes}))
+    if len(halo) != ndim:
+        raise ValueError(f"halo {halo} has {len(halo)} axes; shape {format_shape(shape)} has {ndim}")
+    if any(n <= 0 for n in shape) or any(h < 0 for h in halo):
+        raise ValueError(f"shape {format_shape(shape)} and halo {halo} must be positive and non-negative")
+    limit_bytes = int(limit_bytes)
+    if limit_bytes <= 0:
+        raise ValueError(f"memory limit must be positive, got {limit_bytes}")
+    if not 0.0 < pause_fraction <= 1.0:
+        raise ValueError(f"pause_fraction must be in (0, 1], got {pause_fraction}")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    threads = int(threads_per_worker)
+    if threads < 1:
+        raise ValueError(f"threads_per_worker must be >= 1, got {threads_per_worker}")
+    if int(min_chunk) < 1:
+        raise ValueError(f"min_chunk must be >= 1, got {min_chunk}")
+    if int(workers) < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    if int(baseline_bytes) < 0:
+        raise ValueError(f"baseline_bytes must be non-negative, got {baseline_bytes}")
+    return shape, halo, whole, limit_bytes, threads
+
+
+def _no_fit_message(c: Candidates, shape, operator, threads, confidence, pause_fraction, limit_bytes, budget,
+                    baseline_bytes) -> str:
+    where = f" for {operator}" if operator else ""
+    limits = f"{pause_fraction:g} x limit {format_bytes(limit_bytes)} = {format_bytes(budget)}"
+    if baseline_bytes >= budget:
+        return (f"no chunking of {format_shape(shape)} fits{where}: the workers' baseline (an idle worker with the "
+                f"operator loaded) is {format_bytes(baseline_bytes)}, already at or above the pause threshold "
+                f"{limits}; raise the memory limit")
+    i = int(np.argmin(c.upper_total))
+    advice = "raise the memory limit" + (f" or use fewer threads per worker (now {threads})" if threads > 1 else "")
+    return (f"no chunking of {format_shape(shape)} fits{where}: the smallest worker footprint "
+            f"({format_shape(c.chunks[i])} chunks, {threads} thread(s), {confidence:.0%} bound) is "
+            f"{format_bytes(int(c.upper_total[i]))} > {limits}, of which the workers' baseline is "
+            f"{format_bytes(baseline_bytes)}; {advice}")
+
+
+# --------------------------------------------------------------------------- re-planning
+
+#: A running computation whose task exceeded its bound is restarted with a new plan only
+#: while at most this share of its tasks is done: later, finishing costs less than
+#: starting again (finished blocks cannot be kept: two plans' tasks would write into the
+#: same zarr chunks).
+REPLAN_MAX_DONE_FRACTION = 0.5
+
+
+def plan_fits(plan: ChunkPlan, predict: Predictor) -> bool:
+    """Whether ``plan``'s upper worker footprint still fits its budget under ``predict``."""
+    tasks = {"tasks": np.asarray([plan.n_tasks])} if _takes_tasks(predict) else {}
+    if tasks and _takes(predict, "cold"):
+        tasks["cold"] = np.asarray([min(plan.n_tasks, plan.slots)])
+    _mean, upper = predict(np.asarray([plan.block], dtype=np.int64), confidence=plan.confidence, **tasks)
+    total = worker_footprint(plan.block, float(np.asarray(upper)[0]), threads_per_worker=plan.threads_per_worker,
+                             itemsize=plan.itemsize, output_itemsize=plan.output_itemsize,
+                             baseline_bytes=plan.footprint.baseline_bytes, chunk_shapes=plan.chunks,
+                             neighbour_chunks=plan.neighbour_chunks, windowed=plan.strategy != "staged").total
+    return total <= plan.budget_bytes
+
+
+def replan(plan: ChunkPlan, predict: Predictor, *, done_fraction: float) -> ChunkPlan | None:
+    """The plan to restart a running computation with after a task exceeded its bound, or
+    None to carry on.
+
+    None for a staged plan (its tasks are its members', not one predictor's), when more
+    than :data:`REPLAN_MAX_DONE_FRACTION` of the tasks are done, when
+    ``plan`` still fits its budget under the updated ``predict`` (:func:`plan_fits`), or
+    when planning again (:func:`plan_chunks` with the plan's own parameters) gives the
+    same chunks.  :class:`ChunkPlanError` when nothing fits any more.
+    """
+    if plan.strategy != "fused" or done_fraction > REPLAN_MAX_DONE_FRACTION or plan_fits(plan, predict):
+        return None
+    new = plan_chunks(plan.shape, plan.halo, plan.whole_axes, predict, plan.limit_bytes,
+                      baseline_bytes=plan.footprint.baseline_bytes, threads_per_worker=plan.threads_per_worker,
+                      confidence=plan.confidence, pause_fraction=plan.pause_fraction, itemsize=plan.itemsize,
+                      output_itemsize=plan.output_itemsize, min_chunk=plan.min_chunk, operator=plan.operator,
+                      workers=plan.workers, seconds_per_voxel=plan.seconds_per_voxel or DEFAULT_SECONDS_PER_VOXEL,
+                      graph_task_seconds=plan.graph_task_seconds, warnings=plan.warnings,
+                      baseline_source=plan.baseline_source, block_multiple=plan.block_multiple,
+                      task_clock=plan.task_clock, run_fixed_seconds=plan.run_fixed_seconds)
+    return None if new.chunks == plan.chunks else new

@@ -1,0 +1,246 @@
+"""What a task costs inside a Dask worker in time, from the observations' clocks.
+
+Time
+----
+From the same observations' clocks (``explorer.live`` reports each operator task's
+seconds, the seconds inside ``operator.run``, and the seconds of the worker's other
+tasks, reads and overlap slices, since its previous report), least-squares lines in the
+block's voxel count ``V`` (a task has fixed costs, opening the input, Python and the
+scheduler's bookkeeping, that a ratio of sums would charge per voxel: on small blocks
+they dominate)::
+
+    run_seconds                            ~ a_op + operator_seconds_per_voxel * V
+    task_seconds - run_seconds + other     ~ a_io + io_seconds_per_voxel * V
+
+(the ratio of sums when the blocks have a single volume, or a line comes out with a
+negative slope or intercept): what a task costs per voxel at the margin, shown to users.
+
+The planner's time model takes a task's whole cost at each block volume instead
+(:func:`fit_clock`, an ``explorer.plan.time_model.TaskClock``): per observed volume ``V`` the
+tasks' total ``task_seconds + other`` over their total voxels (the other tasks' seconds go
+to whichever operator task reports next: only their sum is the tasks' cost), so a task's
+fixed costs stay with the small blocks that pay them and a large block that runs slower per
+voxel (caches, fresh pages) is charged what it costs; and per volume the median coefficient
+of variation ``sigma`` of the tasks' own ``task_seconds`` in groups of >= 3 equal tasks (one
+run, one shape), the spread list scheduling of near-equal tasks pays in its last wave
+(``explorer.plan.time_model.schedule_waves``).  From the runs' wall times ``W`` (``source="run"``
+records) the same time model is solved for a run's fixed seconds ``F`` and the overhead per
+graph task ``g``, at each run's mean task volume ``V`` (:func:`fit_run_overheads`)::
+
+    W - waves(n, C, sigma(V)) s(V) V = F + g * waves(n, C, sigma(V)) * tasks_per_chunk
+
+by least squares (``F, g >= 0``) once the runs' graph tasks per slot differ enough to tell
+the two apart (the probes make sure they do), else ``F = 0``.  These
+replace ``explorer.plan.chunk_plan``'s defaults once a probe or a production run has taught them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from explorer.plan.time_model import TaskClock
+from explorer.plan.excess import IN_WORKER_SOURCES, RUN_SOURCE
+
+__all__ = [
+    "TimingFit",
+    "fit_clock",
+    "fit_run_overheads",
+    "fit_timing",
+]
+
+
+# --------------------------------------------------------------------------- time
+
+
+@dataclass(frozen=True)
+class TimingFit:
+    """Seconds a Dask run spends, learnt from the workers' clocks (module docstring)."""
+
+    operator_seconds_per_voxel: float | None
+    io_seconds_per_voxel: float | None
+    graph_task_seconds: float | None
+    n_tasks: int
+    n_runs: int
+    #: The planner's time per task at each observed block volume, and equal tasks' spread.
+    clock: TaskClock | None = None
+    #: A run's fixed seconds apart from its tasks and their graph overhead (:func:`fit_run_overheads`).
+    run_fixed_seconds: float | None = None
+
+    @property
+    def seconds_per_voxel(self) -> float | None:
+        """``operator + io``: the planner's seconds per block voxel, or None when not learnt."""
+        if self.operator_seconds_per_voxel is None or self.io_seconds_per_voxel is None:
+            return None
+        return self.operator_seconds_per_voxel + self.io_seconds_per_voxel
+
+
+def _slope_through(volume: np.ndarray, seconds: np.ndarray) -> tuple[float, float]:
+    """``(slope, intercept)`` of ``seconds ~ intercept + slope * volume`` by least squares,
+    or the ratio of sums and 0 when the volumes do not identify a slope (fewer than two
+    distinct volumes, or a slope that comes out negative)."""
+    ratio = float(seconds.sum() / volume.sum())
+    if len(np.unique(volume)) < 2:
+        return ratio, 0.0
+    slope, intercept = np.polyfit(volume, seconds, 1)
+    if slope <= 0 or intercept < 0:
+        return ratio, 0.0
+    return float(slope), float(intercept)
+
+
+def fit_clock(rows) -> TaskClock | None:
+    """The :class:`~explorer.plan.time_model.TaskClock` of in-worker tasks ``(run, shape, seconds,
+    own_seconds[, worker])`` in the order the workers reported them (module docstring):
+    ``seconds`` what the worker spent for the task (its own seconds and the other tasks'
+    since its previous report), ``own_seconds`` the task's own.
+
+    A worker's first task of a run is slower than its later ones: it faults in the fresh
+    pages its arrays need, which the later ones find in the process's heap (gst3d's 150^3
+    probes: 0.72 and 0.80 s first on each worker, 0.42-0.47 s after).  A run of many waves
+    is made of the later ones, so per volume (and shape) the figure is the median of the
+    tasks that were not their worker's first in their run, where there are any (rows
+    without a worker all count as such).
+
+    Per block volume the seconds per voxel are the tasks' total over their voxels: the other
+    tasks' seconds (reads, overlap slices) go to whichever operator task reports next, often
+    the first of a run on each worker, so only their sum means anything (a median per task
+    left most of the reading out: gaussian(sigma=1),semblance,gaussian's 195^3 probes, 0.50 s
+    against a mean of 0.65 s).  The same figure per exact block shape makes the clock's
+    shape table (:class:`~explorer.plan.time_model.TaskClock`).  The spread is, per volume, the median over groups of three or
+    more equal tasks (one run, one shape) of the coefficient of variation of the tasks' *own*
+    seconds, for the same reason (with the reads attributed, 0.42-0.84; without, 0.06-0.45)."""
+    own_by_volume: dict[int, tuple[list, list]] = {}
+    other_by_volume: dict[int, list[float]] = {}
+    own_by_shape: dict[tuple, tuple[list, list]] = {}
+    other_by_shape: dict[tuple, list[float]] = {}
+    groups: dict[tuple, list[float]] = {}
+    started: set = set()
+    for row in rows:
+        run, shape, seconds, own = row[:4]
+        worker = row[4] if len(row) > 4 else None
+        shape = tuple(int(n) for n in shape)
+        volume = math.prod(shape)
+        warm = worker is None or (run, worker) in started
+        started.add((run, worker))
+        own_by_volume.setdefault(volume, ([], []))[warm].append(own / volume)
+        other_by_volume.setdefault(volume, []).append((seconds - own) / volume)
+        own_by_shape.setdefault(shape, ([], []))[warm].append(own / volume)
+        other_by_shape.setdefault(shape, []).append((seconds - own) / volume)
+        groups.setdefault((run, shape), []).append(own)
+    by_volume = own_by_volume
+    if not by_volume:
+        return None
+
+    def typical(cold_and_warm) -> float:
+        cold, warm = cold_and_warm
+        return float(np.median(warm if warm else cold))
+    spread_by_volume: dict[int, list[float]] = {}
+    for (_run, shape), seconds in groups.items():
+        s = np.asarray(seconds)
+        if len(s) >= 3 and s.mean() > 0:
+            spread_by_volume.setdefault(math.prod(shape), []).append(float(s.std(ddof=1) / s.mean()))
+    volumes = sorted(by_volume)
+    spread_volumes = sorted(spread_by_volume)
+    shapes = sorted(own_by_shape)
+    return TaskClock(volumes=tuple(float(v) for v in volumes),
+                     seconds_per_voxel=tuple(typical(own_by_volume[v]) + float(np.mean(other_by_volume[v]))
+                                             for v in volumes),
+                     spread_volumes=tuple(float(v) for v in spread_volumes),
+                     spreads=tuple(float(np.median(spread_by_volume[v])) for v in spread_volumes),
+                     shapes=tuple(shapes),
+                     shape_seconds_per_voxel=tuple(typical(own_by_shape[b]) + float(np.mean(other_by_shape[b]))
+                                                   for b in shapes))
+
+
+def fit_timing(records, environment: str | None = None) -> TimingFit:
+    """Operator and I/O seconds per voxel from in-worker task clocks, the planner's
+    :class:`~explorer.plan.time_model.TaskClock` from the same clocks, and the overhead per graph
+    task from the runs' wall times (module docstring).
+
+    Only tasks of one-thread workers are timed: the clock is a task's seconds alone in its
+    worker, as the probes run them, and ``T`` tasks sharing a worker's cores each take longer
+    (on 2x4 threads here, trials of gst3d's blocks timed that way drove the planner from every
+    shape it had timed to 140 chunks of 37x52x64, twice as slow)."""
+    from explorer.plan.time_model import schedule_waves
+
+    rows, runs, clocked = [], [], []
+    for r in records:
+        if (r.source not in IN_WORKER_SOURCES or r.status != "ok"
+                or (environment is not None and r.context.get("environment") != environment)
+                or int(r.context.get("threads_per_worker") or 1) > 1):
+            continue
+        c = r.context
+        task, inside = c.get("task_seconds"), c.get("run_seconds")
+        if task is None or inside is None:
+            continue
+        other = float(c.get("other_seconds") or 0.0)
+        rows.append((float(math.prod(r.shape)), float(inside), max(0.0, float(task) - float(inside)) + other))
+        runs.append(str(c.get("run", "")))
+        own = max(float(task), float(inside))
+        clocked.append((runs[-1], tuple(r.shape), own + other, own, c.get("worker")))
+    if not rows:
+        return TimingFit(None, None, None, 0, 0)
+    volume, inside, around = (np.asarray(col) for col in zip(*rows))
+    operator_slope, _ = _slope_through(volume, inside)
+    io_slope, _ = _slope_through(volume, around)
+    clock = fit_clock(clocked)
+    per_run_volume: dict[str, list[float]] = {}
+    for run, v in zip(runs, volume):
+        per_run_volume.setdefault(run, []).append(float(v))
+    walls = []
+    for r in records:
+        if r.source != RUN_SOURCE or r.status != "ok":
+            continue
+        c = r.context
+        volumes = per_run_volume.get(str(c.get("run", "")))
+        needed = ("seconds", "n_tasks", "slots", "tasks_per_chunk")
+        if not volumes or any(c.get(k) is None for k in needed):
+            continue
+        mean_volume = float(np.mean(volumes))
+        waves = float(schedule_waves(c["n_tasks"], c["slots"], clock.spread_at(mean_volume)))
+        walls.append((float(c["seconds"]), waves * float(c["tasks_per_chunk"]),
+                      waves * float(clock.seconds_per_voxel_at(mean_volume)) * mean_volume))
+    fixed, per_graph_task = fit_run_overheads(walls)
+    return TimingFit(
+        operator_seconds_per_voxel=operator_slope,
+        io_seconds_per_voxel=io_slope,
+        graph_task_seconds=per_graph_task,
+        n_tasks=len(rows),
+        n_runs=len(walls),
+        clock=clock,
+        run_fixed_seconds=fixed,
+    )
+
+
+#: Runs identify a fixed cost apart from the overhead per graph task only when their graph
+#: tasks per slot (``waves x tasks_per_chunk``) differ by at least this factor.
+RUN_OVERHEAD_SPREAD = 1.5
+
+
+def fit_run_overheads(walls) -> tuple[float | None, float | None]:
+    """``(F, g)``: a run's fixed seconds and the seconds per graph task, from runs' wall times
+    ``(W, x, c)`` with ``x = waves * tasks_per_chunk`` (graph tasks on the busiest slot) and
+    ``c = waves * s(V) V`` (its tasks' work, from the clock)::
+
+        W - c = F + g x
+
+    by least squares with ``F, g >= 0`` when the runs' ``x`` differ by
+    :data:`RUN_OVERHEAD_SPREAD` or more (the probes run their smallest block on a finer grid
+    for this: ``explorer.probes``).  Otherwise ``F`` is not identified apart from ``g``: ``F =
+    0`` and ``g`` the median of ``(W - c) / x``, which charges a run's fixed seconds (submitting
+    the graph, gathering the result, starting and stopping the observation) to its graph tasks:
+    a plan with more waves is then charged them again.  ``(None, None)`` without a run."""
+    if not walls:
+        return None, None
+    wall, x, work = (np.asarray(col, dtype=np.float64) for col in zip(*walls))
+    y = wall - work
+    if len(x) < 2 or x.max() < RUN_OVERHEAD_SPREAD * x.min():
+        return 0.0, float(np.median(np.maximum(0.0, y / x)))
+    g, fixed = np.polyfit(x, y, 1)
+    if g < 0:
+        return float(max(0.0, np.median(y))), 0.0
+    if fixed < 0:
+        return 0.0, float(max(0.0, (x * y).sum() / (x * x).sum()))
+    return float(fixed), float(g)
