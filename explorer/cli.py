@@ -61,7 +61,7 @@ _positive_float = _checked(validate.positive_number)
 
 def _storage_url(text: str) -> str:
     """A URL of one of the accepted forms (whether it opens is found when it is opened)."""
-    from explorer.store import StorageError, local_file
+    from explorer.search.store import StorageError, local_file
 
     try:
         local_file(text)
@@ -215,7 +215,7 @@ def _cmd_explore(argv: list[str]) -> int:
         eta = f", ~{predicted_seconds:.0f} s"
         print(f"{'':>9} {format_shape(shape):>15}  profiling ({purpose}{eta}) ...", file=sys.stderr, flush=True)
 
-    from explorer.store import Store
+    from explorer.search.store import Store
 
     Store(args.runs_dir, args.storage)  # a storage that cannot be opened is one line, before any other
     print(f"exploring {args.operator}: budget {args.budget} profiles, tolerance {args.tolerance:.1%}, "
@@ -289,7 +289,7 @@ def _cmd_calibrate(argv: list[str]) -> int:
     _add_store_options(parser, storage=True)
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
     args = parser.parse_args(argv)
-    from explorer.store import Store
+    from explorer.search.store import Store
     from explorer.model.load import load_model
 
     Store(args.runs_dir, args.storage)  # a storage that cannot be opened is one line, before any cluster
@@ -532,7 +532,7 @@ def _cmd_report(argv: list[str]) -> int:
     parser.add_argument("--json", action="store_true", help="print the table as JSON")
     args = parser.parse_args(argv)
 
-    from explorer.report import operator_report
+    from explorer.search.report import operator_report
 
     report = operator_report(args.operator, runs_dir=args.runs_dir, storage=args.storage,
                              confidence=args.confidence)

@@ -913,7 +913,7 @@ def _trial(ctx: RunContext, job: _TrialJob, tmp: Path) -> bool:
     and in the recalibrated clock; False when it did not end ok (the run goes on untried)."""
     import operators
     from explorer.plan.calibration import calibrate
-    from explorer.store import Store
+    from explorer.search.store import Store
     from explorer.model.load import load_model
 
     index = len(ctx.result.trials)
@@ -1240,7 +1240,7 @@ def _tasks_per_chunk(ctx: RunContext, counts) -> float:
 
 def _record_run(ctx: RunContext) -> None:
     """One ``source="run"`` record: what the time model and the footprint check learn from."""
-    from explorer.store import SOURCE_RUN
+    from explorer.search.store import SOURCE_RUN
 
     result = ctx.result
     if not result.n_tasks or result.seconds is None:
@@ -1271,7 +1271,7 @@ def _open_store(operator, runs_dir, storage):
 
     def open_it():
         try:
-            from explorer.store import Store
+            from explorer.search.store import Store
 
             store = Store(runs_dir, storage)
             store.study(operator)

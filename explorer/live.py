@@ -140,7 +140,7 @@ class Observer:
     def store(self):
         """The store observations go to (opened by the writer thread on first use)."""
         if self._store is None:
-            from explorer.store import Store
+            from explorer.search.store import Store
 
             self._store = Store(*self._store_args)
         return self._store

@@ -254,7 +254,7 @@ def run_probes(operator: str, model, *, n: int = DEFAULT_PROBES, runs_dir=None, 
     from explorer.plan.calibration import calibrate
     from explorer.daskrun import run
     from explorer.measure.worker_baseline import measure_worker_baseline, save_worker_baseline
-    from explorer.store import Store
+    from explorer.search.store import Store
     from explorer.measure.workersetup import prepare_workers
 
     started = time.perf_counter()

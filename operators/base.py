@@ -51,12 +51,12 @@ class Operator:
     output_dtype: ClassVar[np.dtype] = np.dtype(np.float32)
     #: The operator pads each block up to a multiple of these per axis before computing
     #: (a U-Net's ``2^levels``); its memory then steps with ``ceil(n / m) * m``, which the
-    #: surrogate takes as its input (``explorer.surrogate.effective_dims``).
+    #: surrogate takes as its input (``explorer.model.basis.effective_dims``).
     block_multiple: ClassVar[Shape] = (1, 1, 1)
     #: Axes with one class are alike: permuting them leaves the operator's peak memory
     #: unchanged (an isotropic stencil: ``(0, 0, 0)``; inline and crossline alike, samples
     #: apart: ``(0, 0, 1)``).  The surrogate is then invariant under those permutations (its
-    #: mean's terms tied, ``explorer.surrogate.basis_map``; its kernel on the dims sorted
+    #: mean's terms tied, ``explorer.model.basis.basis_map``; its kernel on the dims sorted
     #: within a class, ``canonical_dims``): one profile informs every permutation of its block.
     #: Declare only what is measured (``tests/test_operators.py`` profiles every declared
     #: permutation); the default, every axis its own, claims nothing.

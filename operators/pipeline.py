@@ -212,7 +212,7 @@ class Pipeline(Operator):
             "{" + ", ".join(op.name for op in stage) + "}" if len(stage) > 1 else stage[0].name
             for stage in self.stages)
         #: The order a fan-out's branches run in (names; the spec's by default): it changes the
-        #: peak, not the outputs (``explorer.composed.liu_order`` picks it).
+        #: peak, not the outputs (``explorer.model.composed.liu_order`` picks it).
         self.branch_order = self._checked_order(branch_order)
 
     def _checked_order(self, order) -> tuple[str, ...]:

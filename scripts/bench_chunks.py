@@ -300,7 +300,7 @@ class PrototypeProfiles:
         self.profiler = None
 
     def get(self, op: str, shape) -> dict:
-        from explorer.store import study_name
+        from explorer.search.store import study_name
 
         key = study_name(op)
         entry = self.data.setdefault(key, {}).get(format_shape(shape))
@@ -402,7 +402,7 @@ def run_scenario(sc: Scenario, args, cache: Path, tmp: Path, profiles: Prototype
     tag = sc.op
 
     explored = ensure_model(sc.op, sc.limit, runs_dir, args.budget)
-    from explorer.store import Store
+    from explorer.search.store import Store
 
     if Store(runs_dir).records(sc.op, source="production"):
         raise SystemExit(f"{runs_dir} holds production observations: the benchmark's calibration must be the "

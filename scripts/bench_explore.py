@@ -89,15 +89,16 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import operators  # noqa: E402
-from explorer import acquisition
+from explorer.search import acquisition
 from explorer.model import fit
 from explorer.model import memory_model as surrogate
 from explorer.model import torch_fit  # noqa: E402
-from explorer import exploration as explore_module  # noqa: E402
+from explorer.search import core  # noqa: E402
 from explorer.core.machine import default_memory_limit
-from explorer.exploration import explore, training_data  # noqa: E402
+from explorer.exploration import explore
+from explorer.search.core import training_data  # noqa: E402
 from explorer.measure.profiling import OK, Profiler, default_memory_cap  # noqa: E402
-from explorer.store import SOURCE_PROFILE, Record, Store, study_name  # noqa: E402
+from explorer.search.store import SOURCE_PROFILE, Record, Store, study_name  # noqa: E402
 from explorer.core.units import format_bytes, format_shape, parse_size  # noqa: E402
 from machine import machine_line  # noqa: E402
 
@@ -286,8 +287,8 @@ def instrumented(timers: Timers):
     wrap(fit, "fit", "fits")
     for name in ("candidate_shapes", "chunkable_mask", "target_mask", "relative_half_width", "propose"):
         wrap(acquisition, name, "scoring")
-    wrap(explore_module, "profile_cost_model", "scoring")
-    wrap(explore_module, "training_data", "scoring")
+    wrap(core, "profile_cost_model", "scoring")
+    wrap(core, "training_data", "scoring")
     wrap(profiling_module.Profiler, "start", "server start")
     wrap(profiling_module.Profiler, "profile", "profile call", on_profile)
     wrap(profiling_module.Profiler, "close", "server close")
@@ -562,7 +563,7 @@ def run_operator(name: str, args, bench: Bench, limit: int, cap: int) -> Operato
 
     # 2. ours at N = 5..B
     models = {}
-    for n in range(explore_module.N_INITIAL, len(records) + 1):
+    for n in range(core.N_INITIAL, len(records) + 1):
         shapes, values, noise, lower, n_repeats = training_data(records[:n])
         if len(np.unique(volume(shapes[~lower]))) < 2:
             continue

@@ -142,7 +142,7 @@ def run_tasks(runs: Path, operator: str, run_id: str | None) -> list:
     if not run_id:
         return []
     sys.path.insert(0, str(ROOT))
-    from explorer.store import Store
+    from explorer.search.store import Store
 
     return [(float(r.peak_bytes), r.context.get("first_in_run")) for r in Store(runs).records(operator)
             if r.source == "production" and r.context.get("run") == run_id and r.peak_bytes is not None]

@@ -61,7 +61,7 @@ import operators  # noqa: E402
 from bench_explore import EXTRAPOLATION_FACTORS, Truth, extrapolation_shapes, metrics, region_shapes  # noqa: E402
 from explorer.exploration import explore  # noqa: E402
 from explorer.measure.profiling import OK, Profiler, default_memory_cap  # noqa: E402
-from explorer.store import SOURCE_PROFILE, Store, study_name  # noqa: E402
+from explorer.search.store import SOURCE_PROFILE, Store, study_name  # noqa: E402
 from explorer.model.load import load_model  # noqa: E402
 from explorer.core.units import format_bytes, format_shape, parse_size  # noqa: E402
 from machine import machine_line  # noqa: E402
@@ -193,7 +193,7 @@ def explored(spec: str, truths, args, runs: Path, limit: int, cap: int, cache: P
     truths here are the profiles of the spec as written at the same shapes."""
     import shutil
 
-    from explorer.exploration import ExplorationCore, composed_prior, member_noise_floor
+    from explorer.search.core import ExplorationCore, composed_prior, member_noise_floor
 
     op = operators.get(spec)
     if op.branches:

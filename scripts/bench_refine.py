@@ -87,7 +87,7 @@ def fixed_block_bound(op, plan, runs_dir, baseline_bytes: int) -> tuple[float, f
 
 
 def production_records(op_name: str, runs_dir) -> int:
-    from explorer.store import Store
+    from explorer.search.store import Store
 
     return len(Store(runs_dir).records(op_name, source="production"))
 

@@ -55,7 +55,7 @@ os.environ["EXPLORER_PLUGINS"] = ",".join(
 os.environ["PYTHONPATH"] = os.pathsep.join([str(HERE), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])
 
 import operators  # noqa: E402
-from explorer import acquisition  # noqa: E402
+from explorer.search import acquisition  # noqa: E402
 from explorer.exploration import explore  # noqa: E402
 from explorer.core.plugins import load_plugins  # noqa: E402
 from explorer.measure.profiling import OK, Profiler, default_memory_cap  # noqa: E402

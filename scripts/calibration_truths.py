@@ -2,7 +2,7 @@
 
 No processes: each truth is a function of the block shape (memory the surrogate's
 polynomial mean cannot express, or can), driven through the ask/tell core
-(``explorer.exploration.ExplorationCore``) exactly as ``explore`` drives it with real
+(``explorer.search.core.ExplorationCore``) exactly as ``explore`` drives it with real
 profiles; a profile is two noisy runs of the truth.  Where the loop stops on its own, the
 model's predictive is scored on held-out new runs: the target region's shapes (about 300 per
 seed) and shapes of 2x, 4x and 8x the largest profiled volume.  Per truth: the profiles at the
@@ -14,7 +14,7 @@ with Clopper-Pearson 95% intervals.  These truths are the development bench of t
         [--set MODULE.NAME=VALUE ...]
 
 ``--set`` overrides one of the statistics' stated constants for a sensitivity run (e.g.
-``--set explorer.model.stats.SCALE_PRIOR_DOF=4``, ``--set explorer.acquisition.EVIDENCE_LEVEL=0.2``,
+``--set explorer.model.stats.SCALE_PRIOR_DOF=4``, ``--set explorer.search.acquisition.EVIDENCE_LEVEL=0.2``,
 ``--set explorer.model.priors._RUN_NOISE_PRIOR=0.02,4``).
 
 Prints Markdown and the machine line.
@@ -34,8 +34,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from explorer.exploration import ExplorationCore  # noqa: E402
-from explorer.store import Record  # noqa: E402
+from explorer.search.core import ExplorationCore  # noqa: E402
+from explorer.search.store import Record  # noqa: E402
 from machine import machine_line  # noqa: E402
 from operators.base import Operator, register  # noqa: E402
 

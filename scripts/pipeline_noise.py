@@ -1,5 +1,5 @@
 """A pipeline's learnt run noise with and without its members' floor
-(``explorer.exploration.member_noise_floor``), from a ``bench_pipelines.py`` cache.
+(``explorer.search.core.member_noise_floor``), from a ``bench_pipelines.py`` cache.
 
 For each spec: its members' learnt single-run noise (``MemoryModel.hyperparameters``:
 ``relative_run_sd``, ``abs_noise_sd_bytes``, from ``<cache>/runs``), the floor they give, and
@@ -21,9 +21,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import operators  # noqa: E402
 from bench_pipelines import CONFIDENCE, ISSUE_PIPELINES  # noqa: E402
-from explorer.exploration import ExplorationCore, composed_prior, member_noise_floor  # noqa: E402
+from explorer.search.core import ExplorationCore, composed_prior, member_noise_floor  # noqa: E402
 from explorer.measure.profiling import default_memory_cap  # noqa: E402
-from explorer.store import SOURCE_PROFILE, Store  # noqa: E402
+from explorer.search.store import SOURCE_PROFILE, Store  # noqa: E402
 from explorer.model.load import load_model  # noqa: E402
 from explorer.core.units import parse_size  # noqa: E402
 from machine import machine_line  # noqa: E402

@@ -34,7 +34,7 @@ def main() -> None:
     args = parser.parse_args()
     from explorer.core.paths import model_path
     from explorer.model.stats import t_quantile
-    from explorer.store import SOURCE_PROFILE, Store
+    from explorer.search.store import SOURCE_PROFILE, Store
     from explorer.model.load import load_model
 
     runs = args.runs_dir or Path("runs") / f"noise-{args.operator}-{args.seed}"

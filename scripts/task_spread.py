@@ -35,7 +35,7 @@ def main() -> None:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    from explorer.store import Store
+    from explorer.search.store import Store
 
     records = [r for r in Store(args.runs_dir).records(args.operator)
                if r.source in ("probe", "production") and r.status == "ok" and r.context.get("exact")]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from explorer import acquisition as acq
+from explorer.search import acquisition as acq
 from explorer.model.fit import fit
 
 MiB = 2**20

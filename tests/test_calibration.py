@@ -17,7 +17,7 @@ from explorer.plan import excess as plan_excess
 from explorer.plan import task_model
 from explorer.plan import timing
 from explorer.core.environment import StaleModelWarning, environment_stamp
-from explorer.store import Record, Store
+from explorer.search.store import Record, Store
 
 MiB = 2**20
 OPERATOR = "gst3d"

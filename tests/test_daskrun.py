@@ -208,7 +208,7 @@ def test_model_chunks_follow_recommend_chunks_with_the_clusters_baseline(cluster
                                                                          tmp_path):
     from explorer.plan.calibration import calibration_path
     from explorer.plan.recommend import recommend_chunks
-    from explorer.store import Store
+    from explorer.search.store import Store
 
     r = run(OPERATOR, segy, tmp_path / "out.zarr", scheduler=cluster.scheduler_address, runs_dir=model_runs)
     assert r.status == "ok", r.error
@@ -263,7 +263,7 @@ def test_a_task_over_the_bound_early_restarts_the_run_with_the_recalibrated_plan
     from explorer.core import paths
     from explorer.model import fit
     from explorer.plan.recommend import recommend_chunks
-    from explorer.store import Store
+    from explorer.search.store import Store
 
     runs = tmp_path / "model-runs"
     shutil.copytree(probed_runs, runs)
@@ -325,7 +325,7 @@ def test_every_task_and_worker_stays_under_the_plans_bound(threads, tmp_path, pr
     # Before the run, one-thread workers timed the plan's block (the probes' cubes are not it) and
     # its compact neighbour's, as probes of their own; the plan run is one whose block they timed.
     # Workers of several threads time nothing: their tasks share the cores, unlike the probes'.
-    from explorer.store import Store
+    from explorer.search.store import Store
 
     if threads > 1:
         assert r.trials == []

@@ -12,7 +12,7 @@ import pytest
 
 from explorer import load_model, recommend_chunks
 from explorer.exploration import explore
-from explorer.store import Store
+from explorer.search.store import Store
 
 OPERATOR = "first_derivative"  # cheap: a few ms per profile
 LIMIT = "64MiB"
@@ -94,7 +94,8 @@ def test_a_model_fitted_on_fewer_profiles_does_not_replace_a_better_informed_one
     """What a slower explore process sharing the store must not do at the end."""
     import operators
     from explorer.model import fit
-    from explorer.exploration import save_model_unless_superseded, training_data
+    from explorer.exploration import save_model_unless_superseded
+    from explorer.search.core import training_data
 
     runs, _, _ = explored
     records = Store(runs).records(OPERATOR, source="profile")
@@ -213,7 +214,7 @@ def test_cli_run_bad_input_is_one_line(args, fragment, tmp_path):
 def test_region_design_takes_one_shape_per_band_of_task_memory_spread_in_log_dims():
     """``region_design``: ``n`` distinct shapes, one from each equal-count band of the sorted
     task memory, each the farthest (log-dims) from those picked before; deterministic."""
-    from explorer.exploration import region_design
+    from explorer.search.core import region_design
 
     rng = np.random.default_rng(3)
     shapes = np.rint(np.exp(rng.uniform(np.log(8), np.log(1024), size=(200, 3)))).astype(int)

@@ -79,7 +79,7 @@ def plans(runs: Path) -> list:
 
 
 def store_rows(runs: Path) -> dict:
-    from explorer.store import Store
+    from explorer.search.store import Store
 
     store = Store(runs)
     return {operator: sorted([list(r.shape), r.peak_bytes, r.source] for r in store.records(operator))

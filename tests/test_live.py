@@ -14,7 +14,7 @@ import operators
 from explorer.measure import inworker
 from explorer import live
 from explorer.measure.highwater import is_supported
-from explorer.store import Store
+from explorer.search.store import Store
 
 pytestmark = pytest.mark.skipif(not is_supported(), reason="needs Linux /proc/self/clear_refs")
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import operators
-from explorer.exploration import member_noise_floor
+from explorer.search.core import member_noise_floor
 from operators.pipeline import Pipeline, SpecError, parse
 from tests.conftest import fitted_model
 
@@ -192,7 +192,7 @@ def test_explore_run_on_a_chain_writes_the_numpy_composition(tmp_path):
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["status"] == "ok" and result["operator"] == spec
     # live refinement records the pipeline's tasks in its own study, each on its block
-    from explorer.store import Store
+    from explorer.search.store import Store
 
     tasks = Store(tmp_path / "runs").records(spec, source="production")
     assert len(tasks) == result["n_tasks"] == result["observations_recorded"] == 4
@@ -231,7 +231,7 @@ def test_a_staged_run_writes_the_numpy_composition_and_keeps_only_its_run_record
     """``explore run SPEC --strategy staged``: one ``map_overlap`` per stage on a real
     LocalCluster; each branch equals the NumPy composition, the result says ``staged``, and
     the members' tasks are not recorded as the pipeline's (only the run record, tagged)."""
-    from explorer.store import Store
+    from explorer.search.store import Store
 
     spec = "gaussian,envelope+gst3d"
     source = tmp_path / "in.sgy"
@@ -401,9 +401,9 @@ def test_three_profiles_of_a_pipeline_with_its_composed_prior_bound_it_tighter_t
     the members' alike axes the flat fit from 3 profiles was more than twice as far above;
     now it is within ~8 %, so the prior's margin is smaller than that.)"""
     from explorer.core import paths
-    from explorer.exploration import ExplorationCore, composed_prior
+    from explorer.search.core import ExplorationCore, composed_prior
     from explorer.measure.profiling import profile
-    from explorer.store import Record
+    from explorer.search.store import Record
     from explorer.model.load import load_model
 
     fitted_model("gaussian").save(paths.model_path("gaussian", tmp_path))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from explorer.store import Store
+from explorer.search.store import Store
 
 OPERATOR = "envelope"  # a few ms per profile
 BUDGET = 8

@@ -12,9 +12,9 @@ import functools
 import numpy as np
 import pytest
 
-from explorer import acquisition
-from explorer.exploration import ExplorationCore
-from explorer.store import Record
+from explorer.search import acquisition
+from explorer.search.core import ExplorationCore
+from explorer.search.store import Record
 from explorer.model.fit import fit
 from operators.base import Operator, register
 

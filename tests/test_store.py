@@ -10,7 +10,7 @@ import time
 import pytest
 
 from explorer.measure.profiling import Measurement
-from explorer.store import SOURCE_PRODUCTION, Store, study_name
+from explorer.search.store import SOURCE_PRODUCTION, Store, study_name
 
 
 def measurement(shape, peak, status="ok", repeats=(1.0, 1.0)):
@@ -58,7 +58,7 @@ def test_journal_storage_url(tmp_path):
 
 WRITER = """
 import sys, time
-from explorer.store import Store
+from explorer.search.store import Store
 store = Store(sys.argv[1])
 for i in range(1, 100000):
     store.add_observation("envelope", (i, 2, 3), float(i), source="profile")
@@ -84,9 +84,7 @@ def test_sigkill_mid_write_loses_nothing_finished_and_leaves_nothing_half_writte
 
 # --------------------------------------------------------------------------- claims
 
-from explorer.store import (  # noqa: E402
-    BUDGET_SPENT, DUPLICATE_CLAIM, OVER_BUDGET, TAKEN, Entry, StorageError, claim_verdict, is_live_claim,
-)
+from explorer.search.store import BUDGET_SPENT, DUPLICATE_CLAIM, OVER_BUDGET, TAKEN, Entry, StorageError, claim_verdict, is_live_claim
 
 
 def test_a_claim_is_no_record_until_finished_and_the_profile_replaces_it(tmp_path):
@@ -145,7 +143,7 @@ def test_claims_end_at_expiry_or_with_their_process():
 
 
 def test_the_claim_of_a_process_that_died_blocks_nothing(tmp_path):
-    code = ("import sys; from explorer.store import Store; "
+    code = ("import sys; from explorer.search.store import Store; "
             "assert Store(sys.argv[1]).claim('envelope', (5, 6, 7), budget=1, seconds=3600).held")
     subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=True, timeout=120)
     store = Store(tmp_path)
@@ -155,7 +153,7 @@ def test_the_claim_of_a_process_that_died_blocks_nothing(tmp_path):
 
 CLAIMER = """
 import json, sys
-from explorer.store import Store
+from explorer.search.store import Store
 store = Store(sys.argv[1], sys.argv[2] if sys.argv[2] != "-" else None)
 held = [list(s) for s in [(i, 2, 3) for i in range(1, 9)]
         if store.claim("envelope", s, budget=int(sys.argv[3]), seconds=600).held]

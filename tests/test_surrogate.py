@@ -278,7 +278,7 @@ def test_load_model_does_not_import_torch(tmp_path, model15):
         import sys, time
         t0 = time.perf_counter()
         import explorer.model.load as s
-        import explorer.acquisition
+        import explorer.search.acquisition
         m = s.load_model("gst3d", {str(tmp_path)!r})
         cold = time.perf_counter() - t0
         m.predict((100, 100, 100))

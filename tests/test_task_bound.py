@@ -16,7 +16,7 @@ from explorer.plan import excess as plan_excess
 from explorer.plan import max_task
 from explorer.plan import task_model
 from explorer.plan import timing
-from explorer.store import Record
+from explorer.search.store import Record
 
 MiB = 2**20
 GiB = 2**30
@@ -226,7 +226,7 @@ def test_real_workers_record_each_ones_first_task_of_a_run(probed_runs):
     """The probes (a real LocalCluster of two one-thread workers) store whether each task was
     its worker's first of the run, its place among them and over the worker process's life;
     the calibration fits the cold offset from them."""
-    from explorer.store import Store
+    from explorer.search.store import Store
 
     records = [r for r in Store(probed_runs).records("gst3d") if r.source == "probe"]
     runs: dict = {}

@@ -238,7 +238,7 @@ class ComposedModel:
     def in_order(self, branch_order) -> "_InOrder":
         """This model predicting the fan-out run in ``branch_order`` (names) at every block, not
         Liu's order: what a pipeline's own profiles run (``Pipeline.branch_order``, the order
-        written), so what their prior must predict (``explorer.exploration.composed_prior``)."""
+        written), so what their prior must predict (``explorer.search.core.composed_prior``)."""
         return _InOrder(self, tuple(branch_order))
 
     @property

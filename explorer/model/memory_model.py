@@ -119,7 +119,7 @@ degrees of freedom, location ``mean_g`` and squared scale ``s^2 (var_g + sigma^2
 ``upper = mean + t_nu(confidence) * scale`` (SciPy's ``stdtrit``).  ``latent_moments``,
 ``noise_var`` and ``posterior_cov`` return the scaled (``s^2``) quantities.
 ``scores`` and ``loo_scores`` turn residuals into normal scores under this predictive
-(the stop rule of ``explorer.acquisition`` tests them).
+(the stop rule of ``explorer.search.acquisition`` tests them).
 
 The noise, the ML-II fit of the hyperparameters, an informative prior mean and lower
 bounds: ``explorer.model.fit``.

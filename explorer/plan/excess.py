@@ -113,7 +113,7 @@ __all__ = [
 ]
 
 
-#: Sources of in-worker observations (``explorer.store``): explore's probes, production tasks.
+#: Sources of in-worker observations (``explorer.search.store``): explore's probes, production tasks.
 IN_WORKER_SOURCES = ("probe", "production")
 #: Source of one record per observed run (wall time, slots, worker high-water mark).
 RUN_SOURCE = "run"

@@ -42,7 +42,7 @@ DEFAULT_GRAPH_TASK_SECONDS = 0.002
 DEFAULT_SECONDS_PER_VOXEL = 1e-7
 #: Seconds per voxel a run spends beyond the operator itself: reading the SEG-Y block,
 #: slicing and storing the output.  The same fit's per-voxel seconds less the
-#: operator's profiled ``b`` (``explorer.exploration.operator_run_cost``): 82 - 21 =
+#: operator's profiled ``b`` (``explorer.search.core.operator_run_cost``): 82 - 21 =
 #: 61 ns (envelope), 94 - 41 = 53 ns (semblance).
 RUN_IO_SECONDS_PER_VOXEL = 6e-8
 

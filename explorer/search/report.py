@@ -120,7 +120,7 @@ def operator_report(operator: str, *, runs_dir=None, storage=None, confidence: f
     from explorer.core import paths
     from explorer.plan.excess import IN_WORKER_SOURCES
     from explorer.plan.task_model import task_model
-    from explorer.store import SOURCE_RUN, Store
+    from explorer.search.store import SOURCE_RUN, Store
 
     store = Store(runs_dir, storage)  # a bad storage URL is the first thing to say
     tasks = task_model(operator, runs_dir=runs_dir)
