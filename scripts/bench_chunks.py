@@ -8,7 +8,7 @@ auto chunks kill workers.
         [--json PATH]
     python scripts/bench_chunks.py --refit RUNS.json [RUNS.json ...]
 
-Every run is ``explorer.daskrun.run(op, <input>.sgy, <tmp>/out.zarr, workers=2,
+Every run is ``explorer.run.daskrun.run(op, <input>.sgy, <tmp>/out.zarr, workers=2,
 threads_per_worker=1, memory_limit=L, allowed_failures=1, stall_seconds=60)`` on its own
 fresh ``LocalCluster``, with ``refine=False`` unless said otherwise.  Per scenario
 (operator, cube volume, per-worker limit ``L``):
@@ -124,7 +124,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.cluster, tests.heavy_preload
 import operators  # noqa: E402
-from explorer.daskrun import run  # noqa: E402
+from explorer.run.daskrun import run  # noqa: E402
 from explorer.core.units import format_bytes, format_shape, parse_shape, parse_size  # noqa: E402
 from machine import machine_line  # noqa: E402
 from rounds import ratio_interval, round_orders  # noqa: E402

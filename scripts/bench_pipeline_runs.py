@@ -74,7 +74,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import operators  # noqa: E402
-from explorer.daskrun import run  # noqa: E402
+from explorer.run.daskrun import run  # noqa: E402
 from explorer.exploration import explore  # noqa: E402
 from explorer.model.load import load_model  # noqa: E402
 from explorer.core.units import format_bytes, format_shape, parse_shape, parse_size  # noqa: E402
@@ -114,7 +114,7 @@ def explore_members(specs, runs: Path, budget: int, limit: int) -> None:
 def calibrate_pipeline(spec: str, args, limit: int) -> str:
     """``explore calibrate SPEC`` into the cache unless asked not to or done already; what was done, in words."""
     from explorer.plan.calibration import load_calibration
-    from explorer.probes import calibrate_in_workers
+    from explorer.run.probes import calibrate_in_workers
 
     if not args.calibrate:
         return "not calibrated (--no-calibrate)"

@@ -55,7 +55,7 @@ def main() -> None:
 
     import operators
     from bench_pipeline_runs import explore_members
-    from explorer.daskrun import run
+    from explorer.run.daskrun import run
     from explorer.core.units import format_shape, parse_shape, parse_size
 
     plans = parse_plans(args.plans)

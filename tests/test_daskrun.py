@@ -13,7 +13,8 @@ import pytest
 import zarr
 
 import operators
-from explorer.daskrun import MAX_TRIALS, run
+from explorer.run.context import MAX_TRIALS
+from explorer.run.daskrun import run
 from explorer.measure.highwater import is_supported
 
 OPERATOR = "gst3d"

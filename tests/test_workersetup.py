@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 
 import operators
-from explorer.daskrun import run
+from explorer.run.daskrun import run
 from explorer.measure.workersetup import PLUGIN_NAME, allocator_pinned, mmap_threshold_pinned, prepare_workers
 
 #: Environment variables that set glibc's malloc (any of them turns the dynamic threshold off).

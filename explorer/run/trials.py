@@ -1,0 +1,196 @@
+"""Trials before a run: the plan's block, and its compact neighbour's, timed on the workers when
+they never ran it, so that the time model ranks the plans on the workers' own clock
+(``explorer.run.daskrun``'s docstring, Trials).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from explorer.core.units import format_shape
+from explorer.run.cluster import _measure_workers
+from explorer.run.context import MAX_TRIALS, _recommend
+
+if TYPE_CHECKING:
+    from explorer.run.context import RunContext
+
+
+def _trial_volume(op, block, slots: int) -> tuple[tuple, tuple]:
+    """``(volume_shape, chunks)`` of a trial (``explorer.plan.candidates.grid_volume``): every task
+    sees exactly ``block``.  Two chunks along split axes longer than twice their halo, one at
+    a time until every one of the ``slots`` can run two tasks (a worker's first task of a run
+    is slower than its later ones: ``explorer.plan.timing.fit_clock`` times the later ones);
+    one chunk along the others."""
+    from explorer.plan.candidates import grid_volume
+
+    counts, tasks = [1] * len(block), 1
+    for axis, (b, h) in enumerate(zip(block, op.halo)):
+        if tasks >= 2 * slots:
+            break
+        if axis not in op.whole_axes and b - h > h:
+            counts[axis], tasks = 2, tasks * 2
+    return grid_volume(block, op.halo, op.whole_axes, counts)
+
+
+@dataclass(frozen=True)
+class _TrialJob:
+    """One block to try: the operator (a spec, or a staged plan's member) whose task runs it,
+    and the plan it is for."""
+
+    operator: str
+    block: tuple
+    plan: object
+    predicted_seconds_per_voxel: float | None
+
+
+def _try_blocks(ctx: RunContext, run) -> None:
+    """Trials on the run's workers of the plan's blocks and of its compact neighbour's until
+    the plan's blocks are ones they ran (module docstring, Trials); then the baseline is
+    measured and the plan made again.  ``run``: what runs a trial (``explorer.run.daskrun.run``)."""
+    import shutil
+    import tempfile
+
+    if not (ctx.trials and ctx.threads == 1 and ctx.plan.slots > 1 and not ctx.plan.block_clocked
+            and _trial_jobs(ctx, ctx.plan)):
+        return  # the clock times tasks alone in one-thread workers (calibration.fit_timing): so do trials
+    out_dir = os.path.dirname(os.path.abspath(ctx.output)) or "."
+    tmp = Path(tempfile.mkdtemp(prefix=".explorer-trial-", dir=out_dir))  # the workers can write there
+    try:
+        while len(ctx.result.trials) < MAX_TRIALS and not ctx.plan.block_clocked:
+            jobs = [job for plan in _trial_plans(ctx) for job in _trial_jobs(ctx, plan)]
+            unique = list({(job.operator, job.block): job for job in jobs}.values())
+            if not unique:
+                break  # nothing of the plan's left that a trial can time
+            for job in unique[:MAX_TRIALS - len(ctx.result.trials)]:
+                if not _trial(ctx, job, tmp, run):
+                    return
+            ctx.plan = _recommend(ctx)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if ctx.result.trials:
+            _measure_workers(ctx)  # what the trials left in the workers is part of the baseline now
+            ctx.plan = _recommend(ctx)
+            if not ctx.plan.block_clocked:
+                _timed_plan_instead(ctx)
+
+
+def _timed_plan_instead(ctx: RunContext) -> None:
+    """Once the trials are spent with the plan's own blocks untimed, the fastest predicted of
+    the plans whose blocks the workers did time (each tried plan, planned again): a time
+    measured beats one the volume curve only promises (the curve under-predicted every
+    elongated block the trials found)."""
+    from explorer.plan.chunk_plan import ChunkPlanError
+    from explorer.plan.recommend import plan_for_chunks
+
+    tried = {(t["strategy"], tuple(t["chunks"])) for t in ctx.result.trials}
+    timed = []
+    for strategy, chunks in sorted(tried):
+        try:
+            plan = plan_for_chunks(ctx.operator.name, ctx.shape, chunks, ctx.limit, strategy=strategy,
+                                   threads_per_worker=ctx.threads, confidence=ctx.confidence, runs_dir=ctx.runs_dir,
+                                   workers=ctx.result.n_workers or 1, baseline_bytes=ctx.baseline)
+        except ChunkPlanError:
+            continue
+        if plan.block_clocked:
+            timed.append(plan)
+    if timed:
+        best = min(timed, key=lambda p: p.predicted_seconds)
+        ctx.result.warnings.append(
+            f"the trials were spent before the plan's own blocks were timed: ran {best.strategy} "
+            f"{format_shape(best.chunks)} (~{best.predicted_seconds:.2f} s, timed) rather than {ctx.plan.strategy} "
+            f"{format_shape(ctx.plan.chunks)} (~{ctx.plan.predicted_seconds:.2f} s by block volume)")
+        ctx.plan = best
+
+
+def _trial_plans(ctx: RunContext) -> list:
+    """The plan, and the plan of its compact neighbour's chunks in the same strategy
+    (``explorer.plan.candidates.compact_neighbour``) when that fits."""
+    from explorer.plan.chunk_plan import ChunkPlanError
+    from explorer.plan.candidates import compact_neighbour
+    from explorer.plan.recommend import plan_for_chunks
+
+    plans = [ctx.plan]
+    neighbour = compact_neighbour(ctx.plan)
+    if neighbour is not None:
+        try:
+            plans.append(plan_for_chunks(ctx.operator.name, ctx.shape, neighbour, ctx.limit,
+                                         strategy=ctx.plan.strategy, threads_per_worker=ctx.threads,
+                                         confidence=ctx.confidence, runs_dir=ctx.runs_dir,
+                                         workers=ctx.result.n_workers or 1, baseline_bytes=ctx.baseline))
+        except ChunkPlanError:
+            pass
+    return plans
+
+
+def _trial_jobs(ctx: RunContext, plan) -> list[_TrialJob]:
+    """The blocks of ``plan`` no worker has timed whose operator has its own in-worker
+    calibration to add a trial to: a fused plan's block (the operator's, or the pipeline's
+    with its own probes), or each staged stage's (its member's)."""
+    from explorer.plan.calibration import load_calibration
+
+    if plan.block_clocked:
+        return []
+    if plan.strategy == "staged":
+        wanted = [(stage["operator"], stage["block"]) for stage in plan.stages if not stage["block_clocked"]]
+    else:
+        wanted = [(ctx.operator.name, plan.block)]
+    jobs = []
+    for name, block in wanted:
+        own = load_calibration(name, ctx.runs_dir, _own_environment(ctx, name))
+        if own is not None and own.excess is not None and own.timing.clock is not None:
+            block = tuple(int(b) for b in block)
+            by_volume = float(own.timing.clock.seconds_per_voxel_at([math.prod(block)])[0])
+            jobs.append(_TrialJob(name, block, plan, by_volume))
+    return jobs
+
+
+def _own_environment(ctx: RunContext, name: str) -> dict:
+    """The workers' environment stamp as ``name``'s calibration was stamped in it (a staged
+    stage's member has its own code version)."""
+    from explorer.core.environment import restamped
+
+    return ctx.baseline.environment if name == ctx.operator.name else restamped(ctx.baseline.environment, name)
+
+
+def _trial(ctx: RunContext, job: _TrialJob, tmp: Path, run) -> bool:
+    """One trial of ``job``'s block (module docstring, Trials), recorded in ``ctx.result.trials``
+    and in the recalibrated clock; False when it did not end ok (the run goes on untried).  ``run``
+    runs it (``explorer.run.daskrun.run``, handed down: a trial is a run)."""
+    import operators
+    from explorer.plan.calibration import calibrate
+    from explorer.search.store import Store
+    from explorer.model.load import load_model
+
+    index = len(ctx.result.trials)
+    op = operators.get(job.operator)
+    volume, chunks = _trial_volume(op, job.block, job.plan.slots)
+    source = tmp / f"trial-{index}.sgy"
+    operators.write_segy(source, operators.synthetic_volume(volume, seed=index))
+    order = job.plan.branch_order if job.operator == ctx.operator.name else ()
+    trial = run(job.operator, source, tmp / f"trial-{index}.zarr", scheduler=ctx.client.scheduler.address,
+                chunks=chunks, runs_dir=ctx.runs_dir, storage=ctx.storage, confidence=ctx.confidence,
+                replan=False, calibrate=False, source="probe", strategy="fused", trials=False,
+                context={"trial": index, "for": ctx.operator.name, "for_shape": list(ctx.shape),
+                         "for_chunks": list(job.plan.chunks)},
+                branch_order=order or None)
+    source.unlink()
+    record = {"operator": job.operator, "strategy": job.plan.strategy, "chunks": list(job.plan.chunks),
+              "block": list(job.block), "status": trial.status, "n_tasks": trial.n_tasks,
+              "tasks_over_bound": trial.tasks_over_bound, "predicted_seconds_per_voxel": job.predicted_seconds_per_voxel,
+              "seconds": round(trial.wall_seconds or 0.0, 3)}
+    ctx.result.trials.append(record)
+    if trial.status != "ok":
+        ctx.result.warnings.append(f"trial of {job.operator}'s block {format_shape(job.block)} {trial.status}: "
+                                   f"{trial.error}")
+        return False
+    cal = calibrate(job.operator, Store(ctx.runs_dir, ctx.storage), load_model(job.operator, runs_dir=ctx.runs_dir),
+                    confidence=ctx.confidence, runs_dir=ctx.runs_dir, environment=_own_environment(ctx, job.operator))
+    if cal is None or cal.timing.clock is None:
+        return False
+    record["measured_seconds_per_voxel"] = float(cal.timing.clock.seconds_per_voxel_at([math.prod(job.block)],
+                                                                                         [job.block])[0])
+    return True
