@@ -18,6 +18,7 @@ import sys
 import time
 
 from explorer.core import validate
+from explorer.cli_text import considered_text, print_probes, probe_progress
 from explorer.core.units import format_bytes, format_shape, parse_shape
 
 EXIT_USAGE = 2
@@ -223,7 +224,7 @@ def _cmd_explore(argv: list[str]) -> int:
     result = explore(args.operator, budget=args.budget, tolerance=args.tolerance, confidence=args.confidence,
                      memory_limit=args.memory_limit, memory_cap=args.memory_cap, runs_dir=args.runs_dir,
                      storage=args.storage, jobs=args.jobs, repeat=args.repeat, seed=args.seed, progress=progress,
-                     on_start=started, probes=args.probes, probe_progress=_probe_progress, prior=args.prior)
+                     on_start=started, probes=args.probes, probe_progress=probe_progress, prior=args.prior)
     if args.json:
         print(json.dumps(result.to_dict()))
         return 0 if result.model_path else EXIT_FAILURE
@@ -243,7 +244,7 @@ def _cmd_explore(argv: list[str]) -> int:
     if unc is not None:
         print(f"max relative half-width of the {result.confidence:.0%} bound over the target region: {unc:.1%}"
               f" (widened x{result.certified_factor:.2f} by the evidence)")
-    _print_probes(result.probes)
+    print_probes(result.probes)
     if result.model_path:
         print(f"model:  {result.model_path}")
     if result.report_path:
@@ -257,15 +258,6 @@ def _cmd_explore(argv: list[str]) -> int:
         print(f"NOT converged (the saved bound is wider than --tolerance asks, or untested): "
               f"{result.stopped_because}")
     return 0
-
-
-def _probe_progress(index, total, block, r) -> None:
-    if r.status != "ok":
-        line = f"{r.status}: {r.error}"
-    else:
-        line = (f"{r.n_tasks} tasks in a Dask worker, {r.seconds:.1f} s, worker baseline "
-                f"{format_bytes(r.worker_baseline_bytes)}")
-    print(f"[probe {index}/{total}] {format_shape(block):>15}  {line}", file=sys.stderr, flush=True)
 
 
 # -- explore calibrate -----------------------------------------------------
@@ -297,50 +289,16 @@ def _cmd_calibrate(argv: list[str]) -> int:
     print(f"calibrating {args.operator} in Dask workers: {args.probes} probes", file=sys.stderr, flush=True)
     result = calibrate_in_workers(args.operator, memory_limit=args.memory_limit, n=args.probes,
                                   runs_dir=args.runs_dir, storage=args.storage, confidence=args.confidence,
-                                  progress=_probe_progress, seed=args.seed).to_dict()
+                                  progress=probe_progress, seed=args.seed).to_dict()
     if args.json:
         print(json.dumps(result))
     else:
-        _print_probes(result)
+        print_probes(result)
     if (result.get("calibration") or {}).get("excess") is None:
         print("explore calibrate: the probes did not identify a task's in-worker excess (warnings above); "
               "its plans keep the isolated bound", file=sys.stderr)
         return EXIT_FAILURE
     return 0
-
-
-def _print_probes(probes: dict | None) -> None:
-    if not probes:
-        return
-    if probes.get("skipped"):
-        print(f"in-worker probes: skipped ({probes['skipped']})")
-        return
-    for line in probes.get("warnings", []):
-        print(f"warning: {line}", file=sys.stderr)
-    cal = probes.get("calibration")
-    excess = (cal or {}).get("excess")
-    if excess is None:
-        print(f"in-worker probes: {len(probes['runs'])} in {probes['seconds']:.1f} s; the excess is not identified")
-        return
-    timing = cal["timing"]
-    print(f"in-worker probes: {len(probes['runs'])} in {probes['seconds']:.1f} s; a task in a worker needs the "
-          f"isolated peak {excess['intercept_bytes'] / 2**20:+.2f} MiB {excess['bytes_per_voxel']:+.2f} B/voxel "
-          f"(residual sd {format_bytes(excess['residual_sd'])}, {excess['method']} quantile)"
-          + _within_text(cal.get("within")) + f"; idle worker {format_bytes(probes['baseline_bytes'])}")
-    if timing.get("seconds_per_voxel") is not None:
-        g, fixed = timing.get("graph_task_seconds"), timing.get("run_fixed_seconds")
-        print(f"in-worker time: {timing['operator_seconds_per_voxel'] * 1e9:.0f} ns/voxel in the operator, "
-              f"{timing['io_seconds_per_voxel'] * 1e9:.0f} ns/voxel around it"
-              + (f", {g * 1e3:.1f} ms per graph task" if g is not None else "")
-              + (f", {fixed:.2f} s per run" if fixed is not None else ""))
-
-
-def _within_text(within: dict | None) -> str:
-    """How much equal tasks of one run differ (``explorer.plan.excess.WithinFit``)."""
-    if not within:
-        return ""
-    return (f", tasks of one run within sd {format_bytes(within['alpha_bytes'])} + {within['beta']:.1%} "
-            f"({within['method']} quantile)")
 
 
 # -- explore chunks --------------------------------------------------------
@@ -385,7 +343,7 @@ def _cmd_chunks(argv: list[str]) -> int:
     if plan.branch_order:
         print(f"branch order    {' then '.join(plan.branch_order)}")
     if plan.considered:
-        print(f"strategy        {plan.strategy}  ({_considered(plan)})")
+        print(f"strategy        {plan.strategy}  ({considered_text(plan)})")
     for stage in plan.stages:
         print(f"  stage         {stage['operator']}: block {format_shape(stage['block'])}, task bound "
               f"{format_bytes(stage['upper_peak_bytes'])}" + ("  (the largest)" if stage["binding"] else ""))
@@ -401,19 +359,6 @@ def _cmd_chunks(argv: list[str]) -> int:
         print(f"time model      ~{plan.predicted_seconds:.3g} s on {plan.slots} slot(s) "
               f"({speed}{spread}; used to rank shapes, not a promise)")
     return 0
-
-
-def _considered(plan) -> str:
-    """The strategies weighed, one phrase each: chunks and predicted seconds, or why none."""
-    parts = []
-    for name, c in plan.considered.items():
-        if "error" in c:
-            parts.append(f"{name}: none fits" if "fits" in c["error"] else f"{name}: {c['error']}")
-        else:
-            parts.append(f"{name}: {format_shape(c['chunks'])} ~{c['predicted_seconds']:.3g} s, "
-                         f"bound {format_bytes(c['upper_bytes'])}"
-                         + ("" if c.get("in_worker_calibrated", True) else " without in-worker calibration"))
-    return "; ".join(parts)
 
 
 def _add_strategy_option(parser) -> None:

@@ -76,8 +76,6 @@ class Operator:
     @classmethod
     def from_parameters(cls, given: dict[str, str]) -> "Operator":
         """An instance with the parameters of a spec set (texts parsed by ``parameters``)."""
-        from operators.pipeline import call_name
-
         op = cls()
         if not given:
             return op
@@ -249,23 +247,28 @@ def register(cls: type[Operator]) -> type[Operator]:
     return cls
 
 
+def _format_value(value) -> str:
+    """The canonical text of a parameter value: ``4``, ``1.5``, ``1x1x2``."""
+    if isinstance(value, (tuple, list)):
+        if len(set(value)) == 1:
+            return _format_value(value[0])
+        return "x".join(_format_value(v) for v in value)
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def call_name(name: str, params: dict, defaults: dict) -> str:
+    """``name(key=value,...)`` with the parameters that differ from ``defaults``, sorted."""
+    differ = {k: v for k, v in params.items() if _format_value(v) != _format_value(defaults.get(k))}
+    if not differ:
+        return name
+    return f"{name}(" + ",".join(f"{k}={_format_value(differ[k])}" for k in sorted(differ)) + ")"
+
+
 def names() -> list[str]:
     """Sorted names of all registered operators."""
     return sorted(_REGISTRY)
-
-
-def get(spec: str) -> Operator:
-    """The operator a spec names: a registered name, an operator with parameters
-    (``gaussian(sigma=4)``) or a pipeline (``gaussian,gst3d``; ``operators.pipeline``).
-
-    ``KeyError`` naming the known operators for an unknown one; :class:`SpecError` (a
-    ``ValueError``) naming the fault for a malformed spec."""
-    cls = _REGISTRY.get(spec) if isinstance(spec, str) else None
-    if cls is not None:
-        return cls()
-    from operators.pipeline import build
-
-    return build(spec)
 
 
 def registered(name: str) -> type[Operator]:

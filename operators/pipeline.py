@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from operators.base import Operator, Shape, SpecError, alike, registered
+from operators.base import _REGISTRY, Operator, Shape, SpecError, alike, call_name, registered
 
 __all__ = ["STRATEGIES", "Call", "Pipeline", "SpecError", "build", "call_name", "canonical", "parse",
            "parse_shape_value"]
@@ -145,25 +145,6 @@ def parse_shape_value(text: str, kind=float, what: str = "value") -> tuple:
     return values * 3 if len(values) == 1 else values
 
 
-def _format_value(value) -> str:
-    """The canonical text of a parameter value: ``4``, ``1.5``, ``1x1x2``."""
-    if isinstance(value, (tuple, list)):
-        if len(set(value)) == 1:
-            return _format_value(value[0])
-        return "x".join(_format_value(v) for v in value)
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return repr(value) if isinstance(value, float) else str(value)
-
-
-def call_name(name: str, params: dict, defaults: dict) -> str:
-    """``name(key=value,...)`` with the parameters that differ from ``defaults``, sorted."""
-    differ = {k: v for k, v in params.items() if _format_value(v) != _format_value(defaults.get(k))}
-    if not differ:
-        return name
-    return f"{name}(" + ",".join(f"{k}={_format_value(differ[k])}" for k in sorted(differ)) + ")"
-
-
 def canonical(spec: str) -> str:
     """The canonical spec: each member's canonical name (defaults dropped, parameters sorted)."""
     return build(spec).name
@@ -176,6 +157,18 @@ def build(spec: str) -> Operator:
     if len(stages) == 1 and len(stages[0]) == 1:
         return stages[0][0]
     return Pipeline(stages)
+
+
+def get(spec: str) -> Operator:
+    """The operator a spec names: a registered name, an operator with parameters
+    (``gaussian(sigma=4)``) or a pipeline (``gaussian,gst3d``; ``operators.pipeline``).
+
+    ``KeyError`` naming the known operators for an unknown one; :class:`SpecError` (a
+    ``ValueError``) naming the fault for a malformed spec."""
+    cls = _REGISTRY.get(spec) if isinstance(spec, str) else None
+    if cls is not None:
+        return cls()
+    return build(spec)
 
 
 def _stacked(block, run):

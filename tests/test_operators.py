@@ -13,7 +13,8 @@ from scipy.signal import hilbert
 
 import operators
 from operators import base
-from operators.base import Operator, get, names, register
+from operators.base import Operator, names, register
+from operators.pipeline import get
 from operators.seismic import dip_degrees, structure_tensor, sym3_dominant_eigenpair
 
 EXPECTED = {

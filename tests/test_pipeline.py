@@ -550,9 +550,9 @@ def test_explore_calibrate_probes_a_composed_model_in_workers_so_auto_weighs_fus
     assert result["calibration"]["excess"] is not None and result["calibration"]["n_probe_groups"] >= 4
     assert result["calibration"]["timing"]["run_fixed_seconds"] is not None
     assert "[probe 4/4]" in out.stderr
-    from explorer.cli import _print_probes
+    from explorer.cli_text import print_probes
 
-    _print_probes(result)  # what the command prints without --json: the learnt time terms too
+    print_probes(result)  # what the command prints without --json: the learnt time terms too
     printed = capsys.readouterr().out
     assert "in-worker probes: 4 in" in printed and "ms per graph task" in printed and "s per run" in printed
 
