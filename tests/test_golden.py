@@ -133,6 +133,17 @@ def test_the_store_still_loads(runs, expected):
     assert store_rows(runs) == expected["store"]
 
 
+def test_the_operators_code_is_the_code_the_models_were_learnt_with(runs):
+    """Moving explorer's modules must not stale saved models: each operator's code digest (of
+    the module that defines it) is the one its saved model carries."""
+    from explorer import load_model
+    from explorer.core.environment import environment_stamp
+
+    for operator in ("envelope", "gaussian"):
+        model = load_model(operator, runs_dir=runs)
+        assert model.environment["operator_code"] == environment_stamp(operator)["operator_code"]
+
+
 if __name__ == "__main__":  # rewrite expected.json from the fixture, with this code
     import tempfile
 

@@ -1,0 +1,54 @@
+"""The import graph: no cycle (function-level imports included), imports point down the wings
+(``scripts/import_cycles.py``, run as CI would), and the light paths stay light."""
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_no_import_cycle_and_every_import_points_down_the_wings():
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "import_cycles.py"), str(ROOT)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "no cycle" in out.stdout
+
+
+def test_the_check_finds_a_cycle_and_an_import_up_the_wings(tmp_path):
+    for package, files in {
+        "operators": {"__init__.py": "", "a.py": "def f():\n    from operators import b\n",
+                      "b.py": "import importlib\nimportlib.import_module('operators.a')\n"},
+        "explorer": {"__init__.py": "", "core/__init__.py": "", "core/units.py": "import explorer.run.daskrun\n",
+                     "run/__init__.py": "", "run/daskrun.py": "from explorer.core import units\n"},
+    }.items():
+        for name, text in files.items():
+            path = tmp_path / package / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "import_cycles.py"), str(tmp_path)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1
+    assert "cycle among operators.a, operators.b" in out.stdout
+    assert "cycle among explorer.core.units, explorer.run.daskrun" in out.stdout
+    assert "up the wings: explorer.core.units:1 imports explorer.run.daskrun" in out.stdout
+
+
+def test_the_profiling_child_and_recommend_chunks_never_import_torch(tmp_path):
+    """The fork server's module and a profile, then a plan from the golden fixture (a given
+    baseline: no cluster), in a fresh interpreter: neither torch nor its GP stack."""
+    code = textwrap.dedent(f"""
+        import json, shutil, sys
+        import explorer.measure.forkserver  # what the profiling child imports
+        from explorer import profile, recommend_chunks
+        m = profile("envelope", (16, 16, 16))
+        assert m.status == "ok", m.error
+        shutil.copytree({str(ROOT / "tests" / "data" / "golden")!r}, {str(tmp_path / "runs")!r})
+        plan = recommend_chunks("envelope", (200, 100, 300), "1GiB", runs_dir={str(tmp_path / "runs")!r},
+                                baseline_bytes=300 * 2**20)
+        print(json.dumps(sorted(m for m in ("torch", "gpytorch", "botorch") if m in sys.modules)))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[-1] == "[]"
