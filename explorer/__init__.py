@@ -9,7 +9,7 @@ The public surface is four functions::
 
 and ``prepare_workers(client)`` (``explorer.measure.workersetup``): gives a cluster's workers the
 allocator setting the profiles were taken with (``docs/workers.md``); ``task_model`` and
-``observe`` (``explorer.calibration``, ``explorer.run.live``) serve a user's own Dask code.
+``observe`` (``explorer.plan.calibration``, ``explorer.run.live``) serve a user's own Dask code.
 
 They are imported lazily so that ``import explorer`` stays cheap: the
 profiling child and ``recommend_chunks`` never import torch.

@@ -32,7 +32,7 @@ For each pipeline spec (default: the four of issue 14), on a synthetic SEG-Y vol
    up to whole cycles): with five, one plan timed twice as two arms (ours ran the oracle's
    own plan) came out 1.23x apart (commit ce1f50c, ``gaussian,gst3d``).
    Beside each grid shape, the planner's time model at that chunking
-   (``explorer.recommend.predicted_seconds``): its rank correlation (Spearman) with the
+   (``explorer.plan.recommend.predicted_seconds``): its rank correlation (Spearman) with the
    screening seconds and its RMS log error, raw and after the one scale that fits best (a
    plan depends only on how the model ranks one volume's chunkings).
 4. **chained**: the way a user chains today: each operator run on its own with its own

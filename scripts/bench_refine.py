@@ -22,7 +22,7 @@ Defaults: gst3d on 256^3 at 768 MiB per worker, where the isolated plan has 8 ta
    Per run: the chunks and tasks, ``observations_recorded``, ``tasks_over_bound`` (against
    the in-worker task model as calibrated when the run started: the probes' alone for run
    1), the calibration saved after it (the excess ``a + k V`` over the isolated model, its
-   residual sd and groups: ``explorer.calibration``), the run's plan (``predicted_bytes``
+   residual sd and groups: ``explorer.plan.calibration``), the run's plan (``predicted_bytes``
    and ``upper_bytes``, the worker footprint with the task model's mean and 99 % bound and
    the measured baseline, and its budget, 80 % of L), worker peaks (sampled RSS and exact
    HWM), restarts, seconds.  **Fixed block**: the block of the plan before run 1; its 99 %

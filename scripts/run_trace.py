@@ -12,7 +12,7 @@ For each ``STRATEGY:CHUNKS`` asked, on a synthetic SEG-Y volume (``--shape``) an
 * the run's own figures: seconds, each worker's kernel high-water mark, the baseline measured
   before it, and each worker's resident set once it is over (idle);
 * the plan ``recommend_chunks`` would promise for these chunks and strategy: its upper
-  footprint (``explorer.recommend.plan_for_chunks``) and predicted seconds.
+  footprint (``explorer.plan.recommend.plan_for_chunks``) and predicted seconds.
 
 This is how the staged footprint's per-stage queues and the staged makespan's unit
 balancing were found (README, "Pipelines of operators"); it needs the models (and their
@@ -160,7 +160,7 @@ def main() -> None:
                         plan = plan_for_chunks(args.spec, shape, chunks, limit, strategy=strategy,
                                                workers=args.workers, runs_dir=args.cache,
                                                baseline_bytes=result.worker_baseline_bytes)
-                        print(f"The plan for these chunks (`explorer.recommend.plan_for_chunks`, the run's measured "
+                        print(f"The plan for these chunks (`explorer.plan.recommend.plan_for_chunks`, the run's measured "
                               f"baseline {format_bytes(result.worker_baseline_bytes)}): upper footprint "
                               f"{format_bytes(plan.upper_bytes)}, mean {format_bytes(plan.predicted_bytes)}, "
                               f"predicted {plan.predicted_seconds:.2f} s.\n")

@@ -16,7 +16,7 @@ def test_public_functions_resolve_to_the_right_objects():
 
 
 def test_importing_explorer_and_chunking_never_imports_torch():
-    code = ("import sys, json, explorer, explorer.plan.chunk_plan, explorer.model.memory_model, explorer.calibration, "
+    code = ("import sys, json, explorer, explorer.plan.chunk_plan, explorer.model.memory_model, explorer.plan.calibration, "
             "explorer.plan.recommend, explorer.core.environment\n"
             "print(json.dumps(sorted(m for m in ('torch', 'gpytorch', 'botorch', 'distributed', 'optuna')"
             " if m in sys.modules)))")

@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from explorer import calibration as cal
 from explorer.core import environment
-from explorer.plan import calibration
+from explorer.plan import calibration as cal
 from explorer.plan import excess as plan_excess
 from explorer.plan import task_model
 from explorer.plan import timing
@@ -324,7 +323,7 @@ class Isolated:
 def test_task_bound_adds_the_excess_and_never_falls_below_the_isolated_bound():
     v = np.geomspace(1e4, 2e6, 6)
     excess = plan_excess.fit_excess(v, -2 * MiB + 4.0 * v + np.array([1, -1, 0.5, -0.5, 0.2, -0.2]) * 1e5)
-    c = calibration.WorkerCalibration(OPERATOR, excess, timing.fit_timing([]), 6, 6, 48, 0.99, 0, environment_stamp(OPERATOR))
+    c = cal.WorkerCalibration(OPERATOR, excess, timing.fit_timing([]), 6, 6, 48, 0.99, 0, environment_stamp(OPERATOR))
     model = task_model.TaskModel(Isolated(), c)
     shapes = np.array([[20, 20, 20], [150, 150, 150]])
     mean, upper = model.predict_many(shapes, 0.99)
@@ -369,12 +368,12 @@ def test_calibrate_saves_a_stamped_file_that_loads_back(tmp_path, gst3d_model):
         for _ in range(3):
             store.add_observation(OPERATOR, shape, gst3d_model.predict(shape)[0] + 4.0 * e**3 + 1e5 * i,
                                   source="probe", context={"run": f"p{i}", "exact": True, "environment": HERE})
-    c = calibration.calibrate(OPERATOR, store, gst3d_model, runs_dir=tmp_path)
+    c = cal.calibrate(OPERATOR, store, gst3d_model, runs_dir=tmp_path)
     assert c.n_groups == c.n_probe_groups == 4 and c.n_tasks == 12
     assert c.excess.bytes_per_voxel == pytest.approx(4.0, rel=0.2)
-    saved = json.loads(calibration.calibration_path(OPERATOR, tmp_path).read_text())
-    assert saved["format_version"] == calibration.FORMAT_VERSION and saved["environment"]["numpy"] == np.__version__
-    loaded = calibration.load_calibration(OPERATOR, tmp_path)
+    saved = json.loads(cal.calibration_path(OPERATOR, tmp_path).read_text())
+    assert saved["format_version"] == cal.FORMAT_VERSION and saved["environment"]["numpy"] == np.__version__
+    loaded = cal.load_calibration(OPERATOR, tmp_path)
     assert loaded.excess == c.excess and loaded.stale == []
     assert c.within is not None and c.within.dof == 4 * 2 - 2 and loaded.within == c.within
     gst3d_model.save(cal.paths.model_path(OPERATOR, tmp_path))
@@ -388,24 +387,24 @@ def test_a_calibration_from_other_workers_is_stale_and_a_garbage_file_names_the_
         other = dict(environment_stamp(OPERATOR), distributed="1999.1.0")
         store.add_observation(OPERATOR, (e, e, e), gst3d_model.predict((e, e, e))[0] * 1.05, source="probe",
                               context={"run": f"p{i}", "exact": True, "environment": environment.environment_digest(other)})
-    calibration.calibrate(OPERATOR, store, gst3d_model, runs_dir=tmp_path, environment=other)
-    loaded = calibration.load_calibration(OPERATOR, tmp_path)
+    cal.calibrate(OPERATOR, store, gst3d_model, runs_dir=tmp_path, environment=other)
+    loaded = cal.load_calibration(OPERATOR, tmp_path)
     assert loaded.stale and "distributed 1999.1.0" in loaded.stale[0]
     gst3d_model.save(cal.paths.model_path(OPERATOR, tmp_path))
     assert any("in-worker calibration was learnt in another environment" in w
                for w in task_model.task_model(OPERATOR, tmp_path).warnings)
-    path = calibration.calibration_path(OPERATOR, tmp_path)
+    path = cal.calibration_path(OPERATOR, tmp_path)
     for garbage in ("", "{", json.dumps({"mean": 1.1, "var": 0.01})):
         path.write_text(garbage)
-        with pytest.raises(calibration.CalibrationFileError) as err:
-            calibration.load_calibration(OPERATOR, tmp_path)
+        with pytest.raises(cal.CalibrationFileError) as err:
+            cal.load_calibration(OPERATOR, tmp_path)
         assert str(path) in str(err.value) and "explore gst3d" in str(err.value) and "\n" not in str(err.value)
     assert StaleModelWarning  # the class users filter on
     # a calibration saved by another version of the tool is not garbage: used as none, with the fix
-    saved = json.loads(json.dumps({"format_version": calibration.FORMAT_VERSION - 1, "operator": OPERATOR}))
+    saved = json.loads(json.dumps({"format_version": cal.FORMAT_VERSION - 1, "operator": OPERATOR}))
     path.write_text(json.dumps(saved))
     with pytest.warns(RuntimeWarning, match="saved by another version of memory-explorer.*explore gst3d"):
-        assert calibration.load_calibration(OPERATOR, tmp_path) is None
+        assert cal.load_calibration(OPERATOR, tmp_path) is None
     with pytest.warns(RuntimeWarning, match="saved by another version"):
         tasks = task_model.task_model(OPERATOR, tmp_path)
     assert any("no in-worker calibration for gst3d" in w for w in tasks.warnings)

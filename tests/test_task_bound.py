@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy import integrate, stats
 
-from explorer.plan import calibration as plan_calibration
+from explorer.plan import calibration as cal
 from explorer.plan import excess as plan_excess
 from explorer.plan import max_task
 from explorer.plan import task_model
@@ -213,13 +213,13 @@ def test_a_saved_calibration_keeps_its_cold_fit_and_an_old_file_reads_without_on
     from explorer.core.environment import environment_stamp
 
     cold = plan_excess.ColdFit(coef=(0.5 * MiB, 0.03 * GiB), cov=(1e10, -1e9, -1e9, 1e14), m_ref=GiB, dof=12.0, n_groups=6)
-    c = plan_calibration.WorkerCalibration("gst3d", None, timing.fit_timing([]), 6, 6, 48, 0.99, 0, environment_stamp("gst3d"),
+    c = cal.WorkerCalibration("gst3d", None, timing.fit_timing([]), 6, 6, 48, 0.99, 0, environment_stamp("gst3d"),
                               cold=cold)
     data = c.to_dict()
     assert data["cold"]["intercept_bytes"] == 0.5 * MiB and data["cold"]["bytes_per_byte"] == pytest.approx(0.03)
-    assert plan_calibration.WorkerCalibration.from_dict(data).cold == cold
+    assert cal.WorkerCalibration.from_dict(data).cold == cold
     del data["cold"]
-    assert plan_calibration.WorkerCalibration.from_dict(data).cold is None
+    assert cal.WorkerCalibration.from_dict(data).cold is None
 
 
 def test_real_workers_record_each_ones_first_task_of_a_run(probed_runs):
@@ -251,7 +251,7 @@ def test_real_workers_record_each_ones_first_task_of_a_run(probed_runs):
     for indices in by_process.values():
         assert sorted(indices) == list(range(len(indices)))
     assert any(r.context["first_in_run"] and r.context["process_task_index"] > 0 for r in records)
-    saved = plan_calibration.load_calibration("gst3d", probed_runs)
+    saved = cal.load_calibration("gst3d", probed_runs)
     assert saved.cold is not None and saved.cold.n_groups >= 3
 
 
@@ -290,7 +290,7 @@ def test_a_plans_footprint_is_its_blocks_own_bound_not_the_shortcut():
                        n_groups=7)
     from explorer.core.environment import environment_stamp
 
-    calibration = plan_calibration.WorkerCalibration("gst3d", excess, timing.fit_timing([]), 7, 7, 56, 0.99, 0,
+    calibration = cal.WorkerCalibration("gst3d", excess, timing.fit_timing([]), 7, 7, 56, 0.99, 0,
                                         environment_stamp("gst3d"), within=within, cold=cold)
     model = task_model.TaskModel(Isolated(), calibration)
     plan = plan_chunks((600, 500, 400), (5, 5, 5), (), model.predict_many, 4 * GiB, baseline_bytes=100 * MiB,

@@ -20,7 +20,7 @@ Task peaks (definitions in ``docs/definitions.md``), with the kernel high-water 
   ``operator.run`` also reads its block before it (``operators.windowed_map``; from a Dask
   array, ``map_overlap``'s task concatenates the overlap pieces instead) and, with
   blockwise fusion (dask 2026.8), trims and stores after it.  This is the in-worker task peak that
-  ``explorer.calibration`` models and ``worker_footprint`` counts per thread.
+  ``explorer.plan.calibration`` models and ``worker_footprint`` counts per thread.
 * ``run_peak_bytes``: the same around ``operator.run(block)`` only (the isolated
   definition, in a worker), measured by :func:`measured_run`.
 * ``shape``: the block ``operator.run`` received (chunk plus halos).
@@ -46,12 +46,12 @@ the worker had finished when the task started, and ``first_in_run``, whether tha
 finishes and all are first); ``process_task_index`` counts the same over the worker process's
 life, across runs.  A worker's first task of a run finds none of the run's freed memory in the
 process to reuse and peaked highest on each worker of the first-run trials (issue 33):
-``explorer.calibration`` estimates that offset from groups holding both kinds.
+``explorer.plan.calibration`` estimates that offset from groups holding both kinds.
 
 Clocks: each operator task reports its own seconds, the seconds inside ``run``, and the
 seconds and count of the worker's other tasks (reads, overlap slices) since its previous
 report; a task's seconds are its compute as the worker records it (``startstops``, without the
-event loop's latency), so ``explorer.calibration`` can learn a run's time per voxel.
+event loop's latency), so ``explorer.plan.calibration`` can learn a run's time per voxel.
 """
 
 from __future__ import annotations

@@ -125,7 +125,7 @@ The noise, the ML-II fit of the hyperparameters, an informative prior mean and l
 bounds: ``explorer.model.fit``.
 
 *In a Dask worker* a task needs more than its isolated peak (the block it reads,
-the copies of the store): ``explorer.calibration`` models that
+the copies of the store): ``explorer.plan.calibration`` models that
 excess on top of this model.
 
 Prediction is pure NumPy: ``fit`` exports the posterior (training inputs, the

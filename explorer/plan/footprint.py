@@ -26,7 +26,7 @@ hundreds of MiB.  ``task_peak_bytes`` is the in-worker task peak of
 ``docs/definitions.md``: the isolated ``peak_bytes(b)`` (the highest RSS while
 ``operator.run(x)`` executes minus the RSS just before, with ``x`` resident) plus what
 the task needs around ``run`` inside a worker (reading or concatenating its block, the
-store's copies; ``explorer.calibration``), so the task's own output is inside it while it runs.
+store's copies; ``explorer.plan.calibration``), so the task's own output is inside it while it runs.
 
 A run reads its input file in **windows** (``operators.windowed_map``): each task reads
 its own block (its chunk and the halo), runs and trims it, so no input is resident

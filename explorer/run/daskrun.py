@@ -32,7 +32,7 @@ the input's survey (every header copied, IEEE float32 samples) in this process a
 inlines at a time (at most 256 MiB), so the operator runs in parallel and only the
 conversion is sequential.
 
-Chunks.  ``"model"`` (default): ``explorer.recommend.recommend_chunks`` for the workers'
+Chunks.  ``"model"`` (default): ``explorer.plan.recommend.recommend_chunks`` for the workers'
 memory limit, threads and measured baseline.  ``"auto"``: Dask's, sized by input bytes
 only.  ``"AxBxC"`` or a tuple: those.  Axes the operator needs whole are read whole
 either way.

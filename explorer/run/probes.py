@@ -2,7 +2,7 @@
 
 ``explore`` ends here.  The isolated profiles measure ``operator.run`` alone; a task in a
 Dask worker also reads its block from the file (a windowed read) and copies its output
-for the store (``explorer.calibration``).  Each probe is a real production run
+for the store (``explorer.plan.calibration``).  Each probe is a real production run
 (``explorer.run.daskrun.run``, the same graph, observation and store) of the operator on a
 synthetic SEG-Y, on a local cluster of one-thread workers (exact task figures), recorded
 as ``source="probe"``.  Then the calibration is fitted from the probes (and any production
@@ -312,7 +312,7 @@ def calibrate_in_workers(operator: str, *, memory_limit=None, n: int = DEFAULT_P
     For a pipeline with no profile of its own this is the model composed from its members'
     (``explorer.model.composed``): its fused tasks are probed in workers exactly as ``explore``'s
     probes do for an explored model, so its plans get their in-worker term (and ``auto`` can
-    weigh them, ``explorer.recommend.choose_strategy``) without any isolated profile of the
+    weigh them, ``explorer.plan.recommend.choose_strategy``) without any isolated profile of the
     pipeline.  ``memory_limit``: the target worker memory that sets the plan-scale probe
     (default ``explorer.core.machine.default_memory_limit()``).  Raises ``ModelNotFoundError``
     naming the ``explore`` command(s) when there is no model to probe.
