@@ -12,7 +12,9 @@ importing itself); each is printed with one cycle through it.  The wings, lowest
     operators < explorer.core < explorer.measure < explorer.model < explorer.plan
               < explorer.search < explorer.run < explorer (cli, exploration: the top)
 
-An import from a lower wing to a higher one is reported.  Exit 1 on any finding, else 0.
+An import from a lower wing to a higher one is reported, and so is an import of an internal
+module or package name that does not exist in this tree (an editable install elsewhere may
+otherwise quietly serve an old copy).  Exit 1 on any finding, else 0.
 
     python scripts/import_cycles.py [ROOT]        (ROOT: the repository, default: this one)
 """
@@ -52,6 +54,27 @@ def _type_checking_nodes(tree: ast.AST) -> set[int]:
     return skip
 
 
+def defined(path: Path) -> set[str]:
+    """The names a package's ``__init__.py`` defines: assignments, definitions, imports, and the
+    keys of a lazy ``_PUBLIC = {name: module}`` map."""
+    names = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+            if any(isinstance(t, ast.Name) and t.id == "_PUBLIC" for t in targets) and isinstance(node.value, ast.Dict):
+                names.update(k.value for k in node.value.keys if isinstance(k, ast.Constant))
+        elif isinstance(node, ast.Try):
+            for n in ast.walk(node):
+                if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+                    names.add(n.id)
+    return names
+
+
 def imports(name: str, path: Path, known: dict[str, Path]) -> list[tuple[str, int, bool]]:
     """``[(imported module, line, lazy)]`` of one module: its internal imports."""
     tree = ast.parse(path.read_text(), filename=str(path))
@@ -63,11 +86,19 @@ def imports(name: str, path: Path, known: dict[str, Path]) -> list[tuple[str, in
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = []
 
-    def add(target: str, node: ast.AST):
+    def add(target: str, node: ast.AST, names=()):
         if target.split(".")[0] not in PACKAGES:
             return
+        wanted = target
         while target not in known and "." in target:  # an attribute of a module, not a module
             target = target.rpartition(".")[0]
+        if target != wanted and known.get(target, Path()).name == "__init__.py":
+            # a missing module under a package: an editable install may find an old copy elsewhere
+            found.append(("?" + wanted, node.lineno, id(node) in lazy))
+            return
+        for attr in names:  # ``from package import name``: a submodule or a name the package defines
+            if known.get(target, Path()).name == "__init__.py" and attr not in defined(known[target]):
+                found.append((f"?{target}.{attr}", node.lineno, id(node) in lazy))
         if target in known and target != name and not name.startswith(target + "."):
             found.append((target, node.lineno, id(node) in lazy))
 
@@ -85,7 +116,7 @@ def imports(name: str, path: Path, known: dict[str, Path]) -> list[tuple[str, in
                 module = node.module or ""
             for alias in node.names:
                 sub = f"{module}.{alias.name}"
-                add(sub if sub in known else module, node)
+                add(sub, node) if sub in known else add(module, node, (alias.name,))
         elif isinstance(node, ast.Call):
             func = node.func
             called = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
@@ -103,6 +134,17 @@ def graph(root: Path) -> dict[str, dict[str, list[tuple[int, bool]]]]:
         for target, line, lazy in imports(name, path, known):
             out[name].setdefault(target, []).append((line, lazy))
     return out
+
+
+def unresolved(edges: dict[str, dict]) -> list[str]:
+    """Imports of internal modules or names that do not exist here (``?``-marked by :func:`imports`)."""
+    return [f"unresolved: {module}:{sites[0][0]} imports {target[1:]}, which is not in this tree"
+            for module, targets in sorted(edges.items()) for target, sites in sorted(targets.items())
+            if target.startswith("?")]
+
+
+def _resolved(edges: dict[str, dict]) -> dict[str, dict]:
+    return {m: {t: s for t, s in targets.items() if not t.startswith("?")} for m, targets in edges.items()}
 
 
 def strongly_connected(edges: dict[str, dict]) -> list[list[str]]:
@@ -174,10 +216,29 @@ def wing(module: str) -> int:
     return rank
 
 
+#: Folders whose imports of the packages must resolve too (they are not part of the graph).
+USERS = ("tests", "scripts")
+
+
+def users_unresolved(root: Path) -> list[str]:
+    """Imports of ``explorer``/``operators`` modules or names that do not exist, in ``USERS``."""
+    known = modules(root)
+    out = []
+    for folder in USERS:
+        for path in sorted((root / folder).rglob("*.py")) if (root / folder).is_dir() else ():
+            name = ".".join(path.relative_to(root).with_suffix("").parts)
+            found = {name: {}}
+            for target, line, lazy in imports(name, path, known):
+                found[name].setdefault(target, []).append((line, lazy))
+            out += unresolved(found)
+    return out
+
+
 def check(root: Path) -> list[str]:
-    """The findings, one line each: cycles, then imports up the wings."""
-    edges = graph(root)
-    findings = []
+    """The findings, one line each: unresolved imports, cycles, then imports up the wings."""
+    raw = graph(root)
+    edges = _resolved(raw)
+    findings = unresolved(raw) + users_unresolved(root)
     for component in strongly_connected(edges):
         if len(component) > 1 or component[0] in edges[component[0]]:
             path = cycle_through(component, edges)
@@ -198,7 +259,7 @@ def check(root: Path) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     root = Path(argv[0]) if argv else Path(__file__).resolve().parent.parent
-    edges = graph(root)
+    edges = _resolved(graph(root))
     n_edges = sum(len(t) for t in edges.values())
     n_lazy = sum(1 for t in edges.values() for sites in t.values() if all(lazy for _, lazy in sites))
     findings = check(root)

@@ -22,6 +22,7 @@ def test_the_check_finds_a_cycle_and_an_import_up_the_wings(tmp_path):
                       "b.py": "import importlib\nimportlib.import_module('operators.a')\n"},
         "explorer": {"__init__.py": "", "core/__init__.py": "", "core/units.py": "import explorer.run.daskrun\n",
                      "run/__init__.py": "", "run/daskrun.py": "from explorer.core import units\n"},
+        "tests": {"test_old.py": "from explorer import chunking\nimport explorer.run.gone\n"},
     }.items():
         for name, text in files.items():
             path = tmp_path / package / name
@@ -33,6 +34,8 @@ def test_the_check_finds_a_cycle_and_an_import_up_the_wings(tmp_path):
     assert "cycle among operators.a, operators.b" in out.stdout
     assert "cycle among explorer.core.units, explorer.run.daskrun" in out.stdout
     assert "up the wings: explorer.core.units:1 imports explorer.run.daskrun" in out.stdout
+    assert "unresolved: tests.test_old:1 imports explorer.chunking" in out.stdout
+    assert "unresolved: tests.test_old:2 imports explorer.run.gone" in out.stdout
 
 
 def test_the_profiling_child_and_recommend_chunks_never_import_torch(tmp_path):
