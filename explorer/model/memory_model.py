@@ -1,4 +1,4 @@
-"""The surrogate: an operator's ``peak_bytes`` as a function of the block shape.
+r"""The surrogate: an operator's ``peak_bytes`` as a function of the block shape.
 
 What is modelled
 ----------------
