@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from explorer.core import paths
+from explorer.core.atomic import atomic_write_text
+from explorer.core.file_cache import MtimeCache
 
 __all__ = [
     "WorkerBaseline",
@@ -145,14 +145,9 @@ def baseline_path(operator: str, runs_dir=None) -> Path:
 
 
 def save_worker_baseline(operator: str, baseline: WorkerBaseline, runs_dir=None) -> Path:
-    path = baseline_path(operator, runs_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    with open(tmp, "w") as f:
-        json.dump({"operator": operator, "baseline_bytes": baseline.bytes, "per_worker": baseline.per_worker,
-                   "environment": baseline.environment, "measured": time.time()}, f, indent=2)
-    os.replace(tmp, path)
-    return path
+    return atomic_write_text(baseline_path(operator, runs_dir), json.dumps(
+        {"operator": operator, "baseline_bytes": baseline.bytes, "per_worker": baseline.per_worker,
+         "environment": baseline.environment, "measured": time.time()}, indent=2))
 
 
 def _baseline_keys() -> tuple[str, ...]:
@@ -161,20 +156,14 @@ def _baseline_keys() -> tuple[str, ...]:
     return WORKER_KEYS + ("hostname",)
 
 
-_LOCAL: dict[tuple[str, int], WorkerBaseline] = {}
+_LOCAL: MtimeCache[WorkerBaseline] = MtimeCache()
 
 
 def _load_local(operator: str, runs_dir) -> WorkerBaseline | None:
     """The saved local baseline when it was measured in this environment, else None."""
     from explorer.core.environment import environment_stamp, stamp_differences
 
-    path = baseline_path(operator, runs_dir)
-    try:
-        key = (str(path), path.stat().st_mtime_ns)
-    except FileNotFoundError:
-        return None
-    baseline = _LOCAL.get(key)
-    if baseline is None:
+    def load(path):
         try:
             with open(path) as f:
                 data = json.load(f)
@@ -182,9 +171,14 @@ def _load_local(operator: str, runs_dir) -> WorkerBaseline | None:
                                       environment=data.get("environment"), source="local")
         except (OSError, ValueError, KeyError, TypeError):
             return None  # not ours to trust: measured again and overwritten below
-        if baseline.bytes <= 0:
-            return None
-        _LOCAL[key] = baseline
+        return baseline if baseline.bytes > 0 else None
+
+    try:
+        baseline = _LOCAL.get(baseline_path(operator, runs_dir), load)
+    except FileNotFoundError:
+        return None
+    if baseline is None:
+        return None
     if stamp_differences(baseline.environment, environment_stamp(operator), _baseline_keys()):
         return None
     return baseline

@@ -139,13 +139,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import uuid
 from pathlib import Path
 
 import numpy as np
 
 from explorer.core import paths
+from explorer.core.atomic import atomic_path
 from explorer.model.stats import normal_scores, scale_posterior
 from explorer.model.basis import (
     BASIS_EXPONENTS,
@@ -567,9 +566,8 @@ class MemoryModel:
             "info": self.info,
             "environment": self.environment,
         }
-        tmp = path.with_name(f".{path.stem}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp.npz")  # this process's own
-        np.savez(tmp, meta=np.array(json.dumps(meta)), **self._a)
-        os.replace(tmp, path)
+        with atomic_path(path) as tmp:
+            np.savez(tmp, meta=np.array(json.dumps(meta)), **self._a)
         return path
 
     @classmethod

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from explorer.core import paths
+from explorer.core.file_cache import MtimeCache
 from explorer.core.paths import model_path
 from explorer.model.memory_model import MemoryModel, ModelFileError, ModelNotFoundError
 
@@ -11,7 +12,7 @@ __all__ = [
 ]
 
 
-_CACHE: dict[tuple[str, int], MemoryModel] = {}
+_CACHE: MtimeCache[MemoryModel] = MtimeCache()
 
 
 def load_saved_model(operator: str, runs_dir=None, *, stacklevel: int = 3) -> MemoryModel:
@@ -29,15 +30,8 @@ def load_saved_model(operator: str, runs_dir=None, *, stacklevel: int = 3) -> Me
 
     operator = validate.operator(operator)
     path = model_path(operator, runs_dir)
-    try:
-        mtime = path.stat().st_mtime_ns
-    except FileNotFoundError:
-        where = path.parent.parent
-        raise ModelNotFoundError(
-            f"no explored model for {operator!r} in {where}/ — run: {paths.explore_command(operator)}") from None
-    key = (str(path), mtime)
-    model = _CACHE.get(key)
-    if model is None:
+
+    def load(path):
         try:
             model = MemoryModel.load(path)
         except Exception as exc:  # truncated, not an npz, wrong layout: name the file and the fix
@@ -47,8 +41,12 @@ def load_saved_model(operator: str, runs_dir=None, *, stacklevel: int = 3) -> Me
         from explorer.core.environment import warn_stale
 
         model.stale = model.stale_reasons()
-        warn_stale(f"{operator}'s model ({path})", model.stale, f"explore {operator}", stacklevel=stacklevel)
-        for old in [k for k in _CACHE if k[0] == key[0]]:
-            del _CACHE[old]
-        _CACHE[key] = model
-    return model
+        warn_stale(f"{operator}'s model ({path})", model.stale, f"explore {operator}", stacklevel=stacklevel + 2)
+        return model
+
+    try:
+        return _CACHE.get(path, load)
+    except FileNotFoundError:
+        where = path.parent.parent
+        raise ModelNotFoundError(
+            f"no explored model for {operator!r} in {where}/ — run: {paths.explore_command(operator)}") from None

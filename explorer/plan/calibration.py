@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
-import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from explorer.core import paths
+from explorer.core.atomic import atomic_write_text
+from explorer.core.file_cache import MtimeCache
 from explorer.core.environment import environment_digest
 from explorer.plan.time_model import TaskClock
 from explorer.plan.excess import (
@@ -197,16 +197,10 @@ def calibrate(operator: str, store, model, *, confidence: float = 0.99, runs_dir
 
 
 def _save(cal: WorkerCalibration, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(cal.to_dict(), f, indent=2)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(cal.to_dict(), indent=2))
 
 
-_CACHE: dict[tuple[str, int], WorkerCalibration] = {}
+_CACHE: MtimeCache[WorkerCalibration] = MtimeCache()
 
 
 def load_calibration(operator: str, runs_dir=None, environment: dict | None = None) -> WorkerCalibration | None:
@@ -220,13 +214,8 @@ def load_calibration(operator: str, runs_dir=None, environment: dict | None = No
     from explorer.core.environment import WORKER_KEYS, environment_stamp, stamp_differences
 
     path = calibration_path(operator, runs_dir)
-    try:
-        mtime = path.stat().st_mtime_ns
-    except FileNotFoundError:
-        return None
-    key = (str(path), mtime)
-    cal = _CACHE.get(key)
-    if cal is None:
+
+    def load(path):
         try:
             with open(path) as f:
                 data = json.load(f)
@@ -238,15 +227,21 @@ def load_calibration(operator: str, runs_dir=None, environment: dict | None = No
 
                 warnings.warn(f"{path} was saved by another version of memory-explorer (calibration format "
                               f"{data['format_version']}, this one reads {FORMAT_VERSION}): not used; run "
-                              f"`{paths.explore_command(operator)}` to rebuild it", RuntimeWarning, stacklevel=2)
+                              f"`{paths.explore_command(operator)}` to rebuild it", RuntimeWarning, stacklevel=4)
                 return None
-            cal = WorkerCalibration.from_dict(data)
+            return WorkerCalibration.from_dict(data)
         except Exception as exc:
             reason = " ".join(str(exc).split()) or type(exc).__name__
             raise CalibrationFileError(
                 f"{path} is not a readable calibration ({type(exc).__name__}: {reason[:120]}): run "
                 f"`{paths.explore_command(operator)}` to rebuild it (its in-worker probes), or delete the file") from None
-        _CACHE[key] = cal
+
+    try:
+        cal = _CACHE.get(path, load)
+    except FileNotFoundError:
+        return None
+    if cal is None:
+        return None
     current = environment or environment_stamp(operator)
     return _with_stale(cal, stamp_differences(cal.environment, current, WORKER_KEYS))
 

@@ -12,11 +12,11 @@
 
 from __future__ import annotations
 
-import os
-import uuid
 from pathlib import Path
 
 import numpy as np
+
+from explorer.core.atomic import atomic_path
 
 
 def _volume(shapes) -> np.ndarray:
@@ -77,13 +77,12 @@ def _figure():
 
 def _save(plt, fig, path) -> Path:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    # a name of this process's own: explore processes sharing a runs directory save together
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, path)  # never a half-written picture
+    try:
+        with atomic_path(path) as tmp:  # never a half-written picture
+            fig.savefig(tmp, dpi=110)
+    finally:
+        plt.close(fig)
     return path
 
 
