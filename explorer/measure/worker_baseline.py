@@ -20,7 +20,6 @@ Dask and ``distributed`` are imported only to measure.
 from __future__ import annotations
 
 import json
-import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -194,13 +193,12 @@ def local_worker_baseline(operator: str, runs_dir=None, *, measure: bool = True)
     saved = _load_local(operator, runs_dir)
     if saved is not None or not measure:
         return saved
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
+    from explorer.measure.local_cluster import local_cluster
     from explorer.measure.workersetup import prepare_workers
 
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None,
-                      silence_logs=logging.CRITICAL, scheduler_kwargs={"dashboard_address": ":0"}) as cluster, \
-            Client(cluster) as client:
+    with local_cluster(1) as cluster, Client(cluster) as client:
         prepare_workers(client)  # the worker the plans describe: the profiling server's allocator
         baseline = measure_worker_baseline(client, operator)
     baseline.source = "local"

@@ -4,11 +4,11 @@ as the profiles were taken, the operator warmed on each and their baseline measu
 
 from __future__ import annotations
 
-import logging
 import os
 from typing import TYPE_CHECKING
 
 from explorer.core.units import format_bytes
+from explorer.measure.local_cluster import local_cluster
 from explorer.run.context import ERROR, FAILED, _RunError, _default_memory_limit, _one_line
 
 if TYPE_CHECKING:
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 def _connect(ctx: RunContext) -> None:
     """Join the cluster at ``scheduler``, or start a LocalCluster; the workers' limit and threads."""
     import dask
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
     result = ctx.result
     if ctx.scheduler:
@@ -44,11 +44,8 @@ def _connect(ctx: RunContext) -> None:
     else:
         ctx.limit = ctx.requested_limit or _default_memory_limit(ctx.workers)
         with dask.config.set({"distributed.scheduler.allowed-failures": ctx.allowed_failures}):
-            ctx.cluster = LocalCluster(n_workers=ctx.workers, threads_per_worker=ctx.threads, memory_limit=ctx.limit,
-                                       processes=True, dashboard_address=None, silence_logs=logging.CRITICAL,
-                                       preload=["explorer.measure.inworker"],  # workers leave Ctrl-C to this process
-                                       # no dashboard; its HTTP server (health checks) on a free port
-                                       scheduler_kwargs={"dashboard_address": ":0"})
+            ctx.cluster = local_cluster(ctx.workers, threads_per_worker=ctx.threads, memory_limit=ctx.limit,
+                                        preload=["explorer.measure.inworker"])  # workers leave Ctrl-C to this process
         ctx.client = Client(ctx.cluster)
         result.n_workers, ctx.cluster_kind = ctx.workers, "LocalCluster"
     result.threads_per_worker = ctx.threads

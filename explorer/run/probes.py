@@ -32,7 +32,6 @@ made plans of many small chunks look up to 1.8x slower than they ran).
 
 from __future__ import annotations
 
-import logging
 import math
 import shutil
 import tempfile
@@ -248,13 +247,14 @@ def run_probes(operator: str, model, *, n: int = DEFAULT_PROBES, runs_dir=None, 
     """
     import time
 
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
     import operators
     from explorer.plan.calibration import calibrate
     from explorer.run.daskrun import run
     from explorer.measure.worker_baseline import measure_worker_baseline, save_worker_baseline
     from explorer.search.store import Store
+    from explorer.measure.local_cluster import local_cluster
     from explorer.measure.workersetup import prepare_workers
 
     started = time.perf_counter()
@@ -264,8 +264,7 @@ def run_probes(operator: str, model, *, n: int = DEFAULT_PROBES, runs_dir=None, 
     tmp = Path(tempfile.mkdtemp(prefix=f"explorer-probes-{operator}-"))
     environment = None
     try:
-        with LocalCluster(n_workers=PROBE_WORKERS, threads_per_worker=1, processes=True, dashboard_address=None,
-                          silence_logs=logging.CRITICAL, scheduler_kwargs={"dashboard_address": ":0"}) as cluster:
+        with local_cluster(PROBE_WORKERS) as cluster:
             # The idle, warmed workers before any task: this machine's baseline, saved; the
             # workers first get the profiling server's allocator setting (explorer.measure.workersetup).
             with Client(cluster) as client:
