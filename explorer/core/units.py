@@ -7,13 +7,16 @@ import re
 
 from dask.utils import format_bytes, parse_bytes
 
-__all__ = ["MAX_DIM", "MAX_SIZE_BYTES", "MAX_VOXELS", "format_bytes", "parse_shape", "parse_size", "format_shape"]
+__all__ = ["FLOAT32_BYTES", "MAX_DIM", "MAX_SIZE_BYTES", "MAX_VOXELS", "format_bytes", "parse_shape", "parse_size", "format_shape"]
 
 #: Largest accepted dimension (the store's integer range for a shape's axis) and volume:
 #: 2^44 voxels is 64 TiB of float32, beyond any survey, and keeps every byte count of a
 #: plan exact in int64 and float64.
 MAX_DIM = 1 << 24
 MAX_VOXELS = 1 << 44
+#: Bytes of one float32 sample: what the operators read and return (``operators.Operator.output_dtype``),
+#: the input block of a plan's footprint and of the search's sizes.
+FLOAT32_BYTES = 4
 #: Largest accepted size (1 EiB): byte counts stay exact integers.
 MAX_SIZE_BYTES = 1 << 60
 

@@ -8,8 +8,8 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from explorer.core.units import FLOAT32_BYTES
 from explorer.plan.candidates import DEFAULT_MIN_CHUNK
-from explorer.plan.footprint import INPUT_ITEMSIZE
 from explorer.plan.grid import _axis_chunks
 from explorer.plan.time_model import DEFAULT_GRAPH_TASK_SECONDS
 
@@ -77,8 +77,8 @@ class ChunkPlan:
     #: The workers the plan shares the work between.
     workers: int = 1
     #: Bytes per sample of the input and of the output.
-    itemsize: int = INPUT_ITEMSIZE
-    output_itemsize: int = 4
+    itemsize: int = FLOAT32_BYTES
+    output_itemsize: int = FLOAT32_BYTES
     #: The smallest chunk along a free axis the planner considered.
     min_chunk: int = DEFAULT_MIN_CHUNK
     #: The time model's seconds of overhead per Dask graph task.

@@ -68,6 +68,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from explorer.core.units import FLOAT32_BYTES
 from explorer.plan.grid import _samples
 
 __all__ = [
@@ -81,8 +82,6 @@ __all__ = [
 WAITING_INPUTS_PER_THREAD = 1
 #: Finished outputs not yet released, per thread (each keeps its whole block-shaped base).
 HELD_OUTPUTS_PER_THREAD = 1
-#: The input block is float32 (docs/definitions.md: peak_bytes is beyond the float32 input).
-INPUT_ITEMSIZE = 4
 
 
 # --------------------------------------------------------------------------- footprint
@@ -144,8 +143,8 @@ def worker_footprint(
     *,
     threads_per_worker: int = 1,
     baseline_bytes: int,
-    itemsize: int = INPUT_ITEMSIZE,
-    output_itemsize: int = 4,
+    itemsize: int = FLOAT32_BYTES,  # the input block is float32 (docs/definitions.md: peak_bytes is beyond it)
+    output_itemsize: int = FLOAT32_BYTES,
     waiting_inputs_per_thread: int = WAITING_INPUTS_PER_THREAD,
     held_outputs_per_thread: int = HELD_OUTPUTS_PER_THREAD,
     chunk_shapes=None,

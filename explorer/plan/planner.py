@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from explorer.core.units import format_bytes, format_shape
+from explorer.core.units import FLOAT32_BYTES
 from explorer.plan.candidates import (
     DEFAULT_MIN_CHUNK,
     _complete_smallest,
@@ -68,7 +69,7 @@ from explorer.plan.candidates import (
 )
 from explorer.plan.chunk_plan import ChunkPlan, ChunkPlanError
 from explorer.plan.dask_config import FALLBACK_PAUSE_FRACTION
-from explorer.plan.footprint import INPUT_ITEMSIZE, worker_footprint
+from explorer.plan.footprint import worker_footprint
 from explorer.plan.time_model import DEFAULT_GRAPH_TASK_SECONDS, DEFAULT_SECONDS_PER_VOXEL
 
 if TYPE_CHECKING:
@@ -94,8 +95,8 @@ def plan_chunks(
     threads_per_worker: int = 1,
     confidence: float = 0.99,
     pause_fraction: float = FALLBACK_PAUSE_FRACTION,
-    itemsize: int = INPUT_ITEMSIZE,
-    output_itemsize: int = 4,
+    itemsize: int = FLOAT32_BYTES,
+    output_itemsize: int = FLOAT32_BYTES,
     min_chunk: int = DEFAULT_MIN_CHUNK,
     operator: str | None = None,
     workers: int = 1,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from explorer.plan.time_model import DEFAULT_GRAPH_TASK_SECONDS, RUN_IO_SECONDS_PER_VOXEL, run_seconds_per_voxel
-from explorer.plan.footprint import INPUT_ITEMSIZE
+from explorer.core.units import FLOAT32_BYTES
 from explorer.plan.chunk_plan import ChunkPlan
 from explorer.plan.planner import plan_chunks
 from explorer.plan.dask_config import worker_pause_fraction
@@ -223,7 +223,7 @@ def _fused_plan(request: _PlanRequest) -> tuple[ChunkPlan, bool]:
         op.whole_axes,
         model.predict_many,
         request.limit_bytes,
-        itemsize=INPUT_ITEMSIZE,
+        itemsize=FLOAT32_BYTES,
         output_itemsize=fused_output_itemsize(op),
         warnings=tuple(model.warnings),
         **_fused_timing(request),
@@ -300,7 +300,7 @@ def _staged_stages(request: _PlanRequest) -> tuple[list, dict, tuple, bool]:
     # then) is shared by the stages: the two strategies then differ only by their structure.
     shared = None if all(s is not None for s in speeds) else (
         (run_seconds_per_voxel(None) - RUN_IO_SECONDS_PER_VOXEL) / len(op.members))
-    stages, warnings, itemsize, calibrated, timings = [], [], INPUT_ITEMSIZE, True, {}
+    stages, warnings, itemsize, calibrated, timings = [], [], FLOAT32_BYTES, True, {}
     for index, stage in enumerate(op.stages):
         for member in stage:
             model = TaskModel(isolated[member.name],

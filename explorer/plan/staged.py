@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from explorer.core.units import FLOAT32_BYTES
 from explorer.plan.candidates import (
     DEFAULT_MIN_CHUNK,
     _complete_smallest,
@@ -26,7 +27,7 @@ from explorer.plan.candidates import (
 )
 from explorer.plan.chunk_plan import ChunkPlan, ChunkPlanError
 from explorer.plan.dask_config import FALLBACK_PAUSE_FRACTION
-from explorer.plan.footprint import INPUT_ITEMSIZE, neighbour_chunks_held, worker_footprint
+from explorer.plan.footprint import neighbour_chunks_held, worker_footprint
 from explorer.plan.grid import _samples, exchanged_halo, reads_file
 from explorer.plan.planner import _checked_plan_arguments, _no_fit_message
 from explorer.plan.time_model import (
@@ -65,8 +66,8 @@ class PlanStage:
     halo: tuple[int, ...]
     predict: Predictor
     group: int
-    itemsize: int = INPUT_ITEMSIZE
-    output_itemsize: int = 4
+    itemsize: int = FLOAT32_BYTES
+    output_itemsize: int = FLOAT32_BYTES
     seconds_per_voxel: float = DEFAULT_SECONDS_PER_VOXEL - RUN_IO_SECONDS_PER_VOXEL
     task_clock: TaskClock | None = None
 

@@ -45,6 +45,8 @@ import uuid
 import warnings
 from dataclasses import dataclass, field
 
+from explorer.core.units import FLOAT32_BYTES
+
 __all__ = ["Observation", "Observer", "observe"]
 
 #: Prefix of the event topic on which workers send observations.
@@ -53,8 +55,6 @@ TOPIC_PREFIX = "memory-explorer-observations"
 MAX_OVER_BOUND_WARNINGS = 5
 #: CPU niceness of the thread that writes observations to the store (see ``_lower_this_threads_priority``).
 WRITER_NICE = 19
-#: The input block's itemsize (float32), for the bound of concurrent tasks.
-_INPUT_ITEMSIZE = 4
 
 
 @dataclass
@@ -85,7 +85,7 @@ class Observation:
             return None
         if self.exact:
             return self.upper_bytes
-        block_in = 0 if self.windowed else _INPUT_ITEMSIZE * math.prod(self.shape)
+        block_in = 0 if self.windowed else FLOAT32_BYTES * math.prod(self.shape)
         return self.threads * (self.upper_bytes + block_in)
 
 

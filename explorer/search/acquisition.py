@@ -43,9 +43,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from explorer.core.units import FLOAT32_BYTES
+
 __all__ = [
     "DEFAULT_TOLERANCE",
-    "FLOAT32_BYTES",
     "CostModel",
     "candidate_shapes",
     "initial_design",
@@ -61,8 +62,6 @@ __all__ = [
     "validation_shapes",
 ]
 
-#: Bytes per voxel of the float32 blocks the operators run on.
-FLOAT32_BYTES = 4
 #: The explore loop stops when the relative half-width of the bound is below this everywhere
 #: in the target region.
 DEFAULT_TOLERANCE = 0.05

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import operators
+from explorer.core.units import FLOAT32_BYTES
 from explorer.measure.profiling import EXCEEDED, OK
 from explorer.search.store import SOURCE_PROFILE, Record
 
@@ -26,7 +27,7 @@ N_CANDIDATES = 2048
 N_TARGETS = 384
 
 
-def training_data(records: list[Record], dtype_itemsize: int = 4):
+def training_data(records: list[Record], dtype_itemsize: int = FLOAT32_BYTES):
     """Arrays ``(shapes, peak_bytes, noise_var, lower_bound, n_repeats)`` for
     :func:`explorer.model.fit.fit` from stored isolated profiles.
 
