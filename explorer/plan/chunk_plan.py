@@ -116,7 +116,9 @@ class ChunkPlan:
         return tuple(_axis_chunks(n, c) for n, c in zip(self.shape, self.chunks))
 
     def to_dict(self) -> dict:
-        """JSON-ready: ints, floats, strings and lists only."""
+        """JSON-ready: ints, floats, strings and lists only; every field (:meth:`from_dict`
+        rebuilds the plan), with the derived ``dask_chunks``, ``budget_bytes`` and
+        ``baseline_bytes`` beside them."""
         return {
             "operator": self.operator,
             "shape": list(self.shape),
@@ -152,7 +154,36 @@ class ChunkPlan:
             "stages": [dict(stage) for stage in self.stages],
             "considered": {k: dict(v) for k, v in self.considered.items()},
             "warnings": list(self.warnings),
+            "itemsize": self.itemsize,
+            "output_itemsize": self.output_itemsize,
+            "min_chunk": self.min_chunk,
+            "task_clock": None if self.task_clock is None else self.task_clock.to_dict(),
         }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ChunkPlan":
+        """The plan :meth:`to_dict` (or its JSON) describes: ``from_dict(plan.to_dict()) == plan``.
+        A key a plan of an earlier version did not write takes the field's default; the
+        derived keys are not read."""
+        from explorer.plan.footprint import WorkerFootprint
+        from explorer.plan.time_model import TaskClock
+
+        ints = lambda v: tuple(int(x) for x in v)  # noqa: E731
+        optional = lambda convert: lambda v: None if v is None else convert(v)  # noqa: E731
+        convert = {
+            "operator": optional(str), "shape": ints, "chunks": ints, "block": ints, "halo": ints,
+            "whole_axes": ints, "predicted_bytes": int, "upper_bytes": int, "limit_bytes": int,
+            "pause_fraction": float, "confidence": float, "n_tasks": int, "threads_per_worker": int,
+            "footprint": WorkerFootprint.from_dict, "n_candidates": int, "slots": int,
+            "predicted_seconds": optional(float), "seconds_per_voxel": optional(float),
+            "task_spread": optional(float), "task_clock": optional(TaskClock.from_dict), "block_clocked": bool,
+            "neighbour_chunks": int, "workers": int, "itemsize": int, "output_itemsize": int, "min_chunk": int,
+            "graph_task_seconds": float, "run_fixed_seconds": float, "warnings": tuple, "baseline_source": str,
+            "block_multiple": optional(ints), "branch_order": tuple, "strategy": str,
+            "stages": lambda v: tuple(dict(stage) for stage in v),
+            "considered": lambda v: {k: dict(c) for k, c in v.items()},
+        }
+        return cls(**{name: conv(data[name]) for name, conv in convert.items() if name in data})
 
     def summary(self) -> dict:
         """What :attr:`considered` keeps of a plan: its chunks, bound and predicted time."""

@@ -136,6 +136,11 @@ class WorkerFootprint:
         )
         return terms
 
+    @classmethod
+    def from_dict(cls, data: dict) -> "WorkerFootprint":
+        """The footprint :meth:`to_dict` describes (its derived sums are not read)."""
+        return cls(**{name: data[name] for name in cls.__dataclass_fields__ if name in data})
+
 
 def worker_footprint(
     block_shapes,
