@@ -508,6 +508,16 @@ COMMANDS = {
     "explore": _cmd_explore,
 }
 
+
+
+def reserve_commands() -> None:
+    """No operator may take a subcommand's name (``explore run`` must reach the command):
+    the names are :data:`COMMANDS`' own, reserved in the operators' registry."""
+    import operators
+
+    operators.reserve_names(COMMANDS, "an `explore` subcommand")
+
+
 USAGE = """usage: explore OPERATOR [options]                 learn an operator's peak memory (explore OPERATOR --help)
        explore operators                          list operators
        explore profile OPERATOR SHAPE             profile one shape in an isolated child
@@ -526,6 +536,7 @@ def _dispatch(argv: list[str]) -> int:
 
         print(f"explore (memory-explorer) {__version__}")
         return 0
+    reserve_commands()  # before any plugin registers an operator
     load_plugins()
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE, end="")

@@ -3,7 +3,7 @@
 Knows nothing about ``explorer``.
 """
 
-from operators.base import RESERVED_NAMES, Operator, SpecError, names, register, windowed_map
+from operators.base import RESERVED_NAMES, Operator, SpecError, names, register, reserve_names, windowed_map
 from operators.pipeline import get
 from operators import seismic as _seismic  # noqa: F401  (registers the operators)
 from operators import unet as _unet  # noqa: F401  (registers unet3d; torch is imported by its first run)
@@ -19,6 +19,7 @@ __all__ = [
     "names",
     "read_segy",
     "register",
+    "reserve_names",
     "segy_volume",
     "synthetic_volume",
     "windowed_map",

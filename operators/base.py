@@ -233,8 +233,19 @@ def _windowed_task(source, window, function, trim) -> np.ndarray:
 
 _REGISTRY: dict[str, Callable[[], Operator]] = {}
 
-#: Names the CLI uses as subcommands; no operator may take them.
-RESERVED_NAMES = frozenset({"operators", "profile", "chunks", "run", "report"})
+#: Names no operator may take: filled by :func:`reserve_names`, not written here.  The
+#: ``explore`` command reserves its subcommands (``explorer.cli.COMMANDS``) before it loads
+#: any plugin, so this list cannot drift from the CLI's (operators know nothing of it).
+RESERVED_NAMES: set[str] = set()
+
+
+def reserve_names(names, why: str = "a CLI subcommand") -> None:
+    """Keep ``names`` from operators from now on (``register`` raises naming ``why``);
+    a name an operator already has raises ``ValueError`` here instead."""
+    taken = sorted(set(names) & set(_REGISTRY))
+    if taken:
+        raise ValueError(f"operator name(s) {', '.join(map(repr, taken))} clash with {why}: rename the operator")
+    RESERVED_NAMES.update(names)
 
 
 def register(cls: type[Operator]) -> type[Operator]:

@@ -270,3 +270,36 @@ def test_a_plan_from_a_model_that_did_not_converge_says_so(gst3d_model, tmp_path
         if said:
             assert "budget of 30 profiles spent" in said[0] and "--budget" in said[0]
             assert any("did not converge" in line for line in out.stderr.splitlines())
+
+
+@pytest.mark.parametrize("command", sorted(__import__("explorer.cli", fromlist=["COMMANDS"]).COMMANDS))
+def test_no_operator_may_take_a_subcommand_name(command):
+    """The reserved names are the CLI's commands themselves (none can be left out): after the
+    CLI reserved them, as it does before loading plugins, registering one raises."""
+    import operators
+    from explorer.cli import reserve_commands
+
+    reserve_commands()
+    assert command in operators.RESERVED_NAMES
+    with pytest.raises(ValueError, match="reserved"):
+
+        @operators.register
+        class Clash(operators.Operator):
+            name = command
+
+            def run(self, block):
+                return block
+
+    assert command not in operators.names()
+
+
+def test_a_plugin_operator_named_like_a_subcommand_is_one_line(tmp_path):
+    (tmp_path / "clash_plugin.py").write_text(
+        "import operators\n\n@operators.register\nclass Calibrate(operators.Operator):\n    name = 'calibrate'\n\n"
+        "    def run(self, block):\n        return block\n")
+    env = {**os.environ, "EXPLORER_PLUGINS": "clash_plugin",
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "explorer.cli", "operators"], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert proc.returncode != 0
+    assert "'calibrate'" in proc.stderr and "reserved" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1

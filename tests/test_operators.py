@@ -81,8 +81,15 @@ def test_unknown_name_raises_keyerror_listing_known_operators():
         assert name in message
 
 
-@pytest.mark.parametrize("reserved", sorted(base.RESERVED_NAMES))
+def test_reserving_a_registered_name_raises():
+    with pytest.raises(ValueError, match="'envelope' clash with a test's command"):
+        base.reserve_names(["envelope", "a-free-name"], "a test's command")
+    assert "a-free-name" not in base.RESERVED_NAMES
+
+
+@pytest.mark.parametrize("reserved", ["a-reserved-name", "another-reserved-name"])
 def test_register_rejects_reserved_names(reserved):
+    base.reserve_names([reserved], "a test")
     before = names()
     with pytest.raises(ValueError, match="reserved"):
 
