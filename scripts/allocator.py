@@ -466,8 +466,7 @@ def _reading(data: dict) -> list[str]:
 
 
 def report(data: dict) -> str:
-    sys.path.insert(0, str(HERE))
-    from machine import machine_line
+    from harness.machine import machine_line
 
     lines = ["# The allocator: isolated profiles against the processes that run the work",
              "",

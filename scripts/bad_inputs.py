@@ -18,10 +18,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # tests.conftest: a fitted model to put beside a garbage calibration
+from harness.machine import machine_line
 
-from machine import machine_line  # noqa: E402  (scripts/machine.py)
+ROOT = Path(__file__).resolve().parents[1]
 F3 = ROOT / "tests" / "data" / "segyio_f3_ieee_float32.sgy"
 PRESTACK = ROOT / "tests" / "data" / "segyio_viking_small_2d_prestack.segy"
 MISSING_TRACES = ROOT / "tests" / "data" / "xtgeo_ex1_missing_traces_75x71x26_unknownprov.segy"
@@ -98,7 +97,7 @@ def main() -> None:
     try:
         for label, argv, extra in CASES:
             if "needs_model" in extra:  # a valid model beside the garbage calibration
-                from tests.conftest import fitted_gst3d_model
+                from harness.models import fitted_gst3d_model
 
                 fitted_gst3d_model().save(paths.model_path("gst3d", scratch / extra["needs_model"]))
             env = {**os.environ, "EXPLORER_RUNS": str(scratch / "runs"), **extra.get("env", {})}

@@ -29,13 +29,13 @@ fresh ``LocalCluster``, with ``refine=False`` unless said otherwise.  Per scenar
   without a restart in at most 1.5x the fastest one's time (at most three) are the oracle
   candidates and run ``--repeat`` more times in rounds with ours (each once per round, in
   the orders of a Williams design over whole cycles, ``--repeat`` rounded up, its methods
-  relabelled at random per scenario, ``scripts/rounds.py``: every method after every other,
+  relabelled at random per scenario, ``harness/rounds.py``: every method after every other,
   and in every position, equally often, since a run is slower after some plans than after
   its own, and none first of all by the order of the list); the
   **oracle** is the candidate with the lowest median ``seconds`` over its rounds.  The screening run that selected a candidate, and ours' first run, are left out
   of the medians (shown apart): the least of several noisy single runs is low by selection.
   Beside ours / oracle, the 95% bootstrap interval of that ratio of medians, resampling whole
-  rounds (``scripts/rounds.py``): sub-second runs on two cores swing by a quarter between repeats.
+  rounds (``harness/rounds.py``): sub-second runs on two cores swing by a quarter between repeats.
 * **ours**: ``chunks="model"``: ``recommend_chunks(op, shape, L, workers=2)`` (with the
   workers' measured baseline) on the model and in-worker calibration of
   ``explore(op, budget=--budget, memory_limit=L)`` (isolated profiles, then explore's
@@ -88,7 +88,7 @@ model, the run's measured baseline), against the measured HWM.
 User clusters (``--user-clusters``, issue 11): a cluster started as a user starts one,
 ``dask scheduler`` plus ``dask worker --nworkers W --nthreads T --memory-limit L``
 (W = ``--user-workers``, default 2)
-(``tests/cluster.py``), idle or with ``--preload tests.heavy_preload`` holding
+(``harness/cluster.py``), idle or with ``--preload harness.heavy_preload`` holding
 ``--preload-mib`` MiB per worker (a library loaded at start), for each T in
 ``--user-threads``.  Per configuration, ``--user-repeat`` runs of ours
 (``explore run --scheduler``: the workers' own baseline measured, ``chunks="model"``,
@@ -121,14 +121,12 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.cluster, tests.heavy_preload
-import operators  # noqa: E402
-from explorer.run.daskrun import run  # noqa: E402
-from explorer.core.units import format_bytes, format_shape, parse_shape, parse_size  # noqa: E402
-from machine import machine_line  # noqa: E402
-from rounds import ratio_interval, round_orders  # noqa: E402
-from trials import trials_note  # noqa: E402
+import operators
+from explorer.run.daskrun import run
+from explorer.core.units import format_bytes, format_shape, parse_shape, parse_size
+from harness.machine import machine_line
+from harness.rounds import ratio_interval, round_orders
+from harness.trials import trials_note
 
 WORKERS = 2
 THREADS = 1
@@ -860,7 +858,7 @@ def fixed_160_plan(op, shape, limit: int, threads: int, workers: int, runs_dir):
 
 def run_user_clusters(args, cache: Path, tmp: Path) -> list[UserOutcome]:
     from explorer.plan.dask_config import worker_pause_fraction
-    from tests.cluster import user_cluster
+    from harness.cluster import user_cluster
 
     outcomes = []
     for sc in args.user_clusters:
@@ -876,7 +874,7 @@ def run_user_clusters(args, cache: Path, tmp: Path) -> list[UserOutcome]:
                 tag = f"user {sc.op} preload {preload} MiB W={args.user_workers} T={threads}"
                 log(f"{tag}: starting dask scheduler + dask worker")
                 with user_cluster(workers=args.user_workers, threads=threads, memory_limit=str(sc.limit),
-                                  preload=["tests.heavy_preload"] if preload else (),
+                                  preload=["harness.heavy_preload"] if preload else (),
                                   env={"EXPLORER_TEST_PRELOAD_MIB": str(preload)}) as address:
                     copy = tmp / "runs-user"
                     shutil.rmtree(copy, ignore_errors=True)
@@ -912,7 +910,7 @@ def print_user_clusters(outcomes: list[UserOutcome]) -> None:
         return
     p = print
     p("\n### Clusters started like a user's: `dask scheduler` + `dask worker`, idle and with a preload\n")
-    p("W workers x T threads; a preload is `--preload tests.heavy_preload` holding that many MiB per worker "
+    p("W workers x T threads; a preload is `--preload harness.heavy_preload` holding that many MiB per worker "
       "from its start.  Ours: `explore run --scheduler ADDR` (the workers' baseline measured, the in-worker task "
       "model; observed, not recalibrated, not re-planned).  Before: the plan the code made before issue 11 (the "
       "isolated bound, a fixed 160 MiB baseline), run with explicit chunks on the same cluster.  HWM: the highest "

@@ -87,20 +87,19 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import operators  # noqa: E402
+import operators
 from explorer.search import acquisition
 from explorer.model import fit
 from explorer.model import memory_model as surrogate
-from explorer.model import torch_fit  # noqa: E402
-from explorer.search import core  # noqa: E402
+from explorer.model import torch_fit
+from explorer.search import core
 from explorer.core.machine import default_memory_limit
 from explorer.exploration import explore
-from explorer.search.core import training_data  # noqa: E402
-from explorer.measure.profiling import OK, Profiler, default_memory_cap  # noqa: E402
-from explorer.search.store import SOURCE_PROFILE, Record, Store, study_name  # noqa: E402
-from explorer.core.units import format_bytes, format_shape, parse_size  # noqa: E402
-from machine import machine_line  # noqa: E402
+from explorer.search.core import training_data
+from explorer.measure.profiling import OK, Profiler, default_memory_cap
+from explorer.search.store import SOURCE_PROFILE, Record, Store, study_name
+from explorer.core.units import format_bytes, format_shape, parse_size
+from harness.machine import machine_line
 
 CONFIDENCE = 0.99
 MIN_DIM, MAX_DIM = 8, 2048  # the box of acquisition.candidate_shapes

@@ -58,9 +58,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import machine_line  # noqa: E402
-from trials import trials_text  # noqa: E402
+from harness.machine import machine_line
+from harness.trials import trials_text
 
 ROOT = Path(__file__).resolve().parent.parent
 CROP = ROOT / "tests" / "data" / "segyio_f3_ieee_float32.sgy"
@@ -109,7 +108,6 @@ def simulation_table(plans: int = 400_000, confidence: float = 0.99) -> None:
     import numpy as np
     from scipy import stats
 
-    sys.path.insert(0, str(ROOT))
     from explorer.plan.max_task import max_task_quantile
 
     rng = np.random.default_rng(20261126)
@@ -141,7 +139,6 @@ def run_tasks(runs: Path, operator: str, run_id: str | None) -> list:
     """The run's observed tasks in the store of ``runs``: ``(peak_bytes, first_in_run)`` each."""
     if not run_id:
         return []
-    sys.path.insert(0, str(ROOT))
     from explorer.search.store import Store
 
     return [(float(r.peak_bytes), r.context.get("first_in_run")) for r in Store(runs).records(operator)

@@ -72,15 +72,14 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import operators  # noqa: E402
-from explorer.run.daskrun import run  # noqa: E402
-from explorer.exploration import explore  # noqa: E402
-from explorer.model.load import load_model  # noqa: E402
-from explorer.core.units import format_bytes, format_shape, parse_shape, parse_size  # noqa: E402
-from machine import machine_line  # noqa: E402
-from rounds import ratio_interval, round_orders  # noqa: E402
-from trials import trials_note  # noqa: E402
+import operators
+from explorer.run.daskrun import run
+from explorer.exploration import explore
+from explorer.model.load import load_model
+from explorer.core.units import format_bytes, format_shape, parse_shape, parse_size
+from harness.machine import machine_line
+from harness.rounds import ratio_interval, round_orders
+from harness.trials import trials_note
 
 ISSUE_PIPELINES = ("gaussian,gst3d;envelope,gaussian;gaussian(sigma=1),semblance,gaussian;"
                    "gaussian,envelope+instantaneous_phase+instantaneous_frequency+gst3d")

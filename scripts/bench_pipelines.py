@@ -56,15 +56,14 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import operators  # noqa: E402
-from bench_explore import EXTRAPOLATION_FACTORS, Truth, extrapolation_shapes, metrics, region_shapes  # noqa: E402
-from explorer.exploration import explore  # noqa: E402
-from explorer.measure.profiling import OK, Profiler, default_memory_cap  # noqa: E402
-from explorer.search.store import SOURCE_PROFILE, Store, study_name  # noqa: E402
-from explorer.model.load import load_model  # noqa: E402
-from explorer.core.units import format_bytes, format_shape, parse_size  # noqa: E402
-from machine import machine_line  # noqa: E402
+import operators
+from bench_explore import EXTRAPOLATION_FACTORS, Truth, extrapolation_shapes, metrics, region_shapes
+from explorer.exploration import explore
+from explorer.measure.profiling import OK, Profiler, default_memory_cap
+from explorer.search.store import SOURCE_PROFILE, Store, study_name
+from explorer.model.load import load_model
+from explorer.core.units import format_bytes, format_shape, parse_size
+from harness.machine import machine_line
 
 ISSUE_PIPELINES = ("gaussian,gst3d;envelope,gaussian;gaussian(sigma=1),semblance,gaussian;"
                    "gaussian,envelope+instantaneous_phase+instantaneous_frequency+gst3d")

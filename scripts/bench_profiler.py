@@ -21,14 +21,12 @@ import re
 import subprocess
 import sys
 import tempfile
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import operators  # noqa: E402
-from explorer.measure.profiling import Profiler  # noqa: E402
-from machine import machine_line  # noqa: E402
+import operators
+from explorer.measure.profiling import Profiler
+from harness.machine import machine_line
 
 # The same process set-up as the profiling server: the modules it preloads and
 # glibc's mmap threshold pinned at 128 KiB (here through glibc's own environment

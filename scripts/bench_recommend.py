@@ -57,7 +57,6 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
 
 WARM_TARGET_SECONDS = 0.020
 SHAPES = ("256x256x256", "800x600x1000", "2000x2000x1500")
@@ -112,12 +111,10 @@ def child(spec: dict) -> dict:
 
 
 def run_child(spec: dict) -> dict:
-    code = ("import json, sys; sys.path.insert(0, %r); import bench_recommend as b; "
-            "print(json.dumps(b.child(json.loads(sys.stdin.read()))))" % str(HERE))
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE.parent), env.get("PYTHONPATH")) if p)
+    code = ("import json, runpy, sys; b = runpy.run_path(%r); "
+            "print(json.dumps(b['child'](json.loads(sys.stdin.read()))))" % str(HERE / "bench_recommend.py"))
     out = subprocess.run([sys.executable, "-c", code], input=json.dumps(spec), capture_output=True,
-                         text=True, env=env, check=False)
+                         text=True, check=False)
     if out.returncode != 0:
         raise SystemExit(f"benchmark child failed: {out.stderr.strip().splitlines()[-1]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -168,7 +165,7 @@ def main(argv=None) -> int:
     from bench_chunks import ensure_model, log
     from explorer.plan import calibration
     from explorer.core.machine import default_memory_limit
-    from machine import machine_line
+    from harness.machine import machine_line
 
     names = args.operators.split(",") if args.operators else sorted(operators.names())
     for name in names:

@@ -54,14 +54,13 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import operators  # noqa: E402
-from bench_chunks import STARTED, ensure_input, ensure_model, log, mib  # noqa: E402
-from trials import trials_note  # noqa: E402
-from bench_observation import FIGURES, measure  # noqa: E402
-from explorer.run.daskrun import run  # noqa: E402
-from explorer.core.units import format_bytes, format_shape, parse_shape, parse_size  # noqa: E402
-from machine import machine_line  # noqa: E402
+import operators
+from bench_chunks import STARTED, ensure_input, ensure_model, log, mib
+from harness.trials import trials_note
+from bench_observation import FIGURES, measure
+from explorer.run.daskrun import run
+from explorer.core.units import format_bytes, format_shape, parse_shape, parse_size
+from harness.machine import machine_line
 
 WORKERS = 2
 THREADS = 1

@@ -49,7 +49,6 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
 os.environ["EXPLORER_PLUGINS"] = ",".join(
     [m for m in os.environ.get("EXPLORER_PLUGINS", "").split(",") if m] + ["unseen_operators"])
 os.environ["PYTHONPATH"] = os.pathsep.join([str(HERE), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])
@@ -60,7 +59,7 @@ from explorer.exploration import explore  # noqa: E402
 from explorer.core.plugins import load_plugins  # noqa: E402
 from explorer.measure.profiling import OK, Profiler, default_memory_cap  # noqa: E402
 from explorer.core.units import format_bytes, format_shape, parse_size  # noqa: E402
-from machine import machine_line  # noqa: E402
+from harness.machine import machine_line  # noqa: E402
 
 load_plugins()
 

@@ -31,13 +31,10 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from explorer.search.core import ExplorationCore  # noqa: E402
-from explorer.search.store import Record  # noqa: E402
-from machine import machine_line  # noqa: E402
-from operators.base import Operator, register  # noqa: E402
+from explorer.search.core import ExplorationCore
+from explorer.search.store import Record
+from harness.machine import machine_line
+from operators.base import Operator, register
 
 MiB = 2**20
 LIMIT = 1024 * MiB

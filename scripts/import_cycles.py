@@ -217,7 +217,7 @@ def wing(module: str) -> int:
 
 
 #: Folders whose imports of the packages must resolve too (they are not part of the graph).
-USERS = ("tests", "scripts")
+USERS = ("tests", "scripts", "harness")
 
 
 def users_unresolved(root: Path) -> list[str]:

@@ -15,18 +15,16 @@ Prints Markdown and the machine line.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import operators  # noqa: E402
-from bench_pipelines import CONFIDENCE, ISSUE_PIPELINES  # noqa: E402
-from explorer.search.core import ExplorationCore, composed_prior, member_noise_floor  # noqa: E402
-from explorer.measure.profiling import default_memory_cap  # noqa: E402
-from explorer.search.store import SOURCE_PROFILE, Store  # noqa: E402
-from explorer.model.load import load_model  # noqa: E402
-from explorer.core.units import parse_size  # noqa: E402
-from machine import machine_line  # noqa: E402
+import operators
+from bench_pipelines import CONFIDENCE, ISSUE_PIPELINES
+from explorer.search.core import ExplorationCore, composed_prior, member_noise_floor
+from explorer.measure.profiling import default_memory_cap
+from explorer.search.store import SOURCE_PROFILE, Store
+from explorer.model.load import load_model
+from explorer.core.units import parse_size
+from harness.machine import machine_line
 
 
 def noise(h: dict) -> str:

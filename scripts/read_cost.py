@@ -17,16 +17,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import operators  # noqa: E402
-from explorer.core.units import format_shape, parse_shape  # noqa: E402
-from machine import machine_line  # noqa: E402
-from operators.segy import segy_volume  # noqa: E402
+import operators
+from explorer.core.units import format_shape, parse_shape
+from harness.machine import machine_line
+from operators.segy import segy_volume
 
 DEFAULT_SHAPES = "80x320x320,160x160x320,160x160x160,80x80x320,80x80x160,107x107x107"
 

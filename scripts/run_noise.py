@@ -22,8 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import machine_line  # noqa: E402
+from harness.machine import machine_line
 
 
 def main() -> None:

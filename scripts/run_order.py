@@ -3,7 +3,7 @@
 plan that ran just before it.
 
 This is why the Dask benchmarks order their rounds by a Williams design
-(``scripts/rounds.py``): if a plan runs slower after some plans than after itself, an order
+(``harness/rounds.py``): if a plan runs slower after some plans than after itself, an order
 that always puts one arm after the same neighbour biases that arm.
 
     python scripts/run_order.py [--spec gaussian,gst3d] [--shape 256x256x384]
@@ -27,8 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import machine_line  # noqa: E402
+from harness.machine import machine_line
 
 
 def parse_plans(text: str) -> dict[str, dict]:

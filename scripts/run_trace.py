@@ -36,10 +36,9 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import operators  # noqa: E402
-from explorer.core.units import format_bytes, format_shape, parse_shape, parse_size  # noqa: E402
-from machine import machine_line  # noqa: E402
+import operators
+from explorer.core.units import format_bytes, format_shape, parse_shape, parse_size
+from harness.machine import machine_line
 
 
 def held_data(dask_worker):

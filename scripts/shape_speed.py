@@ -13,14 +13,11 @@ Prints Markdown and the machine line.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import operators  # noqa: E402
-from explorer.core.units import format_shape, parse_shape  # noqa: E402
-from machine import machine_line  # noqa: E402
+import operators
+from explorer.core.units import format_shape, parse_shape
+from harness.machine import machine_line
 
 DEFAULT_SHAPES = "133x133x133,176x176x176,133x133x256,133x256x133,256x133x133,74x256x256,256x74x256,256x256x74"
 

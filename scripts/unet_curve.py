@@ -21,16 +21,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from explorer.measure.profiling import Profiler  # noqa: E402
-from machine import machine_line  # noqa: E402
-from operators.unet import padded_shape  # noqa: E402
+from explorer.measure.profiling import Profiler
+from harness.machine import machine_line
+from operators.unet import padded_shape
 
 OPERATOR = "unet3d"
 RESULTS = Path(__file__).resolve().parent / "results"

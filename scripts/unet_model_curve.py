@@ -20,9 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from explorer.model.load import load_model  # noqa: E402
-from machine import machine_line  # noqa: E402
+from explorer.model.load import load_model
+from harness.machine import machine_line
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MIB = 2**20

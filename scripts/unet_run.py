@@ -29,9 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import machine_line  # noqa: E402
-from trials import trials_text  # noqa: E402
+from harness.machine import machine_line
+from harness.trials import trials_text
 
 ROOT = Path(__file__).resolve().parent.parent
 TOLERANCE = 1e-6  # tests/test_unet.py: blockwise == whole-volume within this

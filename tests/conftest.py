@@ -1,42 +1,69 @@
-"""Fixtures shared by the test modules: a surrogate fitted from real isolated profiles."""
+"""Fixtures shared by the test modules (a surrogate fitted from real isolated profiles, its
+in-worker calibration from real probes) and the tests' tiers.
+
+Tiers (``pyproject.toml``, ``--strict-markers``): every test is ``unit`` (pure logic in one
+process: no subprocess, no Dask, no files) or ``integration`` (real subprocesses, Dask
+clusters, SQLite stores, files), exactly one.  A test module's tier is :data:`MODULE_TIERS`'s;
+a test of the other tier in it carries its own mark (``@pytest.mark.unit``).  A module
+missing here, or a test with both marks, stops the collection.
+"""
 
 from __future__ import annotations
 
-import functools
-
-import numpy as np
 import pytest
 
-import operators
+from harness.models import OPERATOR, fitted_gst3d_model
 
-OPERATOR = "gst3d"
+TIERS = ("unit", "integration")
+
+#: Each test module's tier, for its tests that carry none of their own.
+MODULE_TIERS = {
+    "test_acquisition": "unit",
+    "test_api": "integration",
+    "test_calibration": "unit",
+    "test_chunking": "unit",
+    "test_cli": "integration",
+    "test_daskrun": "integration",
+    "test_environment": "unit",
+    "test_explore": "integration",
+    "test_golden": "integration",
+    "test_import_graph": "integration",
+    "test_live": "integration",
+    "test_operators": "unit",
+    "test_outputs": "integration",
+    "test_pipeline": "unit",
+    "test_profiling": "integration",
+    "test_recommend": "integration",
+    "test_rounds": "unit",
+    "test_segy": "integration",
+    "test_shared_store": "integration",
+    "test_stats": "unit",
+    "test_stopping": "unit",
+    "test_store": "integration",
+    "test_surrogate": "unit",
+    "test_synthetic": "unit",
+    "test_tiers": "unit",
+    "test_task_bound": "unit",
+    "test_unet": "unit",
+    "test_workersetup": "integration",
+}
 
 
-#: Six shapes up to 100^3: enough for a surrogate, and in-worker probes reach the tests' blocks.
-FIT_SHAPES = [(24, 24, 24), (40, 30, 50), (60, 60, 40), (30, 70, 60), (74, 58, 50), (100, 100, 100)]
-
-
-def fitted_model(name: str, shapes=FIT_SHAPES):
-    """``name``'s surrogate fitted from real isolated profiles of ``shapes`` (two runs each;
-    botorch is a dependency: a broken install fails here, it does not skip)."""
-    from explorer.model import fit
-    from explorer.measure.profiling import profile
-
-    peaks, noise = [], []
-    for shape in shapes:
-        m = profile(name, shape, repeat=2)
-        assert m.status == "ok", m.error
-        runs = [r["peak_bytes"] for r in m.repeats]
-        peaks.append(np.mean(runs))
-        noise.append(np.var(runs, ddof=1) / len(runs))
-    return fit.fit(name, shapes, peaks, noise, np.zeros(len(shapes), bool),
-                         halo=operators.get(name).halo, n_repeats=[2] * len(shapes))
-
-
-@functools.lru_cache(maxsize=None)
-def fitted_gst3d_model():
-    """gst3d's surrogate from :data:`FIT_SHAPES`, once per test session."""
-    return fitted_model(OPERATOR)
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by these marks
+def pytest_collection_modifyitems(config, items):
+    problems = []
+    for item in items:
+        own = {m.name for m in item.iter_markers() if m.name in TIERS}
+        if len(own) > 1:
+            problems.append(f"{item.nodeid}: marked both unit and integration")
+        elif not own:
+            module = item.module.__name__.rpartition(".")[2]
+            if module not in MODULE_TIERS:
+                problems.append(f"{item.nodeid}: {module} has no tier in tests/conftest.py MODULE_TIERS")
+                continue
+            item.add_marker(MODULE_TIERS[module])
+    if problems:
+        raise pytest.UsageError("tests without exactly one tier:\n" + "\n".join(problems))
 
 
 @pytest.fixture(scope="session")

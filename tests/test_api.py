@@ -4,7 +4,10 @@ import json
 import subprocess
 import sys
 
+import pytest
 
+
+@pytest.mark.unit
 def test_public_functions_resolve_to_the_right_objects():
     import explorer
     import explorer.exploration  # a submodule import must not shadow the function

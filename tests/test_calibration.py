@@ -361,6 +361,7 @@ def test_a_small_crop_run_moves_a_large_plan_only_as_its_evidence_warrants():
 # --------------------------------------------------------------------------- the saved calibration
 
 
+@pytest.mark.integration
 def test_calibrate_saves_a_stamped_file_that_loads_back(tmp_path, gst3d_model):
     store = Store(tmp_path)
     for i, e in enumerate((24, 40, 56, 72)):
@@ -381,6 +382,7 @@ def test_calibrate_saves_a_stamped_file_that_loads_back(tmp_path, gst3d_model):
     assert tasks.predict((60, 60, 60))[0] > gst3d_model.predict((60, 60, 60))[0]
 
 
+@pytest.mark.integration
 def test_a_calibration_from_other_workers_is_stale_and_a_garbage_file_names_the_fix(tmp_path, gst3d_model):
     store = Store(tmp_path)
     for i, e in enumerate((24, 40, 56)):
@@ -413,6 +415,7 @@ def test_a_calibration_from_other_workers_is_stale_and_a_garbage_file_names_the_
 # --------------------------------------------------------------------------- probe sizes
 
 
+@pytest.mark.integration
 def test_the_top_probe_is_the_block_a_plan_at_the_target_memory_runs(gst3d_model):
     """The plan-scale edge is the largest cube whose one-thread footprint fits the pause
     threshold: the next edge does not; the probes reach it (when their seconds allow)."""

@@ -409,6 +409,7 @@ def test_pause_fraction_follows_dask_config():
         assert worker_pause_fraction() == 0.9
 
 
+@pytest.mark.integration
 def test_pause_fraction_default_is_read_without_importing_distributed():
     code = (
         "import sys, time; t = time.perf_counter(); import explorer.plan.dask_config as c; "

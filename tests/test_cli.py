@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from harness.cli import one_line_failure
+
 
 def explore(*args, env=None, timeout=120):
     return subprocess.run([sys.executable, "-m", "explorer.cli", *args], capture_output=True, text=True,
@@ -19,7 +21,7 @@ def test_operators_lists_names_halos_and_whole_axes():
     rows = {row["name"]: row for row in json.loads(out.stdout)}
     import operators
 
-    shipped = {n for n in operators.names() if not n.startswith("test_")}  # tests/plugin_ops may be loaded
+    shipped = {n for n in operators.names() if not n.startswith("test_")}  # harness/plugin_ops may be loaded
     assert set(rows) == shipped
     for name, row in rows.items():
         op = operators.get(name)
@@ -73,13 +75,6 @@ def test_bad_input_is_one_line_and_non_zero(args, fragment):
 # --------------------------------------------------------------------------- against a user's cluster
 
 
-def one_line_failure(out, fragment):
-    assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr
-    lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and fragment in lines[0], out.stderr
-    return lines[0]
-
-
 @pytest.fixture(scope="module")
 def small_segy(tmp_path_factory):
     import operators
@@ -103,13 +98,13 @@ def test_run_against_an_address_with_nothing_listening_is_one_line(small_segy, t
 
 
 def test_run_on_workers_without_the_operators_plugin_is_one_line(small_segy, tmp_path):
-    from tests.cluster import user_cluster
+    from harness.cluster import user_cluster
 
     env = {k: v for k, v in os.environ.items() if k != "EXPLORER_PLUGINS"}
     with user_cluster(env={"EXPLORER_PLUGINS": ""}) as address:
         out = explore("run", "test_allocates", str(small_segy), "--output", str(tmp_path / "o.zarr"), "--chunks",
                       "12x12x24", "--scheduler", address, "--no-refine",
-                      env={**env, "EXPLORER_PLUGINS": "tests.plugin_ops"})
+                      env={**env, "EXPLORER_PLUGINS": "harness.plugin_ops"})
     line = one_line_failure(out, "cannot load operator 'test_allocates'")
     assert "EXPLORER_PLUGINS" in line and "tcp://" in line
 
@@ -123,7 +118,7 @@ def _can_unshare_mounts() -> bool:
 def test_run_with_an_input_the_workers_cannot_read_is_one_line(small_segy, tmp_path):
     """The worker runs in its own mount namespace where the input's directory is an empty
     tmpfs: what a cluster on other machines sees of a local path."""
-    from tests.cluster import user_cluster
+    from harness.cluster import user_cluster
 
     hide = f"mount -t tmpfs none {small_segy.parent} && exec \"$@\""
     with user_cluster(worker_prefix=["unshare", "-m", "--propagation", "private", "sh", "-c", hide, "sh"]) as address:
@@ -165,6 +160,7 @@ def test_user_mistakes_are_one_line_that_names_the_fix(args, fragment, tmp_path)
     one_line_failure(out, fragment)
 
 
+@pytest.mark.unit
 def test_the_library_refuses_the_same_confidence_as_the_cli():
     from explorer.core import validate
     from explorer.plan.recommend import recommend_chunks

@@ -59,6 +59,7 @@ def _restamp(path, **changes):
     np.savez(path, meta=np.array(json.dumps(meta)), **arrays)
 
 
+@pytest.mark.integration
 def test_a_model_from_another_numpy_warns_with_the_fix(tmp_path, gst3d_model):
     path = gst3d_model.save(paths.model_path("gst3d", tmp_path))
     with warnings.catch_warnings():
@@ -70,6 +71,7 @@ def test_a_model_from_another_numpy_warns_with_the_fix(tmp_path, gst3d_model):
     assert model.stale == [f"numpy 1.0.0 -> {np.__version__}"]
 
 
+@pytest.mark.integration
 def test_a_truncated_model_file_names_itself_and_the_command(tmp_path, gst3d_model):
     path = gst3d_model.save(paths.model_path("gst3d", tmp_path))
     path.write_bytes(path.read_bytes()[:200])

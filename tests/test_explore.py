@@ -5,7 +5,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -82,14 +81,6 @@ def test_model_predicts_a_fresh_profile(explored):
     assert upper >= truth
 
 
-def test_resume_continues_from_the_store(explored, tmp_path):
-    runs, first, _ = explored
-    again = explore(OPERATOR, budget=first.profiles + 2, tolerance=1e-6, memory_limit=LIMIT, runs_dir=runs,
-                    report=False)
-    assert again.profiles == first.profiles + 2 and again.new_profiles == 2
-    assert again.stopped_because.startswith("budget")
-
-
 def test_a_model_fitted_on_fewer_profiles_does_not_replace_a_better_informed_one(explored, tmp_path):
     """What a slower explore process sharing the store must not do at the end."""
     import operators
@@ -155,19 +146,21 @@ def test_sigkill_loses_no_finished_profile_and_resume_goes_on(tmp_path):
             "--memory-limit", LIMIT, "--runs-dir", str(tmp_path)]
     proc = subprocess.Popen(args, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     reported = 0
-    deadline = time.monotonic() + 120
-    while reported < 7 and time.monotonic() < deadline:
+    while reported < 3:
         line = proc.stderr.readline()
+        if not line:  # it ended (or closed stderr) before its third profile: the assertion below says so
+            break
         if line.startswith("["):
             reported = int(line[1:].split("/")[0])
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     records = Store(tmp_path).records(OPERATOR, source="profile")
-    assert len(records) >= reported >= 7
+    assert len(records) >= reported >= 3
     assert all(r.status == "ok" and r.peak_bytes > 0 and len(r.repeats) == 2 for r in records)
     resumed = explore(OPERATOR, budget=len(records) + 1, tolerance=1e-6, memory_limit=LIMIT, runs_dir=tmp_path,
                       report=False)
     assert resumed.new_profiles == 1 and resumed.profiles == len(records) + 1
+    assert resumed.stopped_because.startswith("budget")
 
 
 def test_cli_run_then_report_learn_from_production(explored, tmp_path):
@@ -211,6 +204,7 @@ def test_cli_run_bad_input_is_one_line(args, fragment, tmp_path):
     assert len(lines) == 1 and fragment in lines[0], out.stderr
 
 
+@pytest.mark.unit
 def test_region_design_takes_one_shape_per_band_of_task_memory_spread_in_log_dims():
     """``region_design``: ``n`` distinct shapes, one from each equal-count band of the sorted
     task memory, each the farthest (log-dims) from those picked before; deterministic."""

@@ -270,6 +270,7 @@ def test_observations_arrive_from_a_thread_pool_worker_with_two_threads(segy, tm
     assert any(r.context["exact"] is False for r in records)
 
 
+@pytest.mark.unit
 def test_a_concurrent_figure_is_bounded_by_the_task_term_of_its_form():
     """With T > 1 threads a figure is the process's growth while T tasks ran: against
     ``T (input block + upper)`` when the inputs were resident before the tasks (map_overlap),

@@ -454,6 +454,7 @@ def _alike_swaps(classes):
             if classes[a] == classes[b] and all(classes[c] != classes[a] for c in range(a + 1, b))]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name", [n for n in names() if get(n).axis_classes != (0, 1, 2)])
 def test_declared_alike_axes_are_measured_alike(name):
     """``axis_classes`` is a claim the surrogate builds on (tied mean terms, a kernel on sorted
@@ -520,6 +521,7 @@ def test_a_source_without_chunks_is_refused():
         get("gaussian").dask(np.zeros((8, 8, 8), np.float32))
 
 
+@pytest.mark.integration
 def test_a_file_source_travels_in_each_task_so_no_task_depends_on_another_key(tmp_path):
     """A SEG-Y reader is pickled into every task: the tasks have no dependencies, so the
     scheduler spreads them over the workers (as a key of its own the reader would live on one

@@ -16,7 +16,7 @@ import segyio
 import operators
 from explorer.run.outputs import ZARR_MARK, OutputError, check_output, put_in_place, written_by_explorer
 from operators.segy import HISTORY_MARK, segy_geometry, write_segy_like
-from tests.test_cli import one_line_failure as one_line
+from harness.cli import one_line_failure as one_line
 
 DATA = Path(__file__).parent / "data"
 VOLVE = DATA / "segysak_volve10-migvel-depth-sub3d.sgy"
@@ -160,23 +160,36 @@ def _default_sigint():
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs (a zombie has stopped)."""
+    import psutil
+
+    for proc in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                return True
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return False
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_an_interrupted_run_leaves_no_partial_output_and_no_worker_traceback(tmp_path, sig):
     """A Ctrl-C reaches the whole process group (the workers too), a SIGTERM the run's
     process: one line, exit 130, no partial array left though tasks were writing into it."""
     source = tmp_path / "in.sgy"
     operators.write_segy(source, operators.synthetic_volume((64, 64, 64), seed=0))
-    command = ["run", "test_slow", "in.sgy", "--output", "out.zarr", "--chunks", "16x16x64", "--no-refine",
-               "--memory-limit", "1GiB"]  # 16 tasks of 0.5 s on 2 workers: 4 s at least
-    env = {**os.environ, "EXPLORER_PLUGINS": "tests.plugin_ops",
-           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
+    # 64 tasks of 1 s on 2 workers: the signal, sent once the first block is written, finds the
+    # run 31 s from its end at least (a run is interrupted at its first write, whatever its length).
+    command = ["run", "test_slow", "in.sgy", "--output", "out.zarr", "--chunks", "8x8x64", "--no-refine",
+               "--memory-limit", "1GiB"]
+    env = {**os.environ, "EXPLORER_PLUGINS": "harness.plugin_ops", "EXPLORER_TEST_SLOW_SECONDS": "1"}
     p = subprocess.Popen([sys.executable, "-m", "explorer.cli", *command], cwd=tmp_path, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, start_new_session=True, env=env,
                          preexec_fn=_default_sigint)
-    started = time.monotonic()
-    while not glob.glob(str(tmp_path / ".out.zarr.partial-*" / "c")) and time.monotonic() - started < 90:
+    while not glob.glob(str(tmp_path / ".out.zarr.partial-*" / "c")) and p.poll() is None:
         time.sleep(0.05)
-    assert glob.glob(str(tmp_path / ".out.zarr.partial-*")), "the run never started writing"
+    assert glob.glob(str(tmp_path / ".out.zarr.partial-*")) and p.poll() is None, "the run never started writing"
     if sig == signal.SIGINT:
         os.killpg(p.pid, sig)  # as a terminal's Ctrl-C does
     else:
@@ -185,7 +198,10 @@ def test_an_interrupted_run_leaves_no_partial_output_and_no_worker_traceback(tmp
     assert p.returncode == 130, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     assert err.strip().splitlines()[-1].startswith("explore: interrupted")
-    time.sleep(1)
+    deadline = time.monotonic() + 300  # a hang guard: the run's workers end within seconds
+    while _group_alive(p.pid) and time.monotonic() < deadline:  # none of the run's processes may write any more
+        time.sleep(0.05)
+    assert not _group_alive(p.pid), "a process of the interrupted run outlived it"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.sgy"], list(tmp_path.iterdir())
 
 

@@ -17,7 +17,7 @@ import pytest
 import operators
 from explorer.search.core import member_noise_floor
 from operators.pipeline import Pipeline, SpecError, parse
-from tests.conftest import fitted_model
+from harness.models import fitted_model
 
 ISSUE_PIPELINES = ["gaussian,gst3d", "envelope,gaussian", "gaussian(sigma=1),semblance,gaussian"]
 
@@ -169,6 +169,7 @@ def cli(*args, runs=None):
     return subprocess.run(command, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.integration
 def test_explore_profile_takes_a_spec_and_names_it_canonically():
     out = cli("profile", "gaussian(sigma=2.0),gst3d", "32x28x40", "--json")
     assert out.returncode == 0, out.stderr
@@ -181,6 +182,7 @@ def test_explore_profile_takes_a_spec_and_names_it_canonically():
     assert "Traceback" not in bad.stderr
 
 
+@pytest.mark.integration
 def test_explore_run_on_a_chain_writes_the_numpy_composition(tmp_path):
     spec = "envelope,gaussian"
     x = volume((40, 36, 48), seed=2)
@@ -227,6 +229,7 @@ def test_explore_run_on_a_chain_writes_the_numpy_composition(tmp_path):
     assert not (tmp_path / "dip.sgy").exists()
 
 
+@pytest.mark.integration
 def test_a_staged_run_writes_the_numpy_composition_and_keeps_only_its_run_record(tmp_path):
     """``explore run SPEC --strategy staged``: one ``map_overlap`` per stage on a real
     LocalCluster; each branch equals the NumPy composition, the result says ``staged``, and
@@ -328,6 +331,7 @@ def test_a_fan_out_runs_its_branches_in_the_order_asked_with_the_same_outputs():
         fan.in_order(("gst3d", "envelope"))
 
 
+@pytest.mark.integration
 def test_a_member_without_a_model_is_named_with_the_command_that_explores_it(tmp_path, gst3d_model):
     from explorer.core import paths
     from explorer.model.memory_model import ModelNotFoundError
@@ -340,6 +344,7 @@ def test_a_member_without_a_model_is_named_with_the_command_that_explores_it(tmp
     assert "none for its member(s) gaussian(sigma=1)" in message and "explore 'gaussian(sigma=1)'" in message
 
 
+@pytest.mark.integration
 def test_the_composed_model_predicts_a_real_pipeline_profile_it_never_saw(tmp_path, gst3d_model):
     """gaussian's model from six real profiles and gst3d's session model, composed: the
     pipeline's own isolated profile at held-out shapes falls under the 99% bound and
@@ -367,6 +372,7 @@ def test_the_composed_model_predicts_a_real_pipeline_profile_it_never_saw(tmp_pa
     assert any("no in-worker calibration for gaussian,gst3d" in w for w in plan_warnings)
 
 
+@pytest.mark.integration
 def test_a_fan_out_plan_from_composed_models_runs_the_branches_in_liu_order(tmp_path, gst3d_model):
     """Real models of gaussian and envelope, gst3d's session model: gst3d's working memory
     over its output (~85 B/voxel) dwarfs envelope's (~12), so the plan runs gst3d first,
@@ -392,6 +398,7 @@ def test_a_fan_out_plan_from_composed_models_runs_the_branches_in_liu_order(tmp_
     assert chain.branch_order == ()
 
 
+@pytest.mark.integration
 def test_three_profiles_of_a_pipeline_with_its_composed_prior_bound_it_tighter_than_from_scratch(tmp_path,
                                                                                                  gst3d_model):
     """``explore SPEC``'s prior (issue 14 item 4), on real profiles: the composed model of
@@ -442,6 +449,7 @@ def test_three_profiles_of_a_pipeline_with_its_composed_prior_bound_it_tighter_t
     assert np.all(floored.predict_many(shapes, 0.99)[1] >= upper_prior * (1 - 1e-9))
 
 
+@pytest.mark.integration
 def test_explore_on_a_pipeline_saves_a_model_whose_run_noise_is_no_lower_than_its_members(tmp_path, gst3d_model):
     """``explore SPEC`` end to end (real profiles, a real store): the saved model of the
     pipeline learnt its run noise with the members' floor (``member_noise_floor``)."""
@@ -461,6 +469,7 @@ def test_explore_on_a_pipeline_saves_a_model_whose_run_noise_is_no_lower_than_it
     assert h["relative_run_sd"] >= floor.relative_sd * (1 - 1e-9)
 
 
+@pytest.mark.integration
 def test_a_pipelines_noise_floor_needs_every_members_model_and_a_single_operator_has_none(tmp_path, gst3d_model):
     from explorer.core import paths
 
@@ -473,6 +482,7 @@ def test_a_pipelines_noise_floor_needs_every_members_model_and_a_single_operator
     assert "gst3d" in floor.source
 
 
+@pytest.mark.integration
 def test_recommend_weighs_fused_against_staged_by_predicted_time_among_plans_that_fit(tmp_path, gst3d_model):
     """Real models of gaussian and gst3d: ``auto`` plans both strategies and takes the one of
     least predicted seconds (``considered`` keeps both); an asked strategy is honoured; a
@@ -522,6 +532,7 @@ def test_recommend_weighs_fused_against_staged_by_predicted_time_among_plans_tha
         recommend_chunks(spec, (300, 300, 300), "1GiB", strategy="both", **kwargs)
 
 
+@pytest.mark.integration
 def test_explore_calibrate_probes_a_composed_model_in_workers_so_auto_weighs_fused_by_time(tmp_path, capsys):
     """Real models of envelope and gaussian, no profile of ``envelope,gaussian``: before, the
     fused plan from the composed model lacks its in-worker term (a warning naming
@@ -563,6 +574,7 @@ def test_explore_calibrate_probes_a_composed_model_in_workers_so_auto_weighs_fus
     assert fused_after.predicted_bytes != fused_before.predicted_bytes  # the excess is in the task's bound
 
 
+@pytest.mark.integration
 def test_explore_calibrate_without_a_model_is_one_line_naming_the_members_to_explore(tmp_path):
     out = subprocess.run([sys.executable, "-m", "explorer.cli", "calibrate", "envelope,gaussian",
                           "--runs-dir", str(tmp_path)], capture_output=True, text=True, timeout=120)
@@ -574,6 +586,7 @@ def test_explore_calibrate_without_a_model_is_one_line_naming_the_members_to_exp
     assert len(bad.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.integration
 def test_probes_of_a_composed_fan_out_run_its_branches_in_the_order_its_plans_would(tmp_path, gst3d_model):
     """The probes' tasks must be those the composed bound describes: Liu's order at the probe's block."""
     from explorer.core import paths

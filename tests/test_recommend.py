@@ -17,7 +17,7 @@ from explorer.core import paths
 from explorer.plan.chunk_plan import ChunkPlanError
 from explorer.core.environment import StaleModelWarning
 from explorer.measure.worker_baseline import baseline_path
-from explorer.plan.recommend import recommend_chunks
+from explorer.plan.recommend import plan_for_chunks, recommend_chunks
 from explorer.model.memory_model import ModelNotFoundError
 
 OPERATOR = "gst3d"
@@ -45,7 +45,11 @@ def test_confidence_threads_and_dask_pause_fraction_are_applied(runs):
     loose = recommend_chunks(OPERATOR, SHAPE, "1GiB", runs_dir=runs, confidence=0.9)
     tight = recommend_chunks(OPERATOR, SHAPE, "1GiB", runs_dir=runs, confidence=0.999)
     assert (loose.confidence, tight.confidence) == (0.9, 0.999)
-    assert loose.footprint.task_peak_bytes <= tight.footprint.task_peak_bytes or loose.block != tight.block
+    # The same chunks bound at 0.9 and at 0.999: the higher confidence bounds the task higher.
+    at_loose = plan_for_chunks(OPERATOR, SHAPE, tight.chunks, "1GiB", runs_dir=runs, confidence=0.9)
+    assert at_loose.block == tight.block
+    assert at_loose.footprint.task_peak_bytes < tight.footprint.task_peak_bytes
+    assert at_loose.upper_bytes < tight.upper_bytes <= tight.budget_bytes
     four = recommend_chunks(OPERATOR, SHAPE, "1GiB", runs_dir=runs, threads_per_worker=4)
     assert four.threads_per_worker == 4 and four.n_tasks > loose.n_tasks
     with dask.config.set({"distributed.worker.memory.pause": 0.5}):
@@ -136,6 +140,7 @@ def test_errors_name_the_fix(tmp_path, runs):
         recommend_chunks(OPERATOR, "300by240", "2GiB", runs_dir=runs)
 
 
+@pytest.mark.unit
 def test_auto_prefers_a_complete_bound_then_the_faster_plan_then_fused():
     from explorer.plan.recommend import choose_strategy
 
@@ -149,6 +154,7 @@ def test_auto_prefers_a_complete_bound_then_the_faster_plan_then_fused():
     assert choose_strategy({"fused": plan(3.0, True)}) == "fused"
 
 
+@pytest.mark.unit
 def test_auto_names_the_command_that_calibrates_a_faster_plan_it_passed_over():
     from explorer.plan.recommend import _passed_over
 

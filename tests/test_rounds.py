@@ -1,13 +1,10 @@
-"""The Dask benchmarks' round orders and ratio intervals (scripts/rounds.py): pure arithmetic."""
+"""The Dask benchmarks' round orders and ratio intervals (harness/rounds.py): pure arithmetic."""
 
-import sys
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-from rounds import ratio_interval, round_orders  # noqa: E402
+from harness.rounds import ratio_interval, round_orders
 
 
 @pytest.mark.parametrize("key", ["", "gaussian,gst3d"])

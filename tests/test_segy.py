@@ -80,6 +80,7 @@ def test_dask_input_writes_the_same_file_slab_by_slab(written, tmp_path):
     assert path.read_bytes() == Path(written).read_bytes()
 
 
+@pytest.mark.unit
 def test_slabs_follow_chunk_rows_and_the_byte_cap():
     lazy = da.zeros((7, 5, 50), chunks=(3, 5, 50), dtype=np.float32)
     assert list(_slabs(lazy, 7, 2**30)) == [(0, 3), (3, 6), (6, 7)]

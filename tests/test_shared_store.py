@@ -3,7 +3,6 @@ fresh SQLite file or journal file, real profiles."""
 
 import collections
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,11 +21,10 @@ def start_explore(runs, storage):
     args = [sys.executable, "-m", "explorer.cli", OPERATOR, "--budget", str(BUDGET), "--memory-limit", "64MiB",
             "--repeat", "1", "--probes", "0", "--tolerance", "0.000001", "--seed", "0", "--runs-dir", str(runs),
             "--json"] + (["--storage", storage] if storage else [])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    return subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-@pytest.mark.parametrize("kind, n_processes", [("sqlite", 2), ("sqlite", 4), ("journal", 2), ("journal", 4)])
+@pytest.mark.parametrize("kind, n_processes", [("sqlite", 4), ("journal", 4)])  # four contend more than two would
 def test_explore_processes_share_a_fresh_store(tmp_path, kind, n_processes):
     storage = f"journal:{tmp_path / 'shared.log'}" if kind == "journal" else None
     procs = [start_explore(tmp_path, storage) for _ in range(n_processes)]

@@ -67,13 +67,21 @@ def run_loop(operator, truth, seed, budget=60, prior_model=None):
             records.append(Record(tuple(shape), float(runs.mean()), "ok", "profile", repeats=list(runs)))
 
 
+@functools.lru_cache(maxsize=None)
+def size_dependent_loop(operator, multiple, seed):
+    """:func:`run_loop` on ``size_dependent_truth`` (``multiple``) from scratch, once per session
+    for each ``(operator, multiple, seed)``: the tests below that ask for the same loop share it
+    (its fits are cached by the observations they saw, so reading it changes nothing)."""
+    return run_loop(operator, lambda s: size_dependent_truth(s, multiple), seed)
+
+
 @pytest.mark.parametrize("operator, multiple", [("gst3d", 1), ("test_undeclared_truth", 1), ("test_padded_truth", 8)],
                          ids=["size-dependent bytes per voxel, axes alike (gst3d)", "axes not declared alike",
                               "and padding steps"])
 def test_where_the_loop_stops_on_its_own_the_bound_covers_a_misspecified_truth(operator, multiple):
     covered, stops = [], []
     for seed in range(3):
-        ask, records, core = run_loop(operator, lambda s: size_dependent_truth(s, multiple), seed)
+        ask, records, core = size_dependent_loop(operator, multiple, seed)
         assert ask.stopped_because.startswith("converged"), ask.stopped_because
         stops.append(len(records))
         targets = core.target_shapes(ask.model)
@@ -148,7 +156,7 @@ def test_the_stop_needs_a_tight_bound_and_evidence_that_holds_it():
 def test_the_evidence_is_each_profile_standardised_by_the_model_fitted_before_it_ran():
     from explorer.model.stats import scale_confidence_bound
 
-    ask, records, core = run_loop("gst3d", size_dependent_truth, seed=0)
+    ask, records, core = size_dependent_loop("gst3d", 1, 0)
     evidence = core.evidence(records)
     residuals, dofs = [], []
     for i, r in enumerate(records):
@@ -176,10 +184,9 @@ def test_the_latent_scale_learns_from_predictions_the_misfit_the_fit_did_not_see
     assert learnt.hyperparameters["latent_scale"] > 1.5 * alone.hyperparameters["latent_scale"]
 
 
-@functools.lru_cache(maxsize=None)
 def _flat_prior_stop(seed):
     """Profiles at which the loop stops on ``size_dependent_truth`` from scratch."""
-    return len(run_loop("gst3d", size_dependent_truth, seed)[1])
+    return len(size_dependent_loop("gst3d", 1, seed)[1])
 
 
 class _ScaledTruthModel:
@@ -201,12 +208,13 @@ def test_a_prior_mean_stops_the_loop_sooner_and_a_wrong_one_does_not_break_the_b
     """The loop given a prior model (as a pipeline's composed model): where the prior is
     close it stops in fewer profiles than from scratch; wherever it stops, the bound covers
     the truth's new runs as without a prior, also when the prior is 10% off (wider than its
-    own stated 2%: the profiles must overrule it).  Five seeds: a loop's stop moves by a
-    profile or two from seed to seed, and the prior saves about one a loop on this truth once
-    the run noise is learnt (a fixed 64 KiB absolute noise had blurred the small blocks'
-    misfit for both loops, and three seeds had sufficed)."""
+    own stated 2%: the profiles must overrule it).  Five seeds where the stops are compared: a
+    loop's stop moves by a profile or two from seed to seed, and the prior saves about one a
+    loop on this truth once the run noise is learnt (a fixed 64 KiB absolute noise had blurred
+    the small blocks' misfit for both loops, and three seeds had sufficed).  Where only the
+    coverage is asserted (10% off), three seeds, as the coverage tests above."""
     covered, stops, flat_stops = [], [], []
-    for seed in range(5):
+    for seed in range(5 if bias < 1.05 else 3):
         ask, records, core = run_loop("gst3d", size_dependent_truth, seed, prior_model=_ScaledTruthModel(bias, 0.02))
         assert core.prior is not None and ask.model.info["prior"].startswith("a scaled truth")
         assert ask.stopped_because.startswith("converged"), ask.stopped_because

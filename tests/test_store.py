@@ -5,7 +5,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -69,8 +68,7 @@ for i in range(1, 100000):
 def test_sigkill_mid_write_loses_nothing_finished_and_leaves_nothing_half_written(tmp_path):
     writer = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     acknowledged = 0
-    deadline = time.monotonic() + 60
-    while acknowledged < 15 and time.monotonic() < deadline:
+    while acknowledged < 15:  # a writer that died ends this with a ValueError on its empty line
         acknowledged = int(writer.stdout.readline())
     os.kill(writer.pid, signal.SIGKILL)
     writer.wait()
@@ -119,6 +117,7 @@ def test_a_released_claim_counts_nowhere_and_the_budget_counts_claims(tmp_path):
     assert store.claim("envelope", (10, 10, 10), budget=3, seconds=600).held
 
 
+@pytest.mark.unit
 def test_claim_verdict_earlier_entries_win():
     entries = [Entry(0, (1, 1, 1), claim=False), Entry(1, (2, 2, 2), claim=True), Entry(5, (3, 3, 3), claim=True)]
     assert claim_verdict(entries, Entry(3, (4, 4, 4), claim=True), budget=3) is None
@@ -128,6 +127,7 @@ def test_claim_verdict_earlier_entries_win():
     assert claim_verdict(entries, Entry(9, (4, 4, 4), claim=True), budget=3) == OVER_BUDGET
 
 
+@pytest.mark.unit
 def test_claims_end_at_expiry_or_with_their_process():
     attrs = {"source": "profile", "claim_owner": "here:123", "claim_process_started": 1.0, "claim_expires": 100.0}
 

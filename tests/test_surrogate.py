@@ -233,6 +233,7 @@ def test_physical_coefficients_are_recovered():
         assert coef[name] == pytest.approx(padded_face, rel=0.5)
 
 
+@pytest.mark.integration
 def test_save_load_round_trip(tmp_path, model15):
     model, _ = model15
     calibrated = model
@@ -248,22 +249,19 @@ def test_save_load_round_trip(tmp_path, model15):
     assert loaded.environment == calibrated.environment and loaded.environment["numpy"] == np.__version__
 
 
+@pytest.mark.integration
 def test_load_model_is_cached_by_mtime(tmp_path, model15):
     model, _ = model15
     path = model.save(model_path("gst3d", tmp_path))
     old_mtime = path.stat().st_mtime_ns
     first = load_model("gst3d", tmp_path)
     assert load_model("gst3d", tmp_path) is first
-    t0 = time.perf_counter()
-    for _ in range(100):
-        load_model("gst3d", tmp_path)
-    warm = (time.perf_counter() - t0) / 100
-    print(f"\nwarm load_model: {warm * 1e6:.1f} us")
     model.save(path)
     os.utime(path, ns=(time.time_ns(), old_mtime + 10**9))  # a new mtime even on coarse clocks
     assert load_model("gst3d", tmp_path) is not first
 
 
+@pytest.mark.integration
 def test_model_not_found_names_the_command(tmp_path):
     with pytest.raises(ModelNotFoundError) as err:
         load_model("gst3d", tmp_path / "runs")
@@ -271,28 +269,24 @@ def test_model_not_found_names_the_command(tmp_path):
     assert str(err.value) == f"no explored model for 'gst3d' in {tmp_path / 'runs'}/ — run: explore gst3d"
 
 
+@pytest.mark.integration
 def test_load_model_does_not_import_torch(tmp_path, model15):
+    """Loading a saved model and predicting with it never imports torch (fitting does).  How
+    fast a cold import, load and first plan are is measured by scripts/bench_recommend.py
+    (its "cold" column), not asserted here."""
     model, _ = model15
     model.save(model_path("gst3d", tmp_path))
     code = textwrap.dedent(f"""
-        import sys, time
-        t0 = time.perf_counter()
+        import sys
         import explorer.model.load as s
         import explorer.search.acquisition
         m = s.load_model("gst3d", {str(tmp_path)!r})
-        cold = time.perf_counter() - t0
         m.predict((100, 100, 100))
-        t1 = time.perf_counter()
-        m.predict_many([[100, 100, 100]] * 2000)
-        many = time.perf_counter() - t1
+        assert len(m.predict_many([[100, 100, 100]] * 2000)[0]) == 2000
         assert "torch" not in sys.modules, "torch was imported"
-        print(f"{{cold:.3f}} {{many:.4f}}")
     """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    cold, many = map(float, out.stdout.split())
-    print(f"\ncold import + load_model: {cold:.3f} s; predict_many(2000): {many * 1e3:.1f} ms")
-    assert cold < 1.0
 
 
 def test_fit_rejects_bad_input():
@@ -331,6 +325,7 @@ def test_a_mean_prior_projects_the_other_models_mean_and_never_claims_more_than_
     assert np.all(prior_var >= (sd**2 + misfit**2) * (1 - 1e-9))
 
 
+@pytest.mark.integration
 def test_a_fit_with_a_mean_prior_keeps_it_through_save_load_and_new_observations(tmp_path):
     """With a prior, one profile fits; the posterior mean is ``A^{-1}(H K^-1 y + B^-1 b_0)``, so
     conditioning on a further observation by ``with_observations`` equals refitting with the
@@ -407,6 +402,7 @@ def test_tying_alike_axes_tightens_the_bound_from_few_profiles_and_keeps_it_hone
     assert widths[(0, 0, 0)] < 0.8 * widths[(0, 1, 2)], widths
 
 
+@pytest.mark.integration
 def test_a_model_of_an_older_format_is_refused_with_the_command_that_rebuilds_it(tmp_path, model15):
     """Format 4 kept one scale for the latent peak and the run noise, truncated at the fit's own:
     its bound is not what this code claims, so it is not read."""

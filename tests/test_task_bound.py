@@ -209,6 +209,7 @@ def test_the_bound_takes_the_cold_tasks_into_the_largest():
         plan_excess.task_bound(m, u, [2e7], excess, within, 0.99, 9, cold=2, cold_fit=cold)[1][0]
 
 
+@pytest.mark.integration
 def test_a_saved_calibration_keeps_its_cold_fit_and_an_old_file_reads_without_one(tmp_path):
     from explorer.core.environment import environment_stamp
 
@@ -222,6 +223,7 @@ def test_a_saved_calibration_keeps_its_cold_fit_and_an_old_file_reads_without_on
     assert cal.WorkerCalibration.from_dict(data).cold is None
 
 
+@pytest.mark.integration
 def test_real_workers_record_each_ones_first_task_of_a_run(probed_runs):
     """The probes (a real LocalCluster of two one-thread workers) store whether each task was
     its worker's first of the run, its place among them and over the worker process's life;

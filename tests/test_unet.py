@@ -37,6 +37,7 @@ def _with_halo(halo: int) -> Operator:
 # --------------------------------------------------------------------------- imports, threads
 
 
+@pytest.mark.integration
 def test_import_operators_does_not_import_torch():
     code = "import operators, sys; assert 'unet3d' in operators.names(); assert 'torch' not in sys.modules"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -203,6 +204,7 @@ def test_unaligned_blocks_change_the_pooling_grid_and_the_output(op):
 # --------------------------------------------------------------------------- profiles
 
 
+@pytest.mark.integration
 def test_profiles_keep_torch_out_of_the_server_and_a_capped_run_ends_exceeded():
     """The child imports torch and builds the network in its warm-up (not in the measured
     peak: a torch import alone is over 100 MiB); the fork server never maps torch; torch's
@@ -220,6 +222,7 @@ def test_profiles_keep_torch_out_of_the_server_and_a_capped_run_ends_exceeded():
             assert "libtorch" not in maps.read()
 
 
+@pytest.mark.integration
 def test_cli_profile_gives_a_positive_peak():
     out = subprocess.run([sys.executable, "-m", "explorer.cli", "profile", "unet3d", "24x24x24", "--json"],
                          capture_output=True, text=True, timeout=120)

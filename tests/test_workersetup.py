@@ -87,6 +87,7 @@ def test_prepare_workers_is_idempotent_and_reaches_workers_that_join_later(dynam
         assert len(replies) == 2 and all(replies.values()), replies
 
 
+@pytest.mark.unit
 def test_prepare_workers_refuses_a_bad_threshold():
     with pytest.raises(ValueError, match="threshold must be a positive number of bytes"):
         prepare_workers(None, threshold=0)

@@ -1,5 +1,5 @@
 """Operators that misbehave on purpose, loaded by the profiling server through
-``EXPLORER_PLUGINS=tests.plugin_ops``: real code paths, real child processes."""
+``EXPLORER_PLUGINS=harness.plugin_ops``: real code paths, real child processes."""
 
 import ctypes
 import time
@@ -73,18 +73,32 @@ LEAKED: list = []
 
 @register
 class Leaks(Operator):
-    """Keeps ``EXPLORER_TEST_LEAK_MB`` MB (default 240) for good on its first real block
-    (larger than the chunks of the baseline's warm-up graph, so measuring the baseline
-    leaks nothing), then copies the input: a worker running it stays above its pause
-    threshold, paused for good."""
+    """In a Dask worker with a memory limit: on its first real block (larger than the chunks of
+    the baseline's warm-up graph, so measuring the baseline leaks nothing), keeps for good what
+    puts the worker's process memory halfway between its pause and terminate thresholds, waits
+    (at most a minute) until the worker has paused, then copies the input: the worker stays
+    paused for good, with tasks left, and is never terminated.  Sized from the worker's own
+    figures, not a fixed amount, so that neither its idle memory nor the memory monitor's pace
+    decides between paused, terminated and finished."""
 
     name = "test_leaks"
 
     def run(self, block):
-        import os
-
         from explorer.measure.worker_baseline import WARM_UP_CHUNK_EDGE
 
         if block.size > WARM_UP_CHUNK_EDGE**3 and not LEAKED:
-            LEAKED.append(np.ones(int(os.environ.get("EXPLORER_TEST_LEAK_MB", "240")) * 10**6, dtype=np.uint8))
+            import dask
+            import psutil
+            from distributed import get_worker
+            from distributed.core import Status
+
+            worker = get_worker()
+            limit = worker.memory_manager.memory_limit
+            pause = dask.config.get("distributed.worker.memory.pause")
+            terminate = dask.config.get("distributed.worker.memory.terminate")
+            target = limit * (pause + terminate) / 2
+            LEAKED.append(np.ones(max(int(target - psutil.Process().memory_info().rss), 0), dtype=np.uint8))
+            deadline = time.monotonic() + 60
+            while worker.status != Status.paused and time.monotonic() < deadline:
+                time.sleep(0.01)
         return block.astype(np.float32)
