@@ -16,11 +16,9 @@ OPERATOR = "gst3d"
 FIT_SHAPES = ((24, 24, 24), (40, 30, 50), (60, 60, 40), (30, 70, 60), (74, 58, 50), (100, 100, 100))
 
 
-@functools.lru_cache(maxsize=None)
-def fitted_model(name: str, shapes: tuple = FIT_SHAPES):
+def fitted_model(name: str, shapes=FIT_SHAPES):
     """``name``'s surrogate fitted from real isolated profiles of ``shapes`` (two runs each;
-    botorch is a dependency: a broken install fails here, it does not skip), once per
-    process for each ``(name, shapes)``: callers share the object, so save it, never change it."""
+    botorch is a dependency: a broken install fails here, it does not skip)."""
     from explorer.model import fit
     from explorer.measure.profiling import profile
 
@@ -35,6 +33,7 @@ def fitted_model(name: str, shapes: tuple = FIT_SHAPES):
                    halo=operators.get(name).halo, n_repeats=[2] * len(shapes))
 
 
+@functools.lru_cache(maxsize=None)
 def fitted_gst3d_model():
     """gst3d's surrogate from :data:`FIT_SHAPES`, once per process."""
     return fitted_model(OPERATOR)
