@@ -12,13 +12,11 @@ dynamic threshold off (the module's docstring), so a default nanny's worker cann
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import dask
@@ -27,6 +25,7 @@ import numpy as np
 import pytest
 
 import operators
+from harness.cluster import start_scheduler, stop_processes
 from explorer.run.daskrun import run
 from explorer.measure.workersetup import PLUGIN_NAME, allocator_pinned, mmap_threshold_pinned, prepare_workers
 
@@ -99,43 +98,20 @@ def dask_workers(workers: dict, timeout: float = 60.0):
     arguments, extra environment)}``, in a clean environment (no malloc variable); yields a
     Client; every process is stopped afterwards."""
     folder = Path(tempfile.mkdtemp(prefix="workersetup-"))
-    scheduler_file = folder / "scheduler.json"
-    dask_cmd = [sys.executable, "-m", "dask"]
-    procs = []
+    scheduler, worker_procs = None, []
     log = open(folder / "cluster.log", "w")
     try:
-        procs.append(subprocess.Popen(dask_cmd + ["scheduler", "--scheduler-file", str(scheduler_file), "--port", "0",
-                                                  "--dashboard-address", ":0"],
-                                      stdout=log, stderr=subprocess.STDOUT, env=clean_environment()))
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                address = json.loads(scheduler_file.read_text())["address"]
-                break
-            except (OSError, ValueError, KeyError):
-                if time.monotonic() > deadline or procs[0].poll() is not None:
-                    raise RuntimeError(f"dask scheduler did not start: {(folder / 'cluster.log').read_text()[-500:]}")
-                time.sleep(0.1)
+        scheduler, address = start_scheduler(folder, log, clean_environment(), timeout)
         for name, (arguments, env) in workers.items():
-            procs.append(subprocess.Popen(dask_cmd + ["worker", address, "--name", name, "--no-nanny", "--nthreads",
-                                                      "1", "--no-dashboard", "--local-directory", str(folder),
-                                                      *arguments],
-                                          stdout=log, stderr=subprocess.STDOUT, env=clean_environment(**env)))
+            worker_procs.append(subprocess.Popen(
+                [sys.executable, "-m", "dask", "worker", address, "--name", name, "--no-nanny", "--nthreads", "1",
+                 "--no-dashboard", "--local-directory", str(folder), *arguments],
+                stdout=log, stderr=subprocess.STDOUT, env=clean_environment(**env)))
         with distributed.Client(address, timeout="20s") as client:
             client.wait_for_workers(len(workers), timeout=timeout)
             yield client
     finally:
-        # The workers first, then the scheduler: a worker stopped by SIGTERM while its scheduler
-        # closes can hang in its plugins' teardown (20 s here).
-        for group in (procs[1:], procs[:1]):
-            for proc in group:
-                proc.terminate()
-            for proc in group:
-                try:
-                    proc.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+        stop_processes(worker_procs, scheduler)
         log.close()
         shutil.rmtree(folder, ignore_errors=True)
 
