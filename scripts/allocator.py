@@ -277,11 +277,11 @@ def dask_worker_cluster(kind: str, timeout: float = 60.0):
     """``dask scheduler`` + one ``dask worker`` process, as a user starts them."""
     from distributed import Client
 
+    from harness.cluster import start_scheduler, stop_processes
+
     folder = Path(tempfile.mkdtemp(prefix="allocator-cluster-"))
-    scheduler_file = folder / "scheduler.json"
-    dask_cmd = [sys.executable, "-m", "dask"]
     log = open(folder / "cluster.log", "w")
-    procs = []
+    scheduler, workers = None, []
     worker_args = ["--nthreads", "1", "--memory-limit", "8GiB", "--no-dashboard", "--local-directory", str(folder)]
     env = clean_env(**PINNED_ENV) if kind == "dw env" else clean_env()
     if "--no-nanny" in kind:
@@ -289,33 +289,14 @@ def dask_worker_cluster(kind: str, timeout: float = 60.0):
     if "--preload" in kind:
         worker_args += ["--preload", "explorer.measure.workersetup"]
     try:
-        procs.append(subprocess.Popen(dask_cmd + ["scheduler", "--scheduler-file", str(scheduler_file), "--port",
-                                                  "0", "--dashboard-address", ":0"],
-                                      stdout=log, stderr=subprocess.STDOUT, env=clean_env()))
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                address = json.loads(scheduler_file.read_text())["address"]
-                break
-            except (OSError, ValueError, KeyError):
-                if time.monotonic() > deadline:
-                    raise RuntimeError("dask scheduler did not start") from None
-                time.sleep(0.1)
-        procs.append(subprocess.Popen(dask_cmd + ["worker", address, *worker_args], stdout=log,
-                                      stderr=subprocess.STDOUT, env=env))
+        scheduler, address = start_scheduler(folder, log, clean_env(), timeout)
+        workers.append(subprocess.Popen([sys.executable, "-m", "dask", "worker", address, *worker_args], stdout=log,
+                                        stderr=subprocess.STDOUT, env=env))
         with Client(address, timeout="20s") as client:
             client.wait_for_workers(1, timeout=timeout)
             yield client
     finally:
-        for group in (procs[1:], procs[:1]):  # workers first: see tests/test_workersetup.py
-            for proc in group:
-                proc.terminate()
-            for proc in group:
-                try:
-                    proc.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+        stop_processes(workers, scheduler)
         log.close()
         shutil.rmtree(folder, ignore_errors=True)
 
