@@ -224,7 +224,8 @@ def _cmd_explore(argv: list[str]) -> int:
     result = explore(args.operator, budget=args.budget, tolerance=args.tolerance, confidence=args.confidence,
                      memory_limit=args.memory_limit, memory_cap=args.memory_cap, runs_dir=args.runs_dir,
                      storage=args.storage, jobs=args.jobs, repeat=args.repeat, seed=args.seed, progress=progress,
-                     on_start=started, probes=args.probes, probe_progress=probe_progress, prior=args.prior)
+                     on_start=started, probes=args.probes, probe_progress=probe_progress, prior=args.prior,
+                     report=True)
     if args.json:
         print(json.dumps(result.to_dict()))
         return 0 if result.model_path else EXIT_FAILURE

@@ -130,7 +130,7 @@ def explore(
     seed: int = 0,
     progress=None,
     on_start=None,
-    report: bool = True,
+    report: bool = False,
     probes: int | None = None,
     probe_progress=None,
     prior: str = "composed",
@@ -151,6 +151,12 @@ def explore(
     how many (default ``explorer.run.probes.DEFAULT_PROBES``; 0 skips them).  Probes are
     skipped when this call profiled nothing new and the saved calibration already holds
     that many probes of this environment.
+
+    What it writes and starts: profiles into the store (``storage``, or ``runs_dir``'s SQLite),
+    the model and the calibration under ``runs_dir`` (``$EXPLORER_RUNS`` or ``./runs`` when
+    None), ``report.png`` there only with ``report=True`` (the CLI's ``explore`` asks for it);
+    profiling servers (child processes) for the profiles and, when ``probes`` > 0, a Dask
+    LocalCluster for the in-worker probes.
 
     ``prior``: ``"composed"`` (default) makes a pipeline whose members all have models learn
     from its composed model (``explorer.model.composed``) as the prior mean: only the departure

@@ -23,7 +23,7 @@ def explored(tmp_path_factory):
     seen = []
     # a tolerance no model reaches: the loop spends its budget
     result = explore(OPERATOR, budget=9, tolerance=1e-6, memory_limit=LIMIT, runs_dir=runs,
-                     progress=lambda s, b: seen.append(s))
+                     progress=lambda s, b: seen.append(s), report=True)
     return runs, result, seen
 
 
@@ -157,10 +157,11 @@ def test_sigkill_loses_no_finished_profile_and_resume_goes_on(tmp_path):
     records = Store(tmp_path).records(OPERATOR, source="profile")
     assert len(records) >= reported >= 3
     assert all(r.status == "ok" and r.peak_bytes > 0 and len(r.repeats) == 2 for r in records)
-    resumed = explore(OPERATOR, budget=len(records) + 1, tolerance=1e-6, memory_limit=LIMIT, runs_dir=tmp_path,
-                      report=False)
+    resumed = explore(OPERATOR, budget=len(records) + 1, tolerance=1e-6, memory_limit=LIMIT, runs_dir=tmp_path)
     assert resumed.new_profiles == 1 and resumed.profiles == len(records) + 1
     assert resumed.stopped_because.startswith("budget")
+    # a library call writes its picture only when asked (report=True; the CLI asks)
+    assert resumed.report_path is None and not (tmp_path / OPERATOR / "report.png").exists()
 
 
 def test_cli_run_then_report_learn_from_production(explored, tmp_path):
