@@ -300,3 +300,18 @@ def test_a_plans_footprint_is_its_blocks_own_bound_not_the_shortcut():
     _, own = model.predict_many(np.asarray([plan.block]), 0.99, tasks=[plan.n_tasks],
                                 cold=[min(plan.n_tasks, plan.slots)])
     assert plan.footprint.task_peak_bytes == pytest.approx(own[0], rel=1e-9)
+
+
+def test_a_cold_spread_of_zero_gives_a_finite_bound_above_the_cold_offset():
+    """A fitted cold spread of 0 (few groups) made ``(x - kappa) / sigma_c`` infinite and the
+    tables' index garbage (``explore calibrate`` failed with an IndexError); the spread is floored
+    at 1/64 of the warm tasks', so the bound is finite, at least the cold offset, and no lower
+    than with the floor's spread itself."""
+    from explorer.plan.max_task import max_task_quantile
+
+    for shared in ((0.0, 0.0), (1e6, 5e5)):
+        zero = max_task_quantile(0.99, shared, (10, 4), within_sd=1e5, tasks=2, cold=1, cold_offset=1e6, cold_sd=0.0)
+        floor = max_task_quantile(0.99, shared, (10, 4), within_sd=1e5, tasks=2, cold=1, cold_offset=1e6,
+                                  cold_sd=1e5 / 64)
+        assert np.all(np.isfinite(zero)) and zero[0] >= 1e6
+        assert zero[0] == pytest.approx(floor[0], rel=1e-9)

@@ -272,6 +272,12 @@ BLOCK_ROWS = 256
 ABOVE, BELOW = 1, 2
 
 
+#: The cold tasks' spread is taken as at least this share of the warm tasks' (a numerical floor,
+#: not a statistic: a fitted spread of 0 would make ``(x - kappa) / sigma_c`` infinite on the
+#: tables' grid; a floor widens the cold factor, so the bound can only grow).
+_MIN_STRETCH = 1.0 / 64.0
+
+
 def max_task_quantile(confidence: float, shared_scales, shared_dofs, within_sd, tasks, *, cold=0, cold_offset=0.0,
                       cold_sd=None, within_dof: float = math.inf, ceiling=None):
     r"""The ``c``-quantile ``u`` of ``S + max_i D_i`` over ``n`` tasks, per row (bytes above the
@@ -328,7 +334,7 @@ def max_task_quantile(confidence: float, shared_scales, shared_dofs, within_sd, 
     b = np.maximum(per_row(shared_scales[1]), 0.0)
     sigma, n, kappa = per_row(within_sd), np.maximum(per_row(tasks), 1.0), np.maximum(per_row(cold_offset), 0.0)
     stretch = np.ones(rows) if cold_sd is None else \
-        np.where(sigma > 0, per_row(cold_sd) / np.where(sigma > 0, sigma, 1.0), 1.0)
+        np.maximum(np.where(sigma > 0, per_row(cold_sd) / np.where(sigma > 0, sigma, 1.0), 1.0), _MIN_STRETCH)
     k = np.where((kappa > 0) | (stretch != 1.0), np.minimum(per_row(cold), n), 0.0)
     dof1, dof2 = (float(d) for d in shared_dofs)
     within = student_t_distribution(float(within_dof))
