@@ -238,3 +238,28 @@ def test_relative_half_width_definition(model):
     shapes = np.array([[64, 64, 64], [200, 30, 90]])
     mean, upper = model.predict_many(shapes, 0.95)
     np.testing.assert_allclose(acq.relative_half_width(model, shapes, 0.95), (upper - mean) / mean)
+
+
+def test_validation_picks_are_a_seeded_uniform_sample_of_the_safe_targets(model, targets):
+    """The stop's evidence is a sample of the target region, not the bound's own choice: over
+    many draws every safe target is picked about equally often (the widest ones no more), a
+    draw never repeats a profiled shape or exceeds the cap, and it is a function of (seed,
+    history)."""
+    width = acq.relative_half_width(model, targets)
+    cap = float(np.median(acq.input_bytes(targets) + model.predict_many(targets)[1]))
+    safe = acq.safe_mask(model, targets, cap)
+    exclude = [tuple(int(d) for d in targets[np.flatnonzero(safe)[0]])]
+    first = acq.validation_shapes(model, targets, cap, n=3, exclude=exclude, seed=7)
+    assert first == acq.validation_shapes(model, targets, cap, n=3, exclude=exclude, seed=7)
+    assert first != acq.validation_shapes(model, targets, cap, n=3, exclude=exclude, seed=8)
+    counts = {}
+    for seed in range(400):
+        for shape in acq.validation_shapes(model, targets, cap, n=1, exclude=exclude, seed=seed):
+            counts[shape] = counts.get(shape, 0) + 1
+    allowed = {tuple(int(d) for d in s) for s in targets[safe]} - set(exclude)
+    assert set(counts) <= allowed
+    expected_distinct = len(allowed) * (1 - (1 - 1 / len(allowed)) ** 400)  # uniform draws
+    assert len(counts) > 0.9 * expected_distinct
+    widest = {tuple(int(d) for d in s) for s in targets[safe][np.argsort(-width[safe])[:len(allowed) // 4]]}
+    picked_widest = sum(c for s, c in counts.items() if s in widest) / 400
+    assert picked_widest < 0.5  # a quarter of the targets; the old rule picked only these

@@ -304,21 +304,26 @@ def propose(model, candidates, targets, cost_model, memory_cap_bytes: float, n: 
 
 
 def validation_shapes(model, targets, memory_cap_bytes: float, n: int = 1, confidence: float = 0.99, *,
-                      exclude=()) -> list[tuple[int, int, int]]:
-    """Up to ``n`` safe targets where the bound claims the most: the largest relative
-    half-width ``(upper - mean) / mean``, never one of ``exclude``.
+                      exclude=(), seed: int = 0) -> list[tuple[int, int, int]]:
+    """Up to ``n`` safe targets drawn uniformly at random without replacement, never one of
+    ``exclude``; the draw is seeded by ``(seed, len(exclude))``, so a loop's picks are a
+    function of its seed and its history (a resumed loop picks what it would have).
 
     Once the bound is tight everywhere, the loop profiles these instead of the
     variance-reduction picks: each is predicted before it runs, so the stop rule's
-    prequential test (:func:`stop_decision`) checks the bound exactly where it is
-    widest, which a cost-aware pick (cheap, small blocks) would rarely visit.
+    prequential test (:func:`stop_decision`) is a sample of the bound's calibration over the
+    target region, which is what the coverage claim is about.  Picking by the bound itself
+    (e.g. where it is widest) would select the standardised residuals' denominators: where a
+    bound is widest a residual is small relative to it, and the regions whose bound is narrow
+    and wrong (a step the smooth fit has not seen, on an axis it thinks it knows) would rarely
+    be tested.
     """
     targets = _shapes(targets)
     exclude = np.asarray(exclude, dtype=targets.dtype).reshape(-1, 3)
-    ok = safe_mask(model, targets, memory_cap_bytes, confidence) & ~_is_one_of(targets, exclude)
-    width = np.where(ok, relative_half_width(model, targets, confidence), -np.inf)
-    order = [int(j) for j in np.argsort(-width, kind="stable")[: max(int(n), 0)] if np.isfinite(width[j])]
-    return [tuple(int(d) for d in targets[j]) for j in order]
+    ok = np.flatnonzero(safe_mask(model, targets, memory_cap_bytes, confidence) & ~_is_one_of(targets, exclude))
+    rng = np.random.default_rng([int(seed), len(exclude)])
+    picked = rng.permutation(ok)[: max(int(n), 0)]
+    return [tuple(int(d) for d in targets[j]) for j in picked]
 
 
 def _is_one_of(shapes: np.ndarray, others: np.ndarray) -> np.ndarray:

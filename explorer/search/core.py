@@ -126,7 +126,7 @@ class ExplorationCore:
         op = operators.get(operator)
         self.operator, self.halo = op.name, op.halo
         self.memory_limit, self.memory_cap = int(memory_limit), int(memory_cap)
-        self.confidence, self.tolerance = confidence, tolerance
+        self.confidence, self.tolerance, self.seed = confidence, tolerance, seed
         self.candidates = acquisition.candidate_shapes(N_CANDIDATES, seed=seed)
         self.chunkable = acquisition.chunkable_mask(self.candidates, op.whole_axes)
         self.design = [tuple(int(n) for n in s) for s in acquisition.initial_design(
@@ -293,9 +293,10 @@ class ExplorationCore:
             return Ask([], f"converged: {decision.describe()}", self.certify(model, decision, True), decision)
         if budget_left <= 0:
             return Ask([], f"budget spent: {decision.describe()}", self.certify(model, decision, False), decision)
-        if decision.tight:  # the bound claims enough: test it where it claims the most
+        if decision.tight:  # the bound claims enough: test it on a random sample of the targets
             batch = acquisition.validation_shapes(model, targets, self.memory_cap, n=min(n, budget_left),
-                                                  confidence=self.confidence, exclude=tried + list(pending))
+                                                  confidence=self.confidence, exclude=tried + list(pending),
+                                                  seed=self.seed)
             self.validations.update(batch)
         else:  # variance reduction integrated over the targets whose bound is still too wide
             loose = targets[decision.widths > self.tolerance]
