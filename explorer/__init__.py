@@ -9,7 +9,7 @@ The public surface is four functions::
 
 and ``prepare_workers(client)`` (``explorer.measure.workersetup``): gives a cluster's workers the
 allocator setting the profiles were taken with (``docs/workers.md``); ``task_model`` and
-``observe`` (``explorer.plan.calibration``, ``explorer.run.live``) serve a user's own Dask code.
+``observe`` (``explorer.plan.calibration``, ``explorer.runner.live``) serve a user's own Dask code.
 
 They are imported lazily so that ``import explorer`` stays cheap: the
 profiling child and ``recommend_chunks`` never import torch.
@@ -35,7 +35,7 @@ _PUBLIC = {
     "ChunkPlan": "explorer.plan.chunk_plan",
     "prepare_workers": "explorer.measure.workersetup",
     "task_model": "explorer.plan.task_model",
-    "observe": "explorer.run.live",
+    "observe": "explorer.runner.live",
 }
 
 __all__ = sorted(_PUBLIC)

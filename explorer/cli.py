@@ -263,7 +263,7 @@ def _cmd_explore(argv: list[str]) -> int:
 
 # -- explore calibrate -----------------------------------------------------
 def _cmd_calibrate(argv: list[str]) -> int:
-    from explorer.run.probes import DEFAULT_PROBES, calibrate_in_workers
+    from explorer.runner.probes import DEFAULT_PROBES, calibrate_in_workers
 
     parser = _Parser(prog="explore calibrate",
                      description="Run in-worker probes of an operator's or pipeline's saved model (a pipeline's "
@@ -413,7 +413,7 @@ def _cmd_run(argv: list[str]) -> int:
     if not os.path.exists(args.input):
         raise CLIError(f"explore run: no such file: {args.input}")
 
-    from explorer.run.daskrun import run
+    from explorer.runner.daskrun import run
 
     state = {"last": 0.0}
 

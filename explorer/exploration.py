@@ -80,7 +80,7 @@ class ExploreResult:
     model_path: str | None
     report_path: str | None
     steps: list[Step] = field(default_factory=list)
-    #: The in-worker probes' summary (``explorer.run.probes.ProbeResult.to_dict``), or None.
+    #: The in-worker probes' summary (``explorer.runner.probes.ProbeResult.to_dict``), or None.
     probes: dict | None = None
     #: Where the surrogate's prior mean came from (``MeanPrior.source``), or None: flat.
     prior: str | None = None
@@ -136,7 +136,7 @@ def explore(
     prior: str = "composed",
 ) -> ExploreResult:
     """Explore ``operator``'s peak memory until the bound is tight or ``budget`` profiles exist,
-    then probe it inside real Dask workers (``explorer.run.probes``) and save its calibration.
+    then probe it inside real Dask workers (``explorer.runner.probes``) and save its calibration.
 
     Safe with other processes exploring the same store (see the module docstring): the
     result's ``profiles`` is the store's count of finished isolated profiles when this
@@ -148,7 +148,7 @@ def explore(
     (``purpose``: "design", "variance reduction" or "validation"; seconds None before
     any were measured), ``progress(step: Step, total_budget)`` after every profile,
     ``probe_progress(index, total, block, run_result)`` after every probe.  ``probes``:
-    how many (default ``explorer.run.probes.DEFAULT_PROBES``; 0 skips them).  Probes are
+    how many (default ``explorer.runner.probes.DEFAULT_PROBES``; 0 skips them).  Probes are
     skipped when this call profiled nothing new and the saved calibration already holds
     that many probes of this environment.
 
@@ -347,7 +347,7 @@ def save_model_unless_superseded(model, path):
 def _probe(operator, model, probes, profiled_new, runs_dir, storage, confidence, progress, seed,
            memory_limit=None) -> dict | None:
     """Run the in-worker probes unless told not to or already done for this model and environment."""
-    from explorer.run import probes as probing
+    from explorer.runner import probes as probing
     from explorer.plan.calibration import CalibrationFileError, load_calibration
 
     n = probing.DEFAULT_PROBES if probes is None else int(probes)

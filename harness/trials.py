@@ -1,4 +1,4 @@
-"""What a run's trials tried before it ran (``explorer.run.daskrun``, Trials), for the benchmarks' reports."""
+"""What a run's trials tried before it ran (``explorer.runner.daskrun``, Trials), for the benchmarks' reports."""
 
 from explorer.core.units import format_shape
 

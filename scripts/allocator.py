@@ -16,7 +16,7 @@ b. **inside Dask workers** (one worker, one thread, warmed as ``explore run`` wa
    as ``explorer.measure.inworker.measured_run`` does (``VmHWM`` reset before ``run``, no trim); each block
    runs as ``--tasks`` tasks one after another on the same worker; several cluster kinds (``KINDS``).
 c. **speed**: ``op.run`` seconds with and without the setting in fresh processes, and
-   ``explorer.run.daskrun.run`` (what ``explore run`` calls) on a SEG-Y with and without.
+   ``explorer.runner.daskrun.run`` (what ``explore run`` calls) on a SEG-Y with and without.
 d. **MAPE** of an explored model's mean (``--model-runs DIR``, its ``unet3d`` model) against the
    part-a fresh-process peaks.
 
@@ -170,12 +170,12 @@ def child_speed(kind: str, operator: str, shape: tuple, n: int) -> dict:
 
 
 def child_run(kind: str, source: str, output: str) -> dict:
-    """Part c: ``explorer.run.daskrun.run`` (``explore run``) of gst3d; ``dynamic``: the workers'
+    """Part c: ``explorer.runner.daskrun.run`` (``explore run``) of gst3d; ``dynamic``: the workers'
     malloc variable unset and the plugin not registered (this benchmark's patch, not an option)."""
     import dask
 
     import explorer.measure.workersetup
-    from explorer.run.daskrun import run
+    from explorer.runner.daskrun import run
 
     if kind == "dynamic":
         dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None})
@@ -538,7 +538,7 @@ def report(data: dict) -> str:
                     f"{ratio} | {median_range(first['minor_faults'], 1, 0)} | "
                     f"{median_range(later['minor_faults'], 1, 0)} |")
         if c.get("run"):
-            lines += ["", f"`explorer.run.daskrun.run` (what `explore run` calls) of gst3d on a {shape_text(RUN_SHAPE)} "
+            lines += ["", f"`explorer.runner.daskrun.run` (what `explore run` calls) of gst3d on a {shape_text(RUN_SHAPE)} "
                       f"SEG-Y, chunks {shape_text(RUN_CHUNKS)}, 2 workers x 1 thread x {RUN_LIMIT}, no refinement, "
                       "no trials, each in a fresh process, the kinds alternating; `pinned`: as shipped (the "
                       "plugin); `dynamic`: the nanny's `MALLOC_TRIM_THRESHOLD_` unset and the plugin not "

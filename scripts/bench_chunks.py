@@ -8,7 +8,7 @@ auto chunks kill workers.
         [--json PATH]
     python scripts/bench_chunks.py --refit RUNS.json [RUNS.json ...]
 
-Every run is ``explorer.run.daskrun.run(op, <input>.sgy, <tmp>/out.zarr, workers=2,
+Every run is ``explorer.runner.daskrun.run(op, <input>.sgy, <tmp>/out.zarr, workers=2,
 threads_per_worker=1, memory_limit=L, allowed_failures=1, stall_seconds=60)`` on its own
 fresh ``LocalCluster``, with ``refine=False`` unless said otherwise.  Per scenario
 (operator, cube volume, per-worker limit ``L``):
@@ -122,7 +122,7 @@ from pathlib import Path
 import numpy as np
 
 import operators
-from explorer.run.daskrun import run
+from explorer.runner.daskrun import run
 from explorer.core.units import format_bytes, format_shape, parse_shape, parse_size
 from harness.machine import machine_line
 from harness.rounds import ratio_interval, round_orders

@@ -2,7 +2,7 @@
 
     python scripts/bench_observation.py [--shape 160x160x160] [--chunks 80x80x80] [--repeat 3]
 
-Each repetition runs ``explorer.run.daskrun.run`` twice on the same synthetic SEG-Y volume
+Each repetition runs ``explorer.runner.daskrun.run`` twice on the same synthetic SEG-Y volume
 (order alternating), each on its own fresh ``LocalCluster`` (2 workers x 1 thread), and
 prints ``seconds`` (submit to output complete), ``wall_seconds`` (everything,
 cluster start-up included) and the CPU seconds spent by this process (client, scheduler,
@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 import operators
-from explorer.run.daskrun import run
+from explorer.runner.daskrun import run
 from explorer.core.units import parse_shape
 
 #: The figures compared, in the order they are printed.

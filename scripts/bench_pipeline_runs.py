@@ -73,7 +73,7 @@ from pathlib import Path
 import numpy as np
 
 import operators
-from explorer.run.daskrun import run
+from explorer.runner.daskrun import run
 from explorer.exploration import explore
 from explorer.model.load import load_model
 from explorer.core.units import format_bytes, format_shape, parse_shape, parse_size
@@ -113,7 +113,7 @@ def explore_members(specs, runs: Path, budget: int, limit: int) -> None:
 def calibrate_pipeline(spec: str, args, limit: int) -> str:
     """``explore calibrate SPEC`` into the cache unless asked not to or done already; what was done, in words."""
     from explorer.plan.calibration import load_calibration
-    from explorer.run.probes import calibrate_in_workers
+    from explorer.runner.probes import calibrate_in_workers
 
     if not args.calibrate:
         return "not calibrated (--no-calibrate)"

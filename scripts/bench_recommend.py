@@ -207,7 +207,7 @@ def main(argv=None) -> int:
         spec["calls"] = args.calls
         for setting in ("composed, members calibrated", "composed, members and pipeline calibrated"):
             if setting.endswith("pipeline calibrated"):  # what `explore calibrate SPEC` adds: fused plans' own term
-                from explorer.run.probes import calibrate_in_workers
+                from explorer.runner.probes import calibrate_in_workers
 
                 if calibration.load_calibration(pipeline.name, runs) is None:
                     log(f"{pipeline.name}: explore calibrate")

@@ -15,7 +15,7 @@ Defaults: gst3d on 256^3 at 768 MiB per worker, where the isolated plan has 8 ta
    (``<cache>/chunks/runs-<op>-<L bytes>``: ``explore(op, budget, memory_limit=L)``:
    isolated profiles, then in-worker probes), explored there first if absent, then copied
    into a fresh runs directory (no production observation).
-2. **Successive runs**: ``--runs`` times ``explorer.run.daskrun.run(op, input, out.zarr,
+2. **Successive runs**: ``--runs`` times ``explorer.runner.daskrun.run(op, input, out.zarr,
    chunks="model", refine=True, workers=2, threads_per_worker=1, memory_limit=L,
    allowed_failures=1)`` into that directory, each on a fresh ``LocalCluster`` (default
    ``replan=True``: a run may restart once with a recalibrated plan; the row says so).
@@ -58,7 +58,7 @@ import operators
 from bench_chunks import STARTED, ensure_input, ensure_model, log, mib
 from harness.trials import trials_note
 from bench_observation import FIGURES, measure
-from explorer.run.daskrun import run
+from explorer.runner.daskrun import run
 from explorer.core.units import format_bytes, format_shape, parse_shape, parse_size
 from harness.machine import machine_line
 

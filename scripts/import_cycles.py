@@ -10,7 +10,7 @@ Cycles are the graph's strongly connected components of more than one module (or
 importing itself); each is printed with one cycle through it.  The wings, lowest first::
 
     operators < explorer.core < explorer.measure < explorer.model < explorer.plan
-              < explorer.search < explorer.run < explorer (cli, exploration: the top)
+              < explorer.search < explorer.runner < explorer (cli, exploration: the top)
 
 An import from a lower wing to a higher one is reported, and so is an import of an internal
 module or package name that does not exist in this tree (an editable install elsewhere may
@@ -28,7 +28,7 @@ from pathlib import Path
 PACKAGES = ("explorer", "operators")
 #: Wings, lowest first: a module belongs to the longest prefix listed.
 WINGS = ("operators", "explorer.core", "explorer.measure", "explorer.model", "explorer.plan", "explorer.search",
-         "explorer.run", "explorer")
+         "explorer.runner", "explorer")
 
 
 def modules(root: Path) -> dict[str, Path]:

@@ -1,6 +1,6 @@
 """Seconds to read a block from a SEG-Y file, by the block's shape (``operators.segy.SegyVolume``).
 
-A task reads its own block from the file (``explorer.run.daskrun``'s windowed reads).  SEG-Y stores
+A task reads its own block from the file (``explorer.runner.daskrun``'s windowed reads).  SEG-Y stores
 the volume trace by trace, and ``SegyVolume`` reads whole traces (``segyio``'s raw trace reads)
 and keeps the block's samples: a block that keeps part of each trace pays for the whole trace.
 The planner's clock is learnt from probes on synthetic volumes of the block's own size, whose

@@ -54,7 +54,7 @@ def main() -> None:
 
     import operators
     from bench_pipeline_runs import explore_members
-    from explorer.run.daskrun import run
+    from explorer.runner.daskrun import run
     from explorer.core.units import format_shape, parse_shape, parse_size
 
     plans = parse_plans(args.plans)

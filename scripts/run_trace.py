@@ -2,7 +2,7 @@
 
 For each ``STRATEGY:CHUNKS`` asked, on a synthetic SEG-Y volume (``--shape``) and a real
 ``LocalCluster`` (``--workers`` x 1 thread, ``--memory-limit`` each), ``--repeats`` runs of
-``explorer.run.daskrun.run`` (``refine=False``, no re-planning) with:
+``explorer.runner.daskrun.run`` (``refine=False``, no re-planning) with:
 
 * the **task stream** (``distributed.get_task_stream``): per worker the seconds its thread
   computed (busy), per task prefix the count and compute seconds, and the transfers;
@@ -82,7 +82,7 @@ def prefix(key) -> str:
 def trace(spec, strategy, chunks, source, work, args, limit):
     from distributed import get_task_stream
 
-    from explorer.run.daskrun import run
+    from explorer.runner.daskrun import run
 
     samples, stop = [], threading.Event()
 

@@ -1,7 +1,7 @@
 """How much equal in-worker tasks of one run differ, and whether data arriving explains it.
 
 Reads a runs directory's store (any one ``explore`` and ``explore run`` wrote: probes and
-production tasks, ``explorer.run.live``'s observations) and prints, per (run, block shape)
+production tasks, ``explorer.runner.live``'s observations) and prints, per (run, block shape)
 group of exact observations, the tasks' peaks (mean, sd, range), and per production task
 its peak, the worker's managed memory when it started and ended (``managed_before_bytes``,
 ``managed_after_bytes``: ``WorkerState.nbytes`` plus bytes in flight) and its resident set

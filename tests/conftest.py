@@ -76,10 +76,10 @@ def gst3d_model():
 @pytest.fixture(scope="session")
 def probed_runs(tmp_path_factory, gst3d_model):
     """A runs directory with gst3d's model and its in-worker calibration from real probes
-    (four probes on a real LocalCluster: ``explorer.run.probes``), made once per session.
+    (four probes on a real LocalCluster: ``explorer.runner.probes``), made once per session.
     Copy it (``shutil.copytree``) before changing anything in it."""
     from explorer.core import paths
-    from explorer.run.probes import run_probes
+    from explorer.runner.probes import run_probes
 
     runs = tmp_path_factory.mktemp("probed") / "runs"
     gst3d_model.save(paths.model_path(OPERATOR, runs))

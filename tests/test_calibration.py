@@ -421,7 +421,7 @@ def test_the_top_probe_is_the_block_a_plan_at_the_target_memory_runs(gst3d_model
     threshold: the next edge does not; the probes reach it (when their seconds allow)."""
     import operators
     from explorer.plan.dask_config import worker_pause_fraction
-    from explorer.run.probes import _REGULAR, plan_scale_edge, probe_blocks
+    from explorer.runner.probes import _REGULAR, plan_scale_edge, probe_blocks
 
     op = operators.get("gst3d")
     limit, baseline = 2**30, 100 * 2**20
@@ -449,7 +449,7 @@ def test_probes_keep_enough_distinct_blocks_to_identify_the_excess():
     grid run anyway.  An operator the budget does not bind keeps its log-spaced six."""
     import operators
     from explorer.plan.excess import N_COEFFICIENTS
-    from explorer.run.probes import _on_grid, probe_blocks
+    from explorer.runner.probes import _on_grid, probe_blocks
 
     unet = operators.get("unet3d")
     blocks = probe_blocks(unet, 300.0**3, seconds_per_voxel=2e-6, plan_edge=230)
@@ -467,7 +467,7 @@ def test_probe_edges_are_regular_lengths_so_an_ffts_factors_do_not_shape_the_clo
     caches), spread as before from its smallest block to the plan-scale one; one that pads keeps
     the edges of its grid."""
     import operators
-    from explorer.run.probes import probe_blocks
+    from explorer.runner.probes import probe_blocks
 
     def regular(n):
         if n % 16 == 0:  # a stride of a large power of two aliases in the caches

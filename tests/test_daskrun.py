@@ -12,8 +12,8 @@ import pytest
 import zarr
 
 import operators
-from explorer.run.context import MAX_TRIALS
-from explorer.run.daskrun import run
+from explorer.runner.context import MAX_TRIALS
+from explorer.runner.daskrun import run
 from explorer.measure.highwater import is_supported
 
 OPERATOR = "gst3d"
@@ -268,7 +268,7 @@ def test_a_task_over_the_bound_early_restarts_the_run_with_the_recalibrated_plan
     from explorer.core import paths
     from explorer.model import fit
     from explorer.plan.recommend import recommend_chunks
-    from explorer.run import monitor
+    from explorer.runner import monitor
     from explorer.search.store import Store
 
     decided = threading.Event()

@@ -20,9 +20,9 @@ def test_the_check_finds_a_cycle_and_an_import_up_the_wings(tmp_path):
     for package, files in {
         "operators": {"__init__.py": "", "a.py": "def f():\n    from operators import b\n",
                       "b.py": "import importlib\nimportlib.import_module('operators.a')\n"},
-        "explorer": {"__init__.py": "", "core/__init__.py": "", "core/units.py": "import explorer.run.daskrun\n",
-                     "run/__init__.py": "", "run/daskrun.py": "from explorer.core import units\n"},
-        "tests": {"test_old.py": "from explorer import chunking\nimport explorer.run.gone\n"},
+        "explorer": {"__init__.py": "", "core/__init__.py": "", "core/units.py": "import explorer.runner.daskrun\n",
+                     "runner/__init__.py": "", "runner/daskrun.py": "from explorer.core import units\n"},
+        "tests": {"test_old.py": "from explorer import chunking\nimport explorer.runner.gone\n"},
     }.items():
         for name, text in files.items():
             path = tmp_path / package / name
@@ -32,10 +32,10 @@ def test_the_check_finds_a_cycle_and_an_import_up_the_wings(tmp_path):
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 1
     assert "cycle among operators.a, operators.b" in out.stdout
-    assert "cycle among explorer.core.units, explorer.run.daskrun" in out.stdout
-    assert "up the wings: explorer.core.units:1 imports explorer.run.daskrun" in out.stdout
+    assert "cycle among explorer.core.units, explorer.runner.daskrun" in out.stdout
+    assert "up the wings: explorer.core.units:1 imports explorer.runner.daskrun" in out.stdout
     assert "unresolved: tests.test_old:1 imports explorer.chunking" in out.stdout
-    assert "unresolved: tests.test_old:2 imports explorer.run.gone" in out.stdout
+    assert "unresolved: tests.test_old:2 imports explorer.runner.gone" in out.stdout
 
 
 def test_the_profiling_child_and_recommend_chunks_never_import_torch(tmp_path):

@@ -12,7 +12,7 @@ import pytest
 
 import operators
 from explorer.measure import inworker
-from explorer.run import live
+from explorer.runner import live
 from explorer.measure.highwater import is_supported
 from explorer.search.store import Store
 

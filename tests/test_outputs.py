@@ -14,7 +14,7 @@ import pytest
 import segyio
 
 import operators
-from explorer.run.outputs import ZARR_MARK, OutputError, check_output, put_in_place, written_by_explorer
+from explorer.runner.outputs import ZARR_MARK, OutputError, check_output, put_in_place, written_by_explorer
 from operators.segy import HISTORY_MARK, segy_geometry, write_segy_like
 from harness.cli import one_line_failure as one_line
 

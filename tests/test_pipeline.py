@@ -590,7 +590,7 @@ def test_explore_calibrate_without_a_model_is_one_line_naming_the_members_to_exp
 def test_probes_of_a_composed_fan_out_run_its_branches_in_the_order_its_plans_would(tmp_path, gst3d_model):
     """The probes' tasks must be those the composed bound describes: Liu's order at the probe's block."""
     from explorer.core import paths
-    from explorer.run.probes import _branch_order, profiled_volume
+    from explorer.runner.probes import _branch_order, profiled_volume
     from explorer.model.load import load_model
 
     for name in ("gaussian", "envelope"):

@@ -26,7 +26,7 @@ import pytest
 
 import operators
 from harness.cluster import start_scheduler, stop_processes
-from explorer.run.daskrun import run
+from explorer.runner.daskrun import run
 from explorer.measure.workersetup import PLUGIN_NAME, allocator_pinned, mmap_threshold_pinned, prepare_workers
 
 #: Environment variables that set glibc's malloc (any of them turns the dynamic threshold off).

@@ -1,8 +1,8 @@
 """What runs inside Dask workers: warm-up and baseline, the measured run, the observation plugin.
 
 Imported on the workers (by unpickling :func:`measured_run`, :class:`ObservationPlugin`
-or :func:`warm_worker`) and by the client side that sends them (``explorer.run.live``,
-``explorer.run.daskrun``); never by the core, which stays free of distributed.
+or :func:`warm_worker`) and by the client side that sends them (``explorer.runner.live``,
+``explorer.runner.daskrun``); never by the core, which stays free of distributed.
 
 Baseline (:func:`warm_worker`, run on every worker with ``client.run`` before planning)
     imports what a run of the operator needs (the operator's module, its lazy imports by
@@ -358,7 +358,7 @@ class ObservationPlugin(WorkerPlugin):
 
 def dask_setup(worker) -> None:
     """Preload hook (``preload=["explorer.measure.inworker"]``) of the workers of a ``LocalCluster``
-    that ``explorer.run.daskrun`` starts: they ignore SIGINT.  A Ctrl-C in the terminal reaches
+    that ``explorer.runner.daskrun`` starts: they ignore SIGINT.  A Ctrl-C in the terminal reaches
     the whole process group; the run's own process handles it (cancels, removes the
     partial output, closes the cluster, which stops its workers) instead of every worker
     printing a ``KeyboardInterrupt`` traceback of its event loop."""

@@ -6,7 +6,7 @@ constant:
 * on a cluster, with :func:`measure_worker_baseline` (``client.run`` of
   ``explorer.measure.inworker.warm_worker`` on every worker, then a tiny graph of the operator's
   Dask form: the largest resident set of an idle worker that has loaded the operator and
-  run its tasks); ``explorer.run.daskrun`` does this before every run and passes it to
+  run its tasks); ``explorer.runner.daskrun`` does this before every run and passes it to
   ``recommend_chunks`` as ``baseline_bytes``;
 * without one (``baseline_bytes=None``), measured once per environment on this machine
   in a one-worker ``LocalCluster`` (:func:`local_worker_baseline`) and saved, with its

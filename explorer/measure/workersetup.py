@@ -17,7 +17,7 @@ bound describes them:
   worker process; the scheduler gives a registered plugin to every worker that joins later,
   a worker a nanny restarted included;
 * :func:`prepare_workers` registers it (once per scheduler: a named, idempotent plugin) and
-  returns, per worker, whether the setting took; ``explorer.run.daskrun``, ``explorer.run.probes``
+  returns, per worker, whether the setting took; ``explorer.runner.daskrun``, ``explorer.runner.probes``
   and ``explorer.plan.recommend`` call it before they measure a worker's baseline or run a task;
 * :func:`dask_setup`: the same as a preload, ``dask worker --preload explorer.measure.workersetup``;
 * or the environment, ``MALLOC_MMAP_THRESHOLD_=131072 dask worker ...``, read by glibc at the

@@ -2,8 +2,8 @@
 
 Core, not edge: ``recommend_chunks`` applies the saved calibration by reading one small
 JSON file (:func:`load_calibration`), without the store or distributed.  The data come
-from in-worker observations (``explorer.run.live``): explore's probes (``source="probe"``,
-run by ``explorer.run.probes`` before any production run) and production tasks
+from in-worker observations (``explorer.runner.live``): explore's probes (``source="probe"``,
+run by ``explorer.runner.probes`` before any production run) and production tasks
 (``source="production"``).  Definitions: ``docs/definitions.md``.
 
 This module: the calibration of an operator (:class:`WorkerCalibration`), fitted from the

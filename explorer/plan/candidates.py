@@ -154,7 +154,7 @@ def compact_neighbour(plan: "ChunkPlan") -> tuple[int, ...] | None:
 
     The time model ranks blocks it has no clock of by their volume alone, and a longer
     block's extra cost per voxel (its cache misses) can outweigh the waves it saves: gst3d's
-    256^3 plan of 128x128x256 chunks ran 1.6x slower than 128^3.  ``explorer.run.daskrun`` times
+    256^3 plan of 128x128x256 chunks ran 1.6x slower than 128^3.  ``explorer.runner.daskrun`` times
     this neighbour beside the plan before a run (its trials) so that the choice between them
     is measured."""
     whole = set(plan.whole_axes)

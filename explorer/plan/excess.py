@@ -27,7 +27,7 @@ each worker of the first-run trials.  Observations are grouped by (run, block sh
 group's value is its mean warm task ``ybar_g`` (its mean task when its tasks are not told
 apart: observations saved before the flag, or a group of one kind), and its excess
 ``r_g = ybar_g - P_mean(b_g)`` against the isolated model's mean.  Only exact observations
-count (one thread per worker: ``explorer.run.live``).
+count (one thread per worker: ``explorer.runner.live``).
 
 *Within a group* (:func:`fit_within`): the sample variances ``s_g^2`` of the groups
 with two or more tasks, about their cold and warm means where told apart,

@@ -232,7 +232,7 @@ class TaskClock:
     voxel on 133^3 and 162 ns on 133x133x256 (its cache misses grow with the planes its
     filters stride across, ``scripts/shape_speed.py``), which no function of the volume
     learnt from cubes can tell; a shape the workers timed (a probe, a trial of the plan's
-    block before a run: ``explorer.run.daskrun``, a production task) is known exactly.
+    block before a run: ``explorer.runner.daskrun``, a production task) is known exactly.
     """
 
     volumes: tuple[float, ...]

@@ -2,7 +2,7 @@
 
 Time
 ----
-From the same observations' clocks (``explorer.run.live`` reports each operator task's
+From the same observations' clocks (``explorer.runner.live`` reports each operator task's
 seconds, the seconds inside ``operator.run``, and the seconds of the worker's other
 tasks, reads and overlap slices, since its previous report), least-squares lines in the
 block's voxel count ``V`` (a task has fixed costs, opening the input, Python and the
@@ -228,7 +228,7 @@ def fit_run_overheads(walls) -> tuple[float | None, float | None]:
 
     by least squares with ``F, g >= 0`` when the runs' ``x`` differ by
     :data:`RUN_OVERHEAD_SPREAD` or more (the probes run their smallest block on a finer grid
-    for this: ``explorer.run.probes``).  Otherwise ``F`` is not identified apart from ``g``: ``F =
+    for this: ``explorer.runner.probes``).  Otherwise ``F`` is not identified apart from ``g``: ``F =
     0`` and ``g`` the median of ``(W - c) / x``, which charges a run's fixed seconds (submitting
     the graph, gathering the result, starting and stopping the observation) to its graph tasks:
     a plan with more waves is then charged them again.  ``(None, None)`` without a run."""

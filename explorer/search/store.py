@@ -74,7 +74,7 @@ SOURCE_PROFILE = "profile"
 SOURCE_PRODUCTION = "production"
 SOURCE_PROBE = "probe"
 #: One record per observed run: its wall time, slots and worker high-water mark
-#: (``explorer.run.daskrun``); the calibration learns the time model's overhead from them.
+#: (``explorer.runner.daskrun``); the calibration learns the time model's overhead from them.
 SOURCE_RUN = "run"
 
 #: The status of a claim while its profile runs.

@@ -14,7 +14,7 @@ in-worker task model (``explorer.plan.task_model.TaskModel``).  The stored repor
     observer.recorded, observer.tasks_over_bound
 
 The graph must carry the measuring hook: build the operator's Dask form with
-``wrap=observer.wrap`` (what ``explorer.run.daskrun`` does); what is measured, and how, is
+``wrap=observer.wrap`` (what ``explorer.runner.daskrun`` does); what is measured, and how, is
 in :mod:`explorer.measure.inworker`'s docstring.
 
 Bound checks: an exact observation (one thread per worker) is over its bound when its
@@ -22,7 +22,7 @@ Bound checks: an exact observation (one thread per worker) is over its bound whe
 whether the task was its worker's first of the run: ``first_in_run``, :mod:`explorer.measure.inworker`).
 With ``T > 1`` threads a figure is the process's growth while ``T`` tasks ran, so it is compared with the
 footprint's task term for ``T`` tasks, ``T (input_block_bytes + upper)``, or ``T upper``
-when each task reads its own block (``windowed``: ``explorer.run.daskrun``'s runs, whose reads
+when each task reads its own block (``windowed``: ``explorer.runner.daskrun``'s runs, whose reads
 are inside the tasks' peaks).
 
 Cost: on the worker, about 0.1 ms per task (reads of ``/proc/self/status`` and writes

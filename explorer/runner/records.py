@@ -7,10 +7,10 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING
 
-from explorer.run.context import OK
+from explorer.runner.context import OK
 
 if TYPE_CHECKING:
-    from explorer.run.context import RunContext
+    from explorer.runner.context import RunContext
 
 
 def _tasks_per_chunk(ctx: RunContext, counts) -> float:

@@ -22,7 +22,7 @@ ends the run with one line naming it.  The largest resident set of these idle, w
 workers is the plan's ``baseline_bytes`` (``worker_baseline_bytes``): measured on the
 workers that do the work, with whatever they preload.
 
-Output (``explorer.run.outputs``).  An existing output is refused unless ``overwrite``, and
+Output (``explorer.runner.outputs``).  An existing output is refused unless ``overwrite``, and
 even then only an output this tool wrote is replaced; the input itself never.  ``.zarr``:
 the tasks store their blocks in parallel (``da.store``, zarr 3, one zarr chunk per Dask
 block, no locks) into a hidden partial array beside the output, renamed into place when
@@ -65,7 +65,7 @@ paused (memory above ``distributed.worker.memory.pause``) or no worker is connec
 leaves no partial output (removed again after the cluster closed, in case a task was
 still running) and the old output, if any, untouched.
 
-Observation (``refine=True``, default): :func:`explorer.run.live.observe` records every
+Observation (``refine=True``, default): :func:`explorer.runner.live.observe` records every
 operator task's block, peak and clocks in the store (``source="production"``, or
 ``"probe"`` for explore's in-worker probes), counts ``tasks_over_bound`` against the
 in-worker task model (``explorer.plan.task_model.TaskModel``; ``None`` without a model), adds
@@ -114,11 +114,11 @@ from __future__ import annotations
 import os
 import time
 
-from explorer.run.live import MAX_OVER_BOUND_WARNINGS
-from explorer.run.outputs import OutputError, branch_outputs, check_output, output_kind, partial_path, remove_own
+from explorer.runner.live import MAX_OVER_BOUND_WARNINGS
+from explorer.runner.outputs import OutputError, branch_outputs, check_output, output_kind, partial_path, remove_own
 from explorer.core.units import format_bytes, format_shape, parse_shape
-from explorer.run.cluster import _connect, _measure_workers
-from explorer.run.context import (
+from explorer.runner.cluster import _connect, _measure_workers
+from explorer.runner.context import (
     ERROR,
     FAILED,
     OK,
@@ -131,10 +131,10 @@ from explorer.run.context import (
     _terminate_fraction,
     _whole,
 )
-from explorer.run.monitor import _Interrupt, _Monitor, _Replanner
-from explorer.run.records import _open_store, _record_run
-from explorer.run.trials import _try_blocks
-from explorer.run.writing import _store, _write_output
+from explorer.runner.monitor import _Interrupt, _Monitor, _Replanner
+from explorer.runner.records import _open_store, _record_run
+from explorer.runner.trials import _try_blocks
+from explorer.runner.writing import _store, _write_output
 
 __all__ = [
     "run",
@@ -178,7 +178,7 @@ def run(
     unless ``scheduler`` (an address, reached within ``connect_timeout`` seconds) names
     an existing cluster.  ``chunks``: ``"model"``, ``"auto"``, ``"AxBxC"`` or a tuple.
     ``progress(done, total)`` is called (from this thread) whenever more operator tasks
-    have finished.  ``refine`` observes the tasks (``explorer.run.live``) into the store under
+    have finished.  ``refine`` observes the tasks (``explorer.runner.live``) into the store under
     ``runs_dir`` (or ``storage``) as ``source`` records with ``context`` added, and
     ``calibrate`` recalibrates at the end; ``replan`` allows one restart with a
     recalibrated plan; ``allowed_failures`` is the ``distributed.scheduler.allowed-failures``
@@ -395,7 +395,7 @@ def _start_observing(ctx: RunContext, interrupt: _Interrupt):
         result.warnings.append(f"observation off: the store did not open: {_one_line(exc)}")
         result.refine = ctx.refine = False
         return None
-    from explorer.run.live import observe
+    from explorer.runner.live import observe
 
     replanner = None
     if ctx.replan and result.chunks_source == "model" and ctx.model is not None:

@@ -3,7 +3,7 @@
 ``explore`` ends here.  The isolated profiles measure ``operator.run`` alone; a task in a
 Dask worker also reads its block from the file (a windowed read) and copies its output
 for the store (``explorer.plan.calibration``).  Each probe is a real production run
-(``explorer.run.daskrun.run``, the same graph, observation and store) of the operator on a
+(``explorer.runner.daskrun.run``, the same graph, observation and store) of the operator on a
 synthetic SEG-Y, on a local cluster of one-thread workers (exact task figures), recorded
 as ``source="probe"``.  Then the calibration is fitted from the probes (and any production
 runs of this environment) and saved, and the workers' measured baseline is saved as this
@@ -251,7 +251,7 @@ def run_probes(operator: str, model, *, n: int = DEFAULT_PROBES, runs_dir=None, 
 
     import operators
     from explorer.plan.calibration import calibrate
-    from explorer.run.daskrun import run
+    from explorer.runner.daskrun import run
     from explorer.measure.worker_baseline import measure_worker_baseline, save_worker_baseline
     from explorer.search.store import Store
     from explorer.measure.local_cluster import local_cluster

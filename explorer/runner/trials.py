@@ -1,6 +1,6 @@
 """Trials before a run: the plan's block, and its compact neighbour's, timed on the workers when
 they never ran it, so that the time model ranks the plans on the workers' own clock
-(``explorer.run.daskrun``'s docstring, Trials).
+(``explorer.runner.daskrun``'s docstring, Trials).
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from explorer.core.units import format_shape
-from explorer.run.cluster import _measure_workers
-from explorer.run.context import MAX_TRIALS, _recommend
+from explorer.runner.cluster import _measure_workers
+from explorer.runner.context import MAX_TRIALS, _recommend
 
 if TYPE_CHECKING:
-    from explorer.run.context import RunContext
+    from explorer.runner.context import RunContext
 
 
 def _trial_volume(op, block, slots: int) -> tuple[tuple, tuple]:
@@ -50,7 +50,7 @@ class _TrialJob:
 def _try_blocks(ctx: RunContext, run) -> None:
     """Trials on the run's workers of the plan's blocks and of its compact neighbour's until
     the plan's blocks are ones they ran (module docstring, Trials); then the baseline is
-    measured and the plan made again.  ``run``: what runs a trial (``explorer.run.daskrun.run``)."""
+    measured and the plan made again.  ``run``: what runs a trial (``explorer.runner.daskrun.run``)."""
     import shutil
     import tempfile
 
@@ -159,7 +159,7 @@ def _own_environment(ctx: RunContext, name: str) -> dict:
 def _trial(ctx: RunContext, job: _TrialJob, tmp: Path, run) -> bool:
     """One trial of ``job``'s block (module docstring, Trials), recorded in ``ctx.result.trials``
     and in the recalibrated clock; False when it did not end ok (the run goes on untried).  ``run``
-    runs it (``explorer.run.daskrun.run``, handed down: a trial is a run)."""
+    runs it (``explorer.runner.daskrun.run``, handed down: a trial is a run)."""
     import operators
     from explorer.plan.calibration import calibrate
     from explorer.search.store import Store

@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from explorer.run.outputs import ZARR_MARK, partial_path, put_in_place
-from explorer.run.context import ERROR, FAILED, _RunError, _one_line, _regular
+from explorer.runner.outputs import ZARR_MARK, partial_path, put_in_place
+from explorer.runner.context import ERROR, FAILED, _RunError, _one_line, _regular
 
 if TYPE_CHECKING:
-    from explorer.run.context import RunContext
-    from explorer.run.monitor import _Interrupt
+    from explorer.runner.context import RunContext
+    from explorer.runner.monitor import _Interrupt
 
 
 class ZarrTarget:

@@ -36,7 +36,7 @@ class RunResult:
     addresses seen, in the order of ``worker_peak_bytes`` and ``worker_hwm_bytes``;
     ``worker_baseline_bytes`` the largest idle, warmed worker before the run.
     ``observations_recorded`` and ``tasks_over_bound`` (``None`` without a model to
-    compare with) come from ``explorer.run.live``; ``run_id`` identifies the run's
+    compare with) come from ``explorer.runner.live``; ``run_id`` identifies the run's
     observations in the store; ``calibration`` is the one saved at the end (or
     ``None``); ``replanned_from`` the chunk shapes abandoned for a recalibrated plan;
     ``warnings`` one line each, for the run's output.

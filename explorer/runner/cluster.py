@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING
 
 from explorer.core.units import format_bytes
 from explorer.measure.local_cluster import local_cluster
-from explorer.run.context import ERROR, FAILED, _RunError, _default_memory_limit, _one_line
+from explorer.runner.context import ERROR, FAILED, _RunError, _default_memory_limit, _one_line
 
 if TYPE_CHECKING:
-    from explorer.run.context import RunContext
+    from explorer.runner.context import RunContext
 
 
 def _connect(ctx: RunContext) -> None:

@@ -8,10 +8,10 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from explorer.run.context import SAMPLE_SECONDS, _one_line
+from explorer.runner.context import SAMPLE_SECONDS, _one_line
 
 if TYPE_CHECKING:
-    from explorer.run.context import RunContext
+    from explorer.runner.context import RunContext
 
 
 # --------------------------------------------------------------------------- monitor
