@@ -427,7 +427,7 @@ def _cmd_run(argv: list[str]) -> int:
                  threads_per_worker=args.threads, scheduler=args.scheduler, chunks=args.chunks,
                  runs_dir=args.runs_dir, storage=args.storage, confidence=args.confidence, refine=args.refine,
                  progress=progress, connect_timeout=args.connect_timeout, overwrite=args.overwrite,
-                 strategy=args.strategy, trials=args.trials)
+                 strategy=args.strategy, trials=args.trials, check=False)
     if result.status == "error":  # bad input, no model, no plan fits: one line, like any CLI error
         if args.json:
             print(json.dumps(result.to_dict()))

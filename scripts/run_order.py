@@ -73,7 +73,7 @@ def main() -> None:
         for name in args.sequence:
             out = work / f"out-{time.monotonic_ns()}.zarr"
             r = run(args.spec, source, out, memory_limit=args.memory_limit, workers=2, threads_per_worker=1,
-                    runs_dir=args.cache, refine=False, replan=False, trials=False, **plans[name])
+                    runs_dir=args.cache, refine=False, replan=False, trials=False, **plans[name], check=False)
             shutil.rmtree(out, ignore_errors=True)
             if r.status != "ok":
                 raise SystemExit(f"plan {name} ({plans[name]}) ended {r.status}: {r.error}")

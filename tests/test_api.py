@@ -16,6 +16,11 @@ def test_public_functions_resolve_to_the_right_objects():
     assert callable(explorer.profile) and callable(explorer.load_model) and callable(explorer.recommend_chunks)
     assert explorer.recommend_chunks.__module__ == "explorer.plan.recommend"
     assert set(explorer.__all__) >= {"explore", "profile", "load_model", "recommend_chunks"}
+    import explorer.runner.daskrun  # the run wing's folder is not named run: this must not shadow explorer.run
+
+    assert callable(explorer.run) and explorer.run.__module__ == "explorer.runner.daskrun"
+    for name in explorer.__all__:  # every public name resolves, and is what it names
+        assert getattr(explorer, name).__name__ == name, name
 
 
 def test_importing_explorer_and_chunking_never_imports_torch():

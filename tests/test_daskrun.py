@@ -13,7 +13,7 @@ import zarr
 
 import operators
 from explorer.runner.context import MAX_TRIALS
-from explorer.runner.daskrun import run
+from explorer.runner.daskrun import RunError, run
 from explorer.measure.highwater import is_supported
 
 OPERATOR = "gst3d"
@@ -102,8 +102,11 @@ def test_a_worker_lost_to_memory_fails_the_run_with_advice_and_no_hang(tmp_path)
     with ThreadPoolExecutor(1) as pool:
         future = pool.submit(run, OPERATOR, source, tmp_path / "out.zarr", chunks="140x140x140", workers=1,
                              memory_limit="250MB", runs_dir=tmp_path / "runs", stall_seconds=20)
-        r = future.result(timeout=600)  # never hang
+        with pytest.raises(RunError) as raised:  # check=True, the default: a library run raises
+            future.result(timeout=600)  # never hang
+    r = raised.value.result
     assert r.status == "failed", r.to_dict()
+    assert str(raised.value).startswith(f"{OPERATOR} run failed: {r.error}") and r.advice in str(raised.value)
     assert r.memory_kills >= 1 and r.workers_restarted >= 1
     assert "lost to memory" in r.error and "KilledWorker" in r.error
     assert "memory limit" in r.advice and "lower the chunk size" in r.advice
@@ -127,7 +130,8 @@ def test_workers_paused_for_good_mid_run_end_the_run_instead_of_hanging(tmp_path
     operators.write_segy(source, operators.synthetic_volume((96, 96, 24), seed=0))
     with small_cluster("1000MB") as c, ThreadPoolExecutor(1) as pool:
         r = pool.submit(run, "test_leaks", source, tmp_path / "out.zarr", chunks="24x24x24",
-                        scheduler=c.scheduler_address, refine=False, stall_seconds=2).result(timeout=600)  # never hang
+                        scheduler=c.scheduler_address, refine=False, stall_seconds=2,
+                        check=False).result(timeout=600)  # never hang
     assert r.status == "failed", r.to_dict()
     assert "paused" in r.error and "\n" not in r.error
     assert "raise --memory-limit" in r.advice
@@ -143,7 +147,7 @@ def test_workers_whose_idle_memory_is_above_the_pause_threshold_fail_at_once(tmp
     operators.write_segy(source, operators.synthetic_volume((24, 24, 24), seed=0))
     with small_cluster("500MB", preload=["harness.heavy_preload"]) as c:
         r = run(OPERATOR, source, tmp_path / "out.zarr", chunks="12x12x24", scheduler=c.scheduler_address,
-                refine=False, stall_seconds=600)
+                refine=False, stall_seconds=600, check=False)
     assert r.status == "failed" and "above its pause threshold" in r.error and "\n" not in r.error
     assert r.seconds is None and "no progress" not in r.error
     assert r.worker_baseline_bytes > 300 * 2**20 and "raise --memory-limit" in r.advice
@@ -193,10 +197,13 @@ def test_scheduler_address_runs_on_the_existing_cluster_with_explicit_chunks(clu
                        client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.worker_plugins)))
 
 
-def test_auto_chunks_are_reported(cluster, segy, tmp_path):
-    r = run(OPERATOR, segy, tmp_path / "out.zarr", scheduler=cluster.scheduler_address, chunks="auto",
-            refine=False)
-    assert r.status == "ok", r.error
+def test_auto_chunks_are_reported_on_a_cluster_given_by_its_client(cluster, segy, tmp_path):
+    with distributed.Client(cluster) as client:
+        r = run(OPERATOR, segy, tmp_path / "out.zarr", client=client, chunks="auto", refine=False)
+        assert client.status == "running"  # the caller's client is left open
+        with pytest.raises(ValueError, match="scheduler or client"):
+            run(OPERATOR, segy, tmp_path / "o.zarr", client=client, scheduler=cluster.scheduler_address)
+    assert r.status == "ok" and r.scheduler == cluster.scheduler_address, r.error
     x = operators.read_segy(segy, chunks="auto")
     assert r.chunks == [c[0] for c in x.chunks] and r.chunks_source == "auto"
     assert r.observations_recorded == 0 and r.tasks_over_bound is None
@@ -237,10 +244,13 @@ def test_bad_input_ends_as_one_line_errors(cluster, segy, tmp_path):
     ]
     for case in cases:
         case = dict(case)
-        r = run(case.pop("operator"), case.pop("input_path"), case.pop("output_path"),
-                scheduler=cluster.scheduler_address, **case)
+        args = case.pop("operator"), case.pop("input_path"), case.pop("output_path")
+        r = run(*args, scheduler=cluster.scheduler_address, check=False, **case)
         assert r.status == "error", case
         assert r.error and "\n" not in r.error and "Traceback" not in r.error
+        with pytest.raises(RunError, match="run error: ") as raised:
+            run(*args, scheduler=cluster.scheduler_address, **case)
+        assert raised.value.result.error == r.error
     assert "explore gst3d" in r.error  # no model: the command that makes one
 
 

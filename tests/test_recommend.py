@@ -76,6 +76,10 @@ def test_the_local_baseline_is_measured_once_per_environment_and_saved(runs):
     saved = json.loads(baseline_path(OPERATOR, runs).read_text())  # the probes saved it
     plan = recommend_chunks(OPERATOR, SHAPE, "1GiB", runs_dir=runs)
     assert plan.baseline_source == "local" and plan.footprint.baseline_bytes == saved["baseline_bytes"]
+    assert recommend_chunks(OPERATOR, SHAPE, "1GiB", runs_dir=runs, baseline_bytes="local") == plan
+    assert recommend_chunks(OPERATOR, SHAPE, "1GiB", runs_dir=runs, baseline_bytes=None) == plan
+    with pytest.raises(ValueError, match="baseline_bytes must be bytes, a WorkerBaseline or 'local'"):
+        recommend_chunks(OPERATOR, SHAPE, "1GiB", runs_dir=runs, baseline_bytes="remote")
     # A second process reuses the file: no cluster, distributed never imported.
     code = ("import sys, explorer; p = explorer.recommend_chunks('gst3d', (300, 240, 200), '1GiB', "
             f"runs_dir={str(runs)!r}); print(p.footprint.baseline_bytes, 'distributed' in sys.modules)")

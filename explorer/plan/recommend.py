@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -35,7 +36,7 @@ def recommend_chunks(
     confidence: float = 0.99,
     runs_dir=None,
     workers: int = 1,
-    baseline_bytes: "int | WorkerBaseline | None" = None,
+    baseline_bytes: "int | WorkerBaseline | Literal['local'] | None" = "local",
     strategy: str = "auto",
 ) -> ChunkPlan:
     """The safe chunks for ``operator`` on a float32 volume of ``shape``.
@@ -45,8 +46,10 @@ def recommend_chunks(
     (``explorer.plan.planner.plan_chunks``).  ``baseline_bytes``: an idle worker's resident
     memory with the operator loaded, measured on the cluster that runs the work: bytes,
     or the :class:`WorkerBaseline` of :func:`measure_worker_baseline` (whose workers'
-    environment the calibration is then checked against); ``None``: measured once per
-    environment on this machine and saved (:func:`local_worker_baseline`).
+    environment the calibration is then checked against); ``"local"`` (default; ``None`` is
+    the same): this machine's, read from ``runs_dir`` or, the first time in an environment,
+    measured by starting a one-worker ``LocalCluster`` (a few seconds) and written there
+    (:func:`local_worker_baseline`).  Nothing else is started or written.
 
     Halo and whole axes come from the operator registry; a task's peak from the saved
     model plus its in-worker calibration (``explorer.plan.task_model.TaskModel``); the pause
@@ -183,7 +186,9 @@ class _PlanRequest:
             given = self.baseline_given
             if isinstance(given, WorkerBaseline):
                 self.baseline = given
-            elif given is not None:
+            elif isinstance(given, str) and given != "local":
+                raise ValueError(f"baseline_bytes must be bytes, a WorkerBaseline or 'local', got {given!r}")
+            elif given is not None and given != "local":
                 self.baseline = WorkerBaseline(bytes=int(given), source="given")
             else:
                 self.baseline = local_worker_baseline(self.operator, self.runs_dir)

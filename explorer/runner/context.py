@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from explorer.core.units import format_bytes, format_shape
 
 __all__ = [
+    "RunError",
     "RunResult",
 ]
 
@@ -87,6 +88,17 @@ class RunResult:
             if out[key] is not None:
                 out[key] = round(out[key], 3)
         return out
+
+
+class RunError(RuntimeError):
+    """A run that did not end ``"ok"`` (``explorer.run`` with ``check=True``): its message is the
+    result's one-line ``error`` (and ``advice``), ``result`` the whole :class:`RunResult` (what was
+    measured before it ended: workers' peaks, restarts, the plan)."""
+
+    def __init__(self, result: RunResult):
+        message = f"{result.operator} run {result.status}: {result.error}"
+        super().__init__(message + (f" ({result.advice})" if result.advice else ""))
+        self.result = result
 
 
 class _RunError(Exception):

@@ -59,7 +59,8 @@ Failure.  ``distributed.scheduler.allowed-failures`` is set to ``allowed_failure
 (default 1, Dask's is 3) for a cluster this function starts: a task whose worker dies
 twice raises ``KilledWorker`` after two kills instead of four.  The run then ends with
 ``status="failed"``, a one-line ``error`` and ``advice``, never a traceback.  Other task
-errors give ``status="error"``.  The run never waits forever: if every worker stays
+errors give ``status="error"``.  Either raises :class:`RunError` (carrying the result) unless
+``check=False``.  The run never waits forever: if every worker stays
 paused (memory above ``distributed.worker.memory.pause``) or no worker is connected for
 ``stall_seconds``, the monitor cancels it as ``failed``.  A failed or interrupted run
 leaves no partial output (removed again after the cluster closed, in case a task was
@@ -123,6 +124,7 @@ from explorer.runner.context import (
     FAILED,
     OK,
     RunContext,
+    RunError,
     RunResult,
     _RunError,
     _one_line,
@@ -137,6 +139,7 @@ from explorer.runner.trials import _try_blocks
 from explorer.runner.writing import _store, _write_output
 
 __all__ = [
+    "RunError",
     "run",
 ]
 
@@ -153,6 +156,7 @@ def run(
     workers: int = 2,
     threads_per_worker: int = 1,
     scheduler: str | None = None,
+    client=None,
     chunks="model",
     runs_dir=None,
     storage: str | None = None,
@@ -170,6 +174,7 @@ def run(
     strategy: str = "auto",
     branch_order=None,
     trials: bool = True,
+    check: bool = True,
 ) -> RunResult:
     """Run ``operator`` on the SEG-Y at ``input_path`` into ``output_path`` on Dask.
 
@@ -187,10 +192,22 @@ def run(
     module docstring).  ``branch_order``: a fan-out's branches in the order its tasks run
     them when the chunks are not the model's (a model plan brings its own order; default: as
     written).  ``trials``: time the plan's block on the workers first when they never ran
-    it (module docstring, Trials).  See the module docstring for every measured field; bad input and failures
-    come back as ``status`` ``"error"``/``"failed"`` with a one-line ``error``, not as
-    exceptions.
+    it (module docstring, Trials).  See the module docstring for every measured field.
+
+    ``client``: a ``distributed.Client`` of the cluster to run on (the same as
+    ``scheduler=client.scheduler.address``; the client itself is left open).  Starts a
+    ``LocalCluster`` (closed at the end) when neither is given; writes the output, and with
+    ``refine`` the store and calibration under ``runs_dir``.
+
+    ``check`` (as ``subprocess.run``'s): a run that does not end ``"ok"`` raises
+    :class:`RunError`, whose ``result`` is the :class:`RunResult`; ``check=False`` returns it
+    with ``status`` ``"error"``/``"failed"`` and a one-line ``error`` instead.  Either way no
+    traceback of the workers' reaches the caller, and what finished is kept.
     """
+    if client is not None:
+        if scheduler is not None:
+            raise ValueError("give scheduler or client, not both")
+        scheduler = client.scheduler.address
     wall_started = time.perf_counter()
     result = RunResult(operator=str(operator), input=os.fspath(input_path), output=os.fspath(output_path),
                        status=OK, refine=bool(refine), scheduler=scheduler)
@@ -220,6 +237,8 @@ def run(
         for path in ctx.partials:  # again: a task still running at the end may have written into one
             remove_own(path)
     result.wall_seconds = time.perf_counter() - wall_started
+    if check and result.status != OK:
+        raise RunError(result)
     return result
 
 

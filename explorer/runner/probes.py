@@ -288,7 +288,7 @@ def run_probes(operator: str, model, *, n: int = DEFAULT_PROBES, runs_dir=None, 
                 r = run(operator, source, tmp / f"probe-{index}.zarr", scheduler=cluster.scheduler_address,
                         chunks=chunks, runs_dir=runs_dir, storage=storage, confidence=confidence, replan=False,
                         calibrate=False, source="probe", context={"probe": index, "grid": per_axis},
-                        branch_order=_branch_order(model, block, confidence))
+                        branch_order=_branch_order(model, block, confidence), check=False)
                 source.unlink()
                 result.runs.append(r)
                 if r.status != "ok":

@@ -176,7 +176,7 @@ def _trial(ctx: RunContext, job: _TrialJob, tmp: Path, run) -> bool:
                 replan=False, calibrate=False, source="probe", strategy="fused", trials=False,
                 context={"trial": index, "for": ctx.operator.name, "for_shape": list(ctx.shape),
                          "for_chunks": list(job.plan.chunks)},
-                branch_order=order or None)
+                branch_order=order or None, check=False)
     source.unlink()
     record = {"operator": job.operator, "strategy": job.plan.strategy, "chunks": list(job.plan.chunks),
               "block": list(job.block), "status": trial.status, "n_tasks": trial.n_tasks,
