@@ -123,6 +123,7 @@ import numpy as np
 
 import operators
 from explorer.runner.daskrun import run
+from explorer.core.atomic import atomic_path, atomic_write_text
 from explorer.core.units import format_bytes, format_shape, parse_shape, parse_size
 from harness.machine import machine_line
 from harness.rounds import ratio_interval, round_orders
@@ -271,9 +272,8 @@ def ensure_input(cache: Path, shape) -> Path:
     path = cache / f"synthetic-{format_shape(shape)}.sgy"
     if not path.exists():
         started = time.perf_counter()
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        operators.write_segy(tmp, operators.synthetic_volume(shape))
-        os.replace(tmp, path)
+        with atomic_path(path) as tmp:
+            operators.write_segy(tmp, operators.synthetic_volume(shape))
         log(f"wrote {path} in {time.perf_counter() - started:.1f} s")
     return path
 
@@ -311,9 +311,7 @@ class PrototypeProfiles:
             entry = {"status": m.status, "process_peak_bytes": m.process_peak_bytes, "peak_bytes": m.peak_bytes,
                      "seconds": m.seconds}
             self.data[key][format_shape(shape)] = entry
-            tmp = self.path.with_name(self.path.name + ".tmp")
-            tmp.write_text(json.dumps(self.data, indent=1))
-            os.replace(tmp, self.path)
+            atomic_write_text(self.path, json.dumps(self.data, indent=1))
             log(f"prototype profile {op} {format_shape(shape)}: {m.status}, process peak "
                 f"{mib(m.process_peak_bytes)}, {m.seconds or 0:.2f} s")
         return entry

@@ -98,6 +98,7 @@ from explorer.exploration import explore
 from explorer.search.core import training_data
 from explorer.measure.profiling import OK, Profiler, default_memory_cap
 from explorer.search.store import SOURCE_PROFILE, Record, Store, study_name
+from explorer.core.atomic import atomic_write_text
 from explorer.core.units import format_bytes, format_shape, parse_size
 from harness.machine import machine_line
 
@@ -151,9 +152,7 @@ class ProfileCache:
             self._write()
 
     def _write(self) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.data, indent=0, sort_keys=True))
-        os.replace(tmp, self.path)
+        atomic_write_text(self.path, json.dumps(self.data, indent=0, sort_keys=True))
 
 
 @dataclass

@@ -58,6 +58,7 @@ from explorer.search import acquisition  # noqa: E402
 from explorer.exploration import explore  # noqa: E402
 from explorer.core.plugins import load_plugins  # noqa: E402
 from explorer.measure.profiling import OK, Profiler, default_memory_cap  # noqa: E402
+from explorer.core.atomic import atomic_write_text  # noqa: E402
 from explorer.core.units import format_bytes, format_shape, parse_size  # noqa: E402
 from harness.machine import machine_line  # noqa: E402
 
@@ -340,9 +341,7 @@ def main() -> None:
                     continue
                 else:
                     entry = measure(operator, seed, args, work)
-                    tmp = path.with_suffix(".tmp")
-                    tmp.write_text(json.dumps(entry, indent=1))
-                    os.replace(tmp, path)
+                    atomic_write_text(path, json.dumps(entry, indent=1))
                 results.setdefault(operator, []).append(entry)
     text = report(results, sets, args)
     if args.figures:
