@@ -248,11 +248,11 @@ def worker_task(operator: str, shape: tuple) -> dict:
 
 
 @contextlib.contextmanager
-def local_cluster(kind: str):
-    import logging
+def local_cluster_of_kind(kind: str):
 
     import dask
-    from distributed import Client, LocalCluster
+    from distributed import Client
+    from explorer.measure.local_cluster import local_cluster
 
     scrub_environ()
     config = {}
@@ -261,9 +261,8 @@ def local_cluster(kind: str):
     if "pre-spawn" in kind:
         config["distributed.nanny.pre-spawn-environ.MALLOC_MMAP_THRESHOLD_"] = 131072
     with dask.config.set(config), \
-            LocalCluster(n_workers=1, threads_per_worker=1, memory_limit="8GiB", processes=True,
-                         dashboard_address=None, silence_logs=logging.CRITICAL, preload=["explorer.measure.inworker"],
-                         scheduler_kwargs={"dashboard_address": ":0"}) as cluster, Client(cluster) as client:
+            local_cluster(1, memory_limit="8GiB", preload=["explorer.measure.inworker"]) as cluster, \
+            Client(cluster) as client:
         if "plugin" in kind or kind == "LC explore-run":
             from explorer.measure.workersetup import prepare_workers
 
@@ -309,7 +308,7 @@ def part_b(tasks: int) -> dict:
     plan = [("unet3d", s) for s in UNET_SHAPES] + [("gst3d", s) for s in CONTROLS["gst3d"]]
     for kind in KINDS:
         started = time.perf_counter()
-        cluster = local_cluster(kind) if kind.startswith("LC") else dask_worker_cluster(kind)
+        cluster = local_cluster_of_kind(kind) if kind.startswith("LC") else dask_worker_cluster(kind)
         record = {"rows": [], "baseline_bytes": {}}
         with cluster as client:
             # Read the behaviour before any task: the probe itself would raise a dynamic threshold.

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import logging
 import shutil
 import sys
 import tempfile
@@ -135,7 +134,8 @@ def main() -> None:
     limit = parse_size(args.memory_limit)
     shape = parse_shape(args.shape)
     configs = [(c.split(":")[0], parse_shape(c.split(":")[1])) for c in args.configs.split(",")]
-    from distributed import Client, LocalCluster
+    from distributed import Client
+    from explorer.measure.local_cluster import local_cluster
 
     from explorer.plan.recommend import plan_for_chunks
 
@@ -144,8 +144,7 @@ def main() -> None:
     operators.write_segy(source, operators.synthetic_volume(shape, seed=args.seed))
     print(f"## `{args.spec}` on {args.shape}, {args.workers} workers x 1 thread, {format_bytes(limit)} each\n")
     try:
-        with LocalCluster(n_workers=args.workers, threads_per_worker=1, memory_limit=limit, dashboard_address=None,
-                          silence_logs=logging.CRITICAL) as cluster, Client(cluster) as client:
+        with local_cluster(args.workers, memory_limit=limit) as cluster, Client(cluster) as client:
             args.cluster, args.client = cluster, client
             for strategy, chunks in configs:
                 print(f"### {strategy} {format_shape(chunks)}\n")

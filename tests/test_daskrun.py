@@ -15,19 +15,17 @@ import operators
 from explorer.runner.context import MAX_TRIALS
 from explorer.runner.daskrun import RunError, run
 from explorer.measure.highwater import is_supported
+from explorer.measure.local_cluster import local_cluster
 
 OPERATOR = "gst3d"
 VOLUME = (48, 40, 36)
 LIMIT = 2**30
-CLUSTER_OPTIONS = dict(processes=True, dashboard_address=None, silence_logs=50,
-                       scheduler_kwargs={"dashboard_address": ":0"})
 
 
 @pytest.fixture(scope="module")
 def cluster():
     """Two workers x one thread, 1 GiB each: the cluster that ``scheduler=`` runs use."""
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, memory_limit=LIMIT,
-                                  **CLUSTER_OPTIONS) as c:
+    with local_cluster(2, memory_limit=LIMIT) as c:
         yield c
 
 
@@ -116,8 +114,7 @@ def test_a_worker_lost_to_memory_fails_the_run_with_advice_and_no_hang(tmp_path)
 
 
 def small_cluster(limit, **kwargs):
-    return distributed.LocalCluster(n_workers=1, threads_per_worker=1, memory_limit=limit, **CLUSTER_OPTIONS,
-                                    **kwargs)
+    return local_cluster(1, memory_limit=limit, **kwargs)
 
 
 def test_workers_paused_for_good_mid_run_end_the_run_instead_of_hanging(tmp_path, monkeypatch):
@@ -346,8 +343,7 @@ def test_every_task_and_worker_stays_under_the_plans_bound(threads, tmp_path, pr
     source = tmp_path / "in.sgy"
     shape = (160, 160, 160)
     operators.write_segy(source, operators.synthetic_volume(shape, seed=5))
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=threads, memory_limit="1GiB",
-                                  **CLUSTER_OPTIONS) as c:
+    with local_cluster(2, threads_per_worker=threads, memory_limit="1GiB") as c:
         r = run(OPERATOR, source, tmp_path / "out.zarr", scheduler=c.scheduler_address, runs_dir=runs)
     assert r.status == "ok", r.error
     assert r.threads_per_worker == threads and r.workers_restarted == 0

@@ -15,6 +15,7 @@ from explorer.measure import inworker
 from explorer.runner import live
 from explorer.measure.highwater import is_supported
 from explorer.search.store import Store
+from explorer.measure.local_cluster import local_cluster
 
 pytestmark = pytest.mark.skipif(not is_supported(), reason="needs Linux /proc/self/clear_refs")
 
@@ -26,9 +27,7 @@ LIMIT = 2**30
 
 @pytest.fixture(scope="module")
 def client():
-    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, memory_limit=LIMIT, processes=True,
-                                  dashboard_address=None, silence_logs=50,
-                                  scheduler_kwargs={"dashboard_address": ":0"}) as cluster:
+    with local_cluster(1, memory_limit=LIMIT) as cluster:
         with distributed.Client(cluster) as c:
             yield c
 
@@ -257,9 +256,7 @@ def test_nested_measurements_of_the_same_task_stay_exact():
 def test_observations_arrive_from_a_thread_pool_worker_with_two_threads(segy, tmp_path):
     """With T = 2 the figures are the process's growth during each task: marked
     ``exact`` only when no other task ran meanwhile, and left out of the calibration."""
-    with distributed.LocalCluster(n_workers=1, threads_per_worker=2, memory_limit=LIMIT, processes=True,
-                                  dashboard_address=None, silence_logs=50,
-                                  scheduler_kwargs={"dashboard_address": ":0"}) as cluster:
+    with local_cluster(1, threads_per_worker=2, memory_limit=LIMIT) as cluster:
         with distributed.Client(cluster) as c:
             store = Store(tmp_path)
             with live.observe(c, OPERATOR, store=store) as observer:

@@ -28,12 +28,11 @@ import operators
 from harness.cluster import start_scheduler, stop_processes
 from explorer.runner.daskrun import run
 from explorer.measure.workersetup import PLUGIN_NAME, allocator_pinned, mmap_threshold_pinned, prepare_workers
+from explorer.measure.local_cluster import local_cluster
 
 #: Environment variables that set glibc's malloc (any of them turns the dynamic threshold off).
 MALLOC_VARIABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_",
                     "GLIBC_TUNABLES")
-CLUSTER_OPTIONS = dict(processes=True, dashboard_address=None, silence_logs=50,
-                       scheduler_kwargs={"dashboard_address": ":0"})
 
 
 def clean_environment(**extra) -> dict:
@@ -64,8 +63,7 @@ def test_the_probe_tells_a_dynamic_threshold_from_a_pinned_one():
 
 
 def test_the_plugin_pins_the_threshold_in_a_local_cluster_worker(dynamic_cluster_config):
-    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, **CLUSTER_OPTIONS) as cluster, \
-            distributed.Client(cluster) as client:
+    with local_cluster(1) as cluster, distributed.Client(cluster) as client:
         (address,) = client.scheduler_info()["workers"]
         assert client.run(mmap_threshold_pinned) == {address: False}
         assert client.run(allocator_pinned) == {address: None}
@@ -74,8 +72,7 @@ def test_the_plugin_pins_the_threshold_in_a_local_cluster_worker(dynamic_cluster
 
 
 def test_prepare_workers_is_idempotent_and_reaches_workers_that_join_later(dynamic_cluster_config):
-    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, **CLUSTER_OPTIONS) as cluster, \
-            distributed.Client(cluster) as client:
+    with local_cluster(1) as cluster, distributed.Client(cluster) as client:
         first = prepare_workers(client)
         assert prepare_workers(client) == first and list(first.values()) == [True]
         names = client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.worker_plugins))
@@ -130,8 +127,7 @@ def test_dask_worker_preload_and_environment_pin_the_threshold_as_the_docs_say()
 def test_a_run_on_an_existing_cluster_sets_its_workers_up(dynamic_cluster_config, tmp_path):
     path = tmp_path / "in.sgy"
     operators.write_segy(path, operators.synthetic_volume((24, 20, 16), seed=1))
-    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, memory_limit=2**30,
-                                  **CLUSTER_OPTIONS) as cluster, distributed.Client(cluster) as client:
+    with local_cluster(1, memory_limit=2**30) as cluster, distributed.Client(cluster) as client:
         assert list(client.run(mmap_threshold_pinned).values()) == [False]
         r = run("gaussian", path, tmp_path / "out.zarr", scheduler=cluster.scheduler_address, chunks=(12, 20, 16),
                 refine=False, trials=False)
