@@ -162,7 +162,6 @@ def explore(
     from its composed model (``explorer.model.composed``) as the prior mean: only the departure
     from it is left to learn.  ``"none"``: the flat prior, as for one operator (from scratch).
     """
-    from explorer.search import acquisition
     from explorer.model import torch_fit
 
     started = time.perf_counter()
@@ -180,96 +179,36 @@ def explore(
     warm_up = threading.Thread(target=torch_fit.warm_up, daemon=True)
     warm_up.start()
     store = Store(runs_dir, storage)
-
-    def stored_profiles() -> list[Record]:  # everyone's, re-read: other processes may share the store
-        return [r for r in store.records(op.name) if r.source == SOURCE_PROFILE]
-
-    steps: list[Step] = []
-    operator_seconds = 0.0
     core = ExplorationCore(op.name, memory_limit=limit, memory_cap=cap, confidence=confidence,
                            tolerance=tolerance, seed=seed,
                            prior_model=composed_prior(op, runs_dir) if prior == "composed" else None,
                            noise_floor=member_noise_floor(op, runs_dir))
-    cost_model = acquisition.CostModel(DEFAULT_LOOP_OVERHEAD + repeat * 0.01, repeat * 5e-8)
-    model, metric, stopped_because = None, None, None
-    profilers = [SessionProfiler(PROFILE_SESSIONS, gpu=False) for _ in range(jobs)]
-
-    loop_overhead = []  # seconds per profile the loop spends outside the operator
-
-    def run_batch(shapes, purpose="design") -> int:
-        """Claim each shape in the store, profile the claimed ones, write each onto its claim at once.
-
-        Returns how many were claimed: a shape another process holds or has profiled is
-        skipped, and none is claimed once profiles plus live claims reach the budget.
-        """
-        nonlocal operator_seconds, last_batch_end
-        claims = [c for c in (store.claim(op.name, s, budget=budget, seconds=claim_seconds(s)) for s in shapes)
-                  if c.held]
-        if not claims:
-            return 0
-        spent_before = operator_seconds
-        if on_start:
-            for c in claims:
-                predicted = cost_model.predict(np.asarray([c.shape]))[0] if cost_model.fitted else None
-                on_start(c.shape, purpose, predicted)
-        try:
-            with ThreadPoolExecutor(max_workers=len(claims)) as pool:
-                futures = {pool.submit(profilers[i].profile, op.name, c.shape, repeat=repeat, memory_cap=cap,
-                                       timeout=timeout_for(c.shape)): c
-                           for i, c in enumerate(claims)}
-                for future in as_completed(futures):
-                    m = future.result()
-                    store.finish(futures[future], m)  # at once: nothing finished is lost
-                    operator_seconds += sum(r.get("seconds") or 0.0 for r in m.repeats)
-                    steps.append(Step(len(stored_profiles()), m.shape, m.status, m.peak_bytes, m.seconds, metric))
-                    if progress:
-                        progress(steps[-1], budget)
-        finally:
-            for c in claims:  # claims left unfinished by an error: free them for others now
-                store.release(c)
-        now = time.perf_counter()
-        loop_overhead.append(max(0.0, (now - last_batch_end) - (operator_seconds - spent_before) / len(claims)))
-        last_batch_end = now
-        return len(claims)
-
-    def timeout_for(shape):
-        predicted = cost_model.predict(np.asarray([shape]))[0] if cost_model.fitted else None
-        return None if predicted is None else max(60.0, 20 * float(predicted))
-
-    def claim_seconds(shape) -> float:
-        timeout = timeout_for(shape)
-        return CLAIM_SECONDS if timeout is None else max(CLAIM_SECONDS, 2 * repeat * timeout)
-
-    last_batch_end = time.perf_counter()
+    batches = _ProfileBatches(store, op.name, budget=budget, repeat=repeat, memory_cap=cap, jobs=jobs,
+                              on_start=on_start, progress=progress)
+    model, stopped_because = None, None
     try:
         # ask (design, then refit, stop or propose), profile, tell (the store), repeat
         while True:
-            records = stored_profiles()
+            records = batches.stored_profiles()
             others = store.live_claims(op.name)
             counted = store.profiles_and_claims(op.name)
             if model is not None:
-                cost_model = profile_cost_model(records, repeat, loop_overhead)
+                batches.cost_model = profile_cost_model(records, repeat, batches.loop_overhead)
             ask = core.ask(records, n=jobs, budget_left=budget - counted, pending=[c.shape for c in others],
-                           cost_model=cost_model)
+                           cost_model=batches.cost_model)
             if ask.model is not None:
-                model, metric = ask.model, ask.half_width
-                if steps:
-                    steps[-1].max_relative_uncertainty = metric
+                model = ask.model
+                batches.metric = ask.half_width
             if ask.stopped_because:
-                stopped_because = ask.stopped_because
-                in_flight = counted - len(records)
-                if stopped_because.startswith("budget"):
-                    stopped_because = (f"budget of {budget} profiles spent"
-                                       + (f", {in_flight} still being profiled by other processes" if in_flight else "")
-                                       + stopped_because[len("budget spent"):])
+                stopped_because = _with_budget(ask.stopped_because, budget, in_flight=counted - len(records))
                 break
-            if not ask.shapes or not run_batch(ask.shapes, ask.purpose):
+            if not ask.shapes or not batches.run(ask.shapes, ask.purpose):
                 time.sleep(CLAIM_POLL_SECONDS)  # others hold what we would profile: look again
     finally:
-        for profiler in profilers:
-            profiler.close()
+        batches.close()
+    steps, operator_seconds, metric = batches.steps, batches.operator_seconds, batches.metric
 
-    records = stored_profiles()  # the store's true count now, other processes' profiles included
+    records = batches.stored_profiles()  # the store's true count now, other processes' profiles included
     if model is not None:  # what the loop ended with, on everyone's profiles (cached when nothing new arrived)
         model = core.conclude(records, stopped_because or "interrupted") or model
     model_file = report_file = probe_result = None
@@ -306,6 +245,103 @@ def explore(
         converged=None if model is None else bool(model.info.get("converged")),
         certified_factor=None if model is None else model.hyperparameters["certified_factor"],
     )
+
+
+def _with_budget(stopped_because: str, budget: int, in_flight: int) -> str:
+    """The loop's reason to stop, a spent budget said with its size and the profiles others
+    still have under way."""
+    if not stopped_because.startswith("budget"):
+        return stopped_because
+    return (f"budget of {budget} profiles spent"
+            + (f", {in_flight} still being profiled by other processes" if in_flight else "")
+            + stopped_because[len("budget spent"):])
+
+
+class _ProfileBatches:
+    """The loop's profiling side: claim shapes in the store, profile them (one profiling
+    session per job), write each measurement onto its claim at once, and keep the steps, the
+    operator's seconds, the loop's own seconds per profile and the cost model of a profile."""
+
+    def __init__(self, store: Store, operator: str, *, budget: int, repeat: int, memory_cap: int, jobs: int,
+                 on_start=None, progress=None):
+        from explorer.search import acquisition
+
+        self.store, self.operator, self.budget, self.repeat, self.memory_cap = store, operator, budget, repeat, memory_cap
+        self.on_start, self.progress = on_start, progress
+        self.profilers = [SessionProfiler(PROFILE_SESSIONS, gpu=False) for _ in range(jobs)]
+        self.cost_model = acquisition.CostModel(DEFAULT_LOOP_OVERHEAD + repeat * 0.01, repeat * 5e-8)
+        self.steps: list[Step] = []
+        self.operator_seconds = 0.0
+        #: The model's half-width when the latest profile finished (the steps' uncertainty).
+        self.metric: float | None = None
+        self.loop_overhead: list[float] = []  # seconds per profile the loop spends outside the operator
+        self._last_batch_end = time.perf_counter()
+
+    @property
+    def metric(self) -> float | None:
+        return self._metric
+
+    @metric.setter
+    def metric(self, value) -> None:
+        self._metric = value
+        if self.steps:
+            self.steps[-1].max_relative_uncertainty = value
+
+    def stored_profiles(self) -> list[Record]:
+        """Everyone's finished profiles, re-read: other processes may share the store."""
+        return [r for r in self.store.records(self.operator) if r.source == SOURCE_PROFILE]
+
+    def run(self, shapes, purpose: str = "design") -> int:
+        """Claim each shape in the store, profile the claimed ones, write each onto its claim at once.
+
+        Returns how many were claimed: a shape another process holds or has profiled is
+        skipped, and none is claimed once profiles plus live claims reach the budget.
+        """
+        store = self.store
+        claims = [c for c in (store.claim(self.operator, s, budget=self.budget, seconds=self.claim_seconds(s))
+                              for s in shapes) if c.held]
+        if not claims:
+            return 0
+        spent_before = self.operator_seconds
+        if self.on_start:
+            for c in claims:
+                predicted = self.cost_model.predict(np.asarray([c.shape]))[0] if self.cost_model.fitted else None
+                self.on_start(c.shape, purpose, predicted)
+        try:
+            with ThreadPoolExecutor(max_workers=len(claims)) as pool:
+                futures = {pool.submit(self.profilers[i].profile, self.operator, c.shape, repeat=self.repeat,
+                                       memory_cap=self.memory_cap, timeout=self.timeout_for(c.shape)): c
+                           for i, c in enumerate(claims)}
+                for future in as_completed(futures):
+                    m = future.result()
+                    store.finish(futures[future], m)  # at once: nothing finished is lost
+                    self.operator_seconds += sum(r.get("seconds") or 0.0 for r in m.repeats)
+                    self.steps.append(Step(len(self.stored_profiles()), m.shape, m.status, m.peak_bytes, m.seconds,
+                                           self.metric))
+                    if self.progress:
+                        self.progress(self.steps[-1], self.budget)
+        finally:
+            for c in claims:  # claims left unfinished by an error: free them for others now
+                store.release(c)
+        now = time.perf_counter()
+        self.loop_overhead.append(max(0.0, (now - self._last_batch_end)
+                                      - (self.operator_seconds - spent_before) / len(claims)))
+        self._last_batch_end = now
+        return len(claims)
+
+    def timeout_for(self, shape) -> float | None:
+        """A profile's timeout: 20 times its predicted seconds, at least a minute; none before
+        any profile was timed."""
+        predicted = self.cost_model.predict(np.asarray([shape]))[0] if self.cost_model.fitted else None
+        return None if predicted is None else max(60.0, 20 * float(predicted))
+
+    def claim_seconds(self, shape) -> float:
+        timeout = self.timeout_for(shape)
+        return CLAIM_SECONDS if timeout is None else max(CLAIM_SECONDS, 2 * self.repeat * timeout)
+
+    def close(self) -> None:
+        for profiler in self.profilers:
+            profiler.close()
 
 
 def _observed_shapes(model) -> set[tuple[int, ...]]:
