@@ -18,6 +18,7 @@ block of ``c[i] + 2 * halo[i]`` samples along each axis that is not whole.
 from __future__ import annotations
 
 import functools
+import re
 from typing import Callable, ClassVar
 
 import numpy as np
@@ -89,7 +90,13 @@ class Operator:
             raise SpecError(f"{cls.name}: {exc}") from None
         for key, value in values.items():
             setattr(op, key, value)
-        op.configure()
+        written = f"{cls.name}(" + ",".join(f"{key}={text}" for key, text in given.items()) + ")"
+        try:
+            op.configure()
+        except (ArithmeticError, ValueError) as exc:  # e.g. a halo int(truncate * sigma) of sigma=1e308
+            raise SpecError(f"{written}: its parameters give no usable operator ({type(exc).__name__}: {exc})") from None
+        if not all(0 <= int(h) <= MAX_HALO for h in op.halo):
+            raise SpecError(f"{written}: its halo is beyond {MAX_HALO} samples, longer than any volume's axis")
         op.name = call_name(cls.name, values, {key: getattr(cls, key) for key in values})
         return op
 
@@ -237,6 +244,9 @@ _REGISTRY: dict[str, Callable[[], Operator]] = {}
 #: ``explore`` command reserves its subcommands (``explorer.cli.COMMANDS``) before it loads
 #: any plugin, so this list cannot drift from the CLI's (operators know nothing of it).
 RESERVED_NAMES: set[str] = set()
+#: The longest halo an operator may have: no volume's axis is longer (``explorer.core.units.MAX_DIM``,
+#: the same bound; ``tests/test_operators.py`` checks that they agree).
+MAX_HALO = 1 << 24
 
 
 def reserve_names(names, why: str = "a CLI subcommand") -> None:
@@ -248,13 +258,30 @@ def reserve_names(names, why: str = "a CLI subcommand") -> None:
     RESERVED_NAMES.update(names)
 
 
+#: What an operator's name may be: it names its directory under the runs directory and its study.
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
 def register(cls: type[Operator]) -> type[Operator]:
-    """Class decorator adding an operator to the registry under ``cls.name``."""
-    if cls.name in RESERVED_NAMES:
-        raise ValueError(f"operator name {cls.name!r} is reserved for a CLI subcommand")
-    if cls.name in _REGISTRY:
-        raise ValueError(f"operator {cls.name!r} is registered twice")
-    _REGISTRY[cls.name] = cls
+    """Class decorator adding an operator to the registry under ``cls.name``.
+
+    The name is letters, digits and underscores, not starting with a digit (it becomes a
+    directory under the runs directory: nothing a name says may lead outside it).  Registering
+    the same class again is a no-op, and a class of the same module and qualified name replaces
+    the one registered (a notebook cell or a script run again); another class under a taken
+    name is an error."""
+    name = cls.name
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ValueError(f"operator name {name!r} must be letters, digits and underscores, not starting with a "
+                         "digit (it names the operator's directory under the runs directory)")
+    if name in RESERVED_NAMES:
+        raise ValueError(f"operator name {name!r} is reserved for a CLI subcommand")
+    existing = _REGISTRY.get(name)
+    if existing is not None and existing is not cls and (
+            (existing.__module__, existing.__qualname__) != (cls.__module__, cls.__qualname__)):
+        raise ValueError(f"operator {name!r} is registered twice: by {existing.__module__}.{existing.__qualname__} "
+                         f"and {cls.__module__}.{cls.__qualname__}")
+    _REGISTRY[name] = cls
     return cls
 
 

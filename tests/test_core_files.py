@@ -79,3 +79,12 @@ def test_mtime_cache_evicts_the_least_recently_used_and_does_not_cache_none(tmp_
     assert cache.get(paths[3], lambda p: None) is None
     assert cache.get(paths[3], lambda p: None) is None
     assert len(cache) == 2
+
+
+@pytest.mark.parametrize("name", ["../escape", "a/b", "..", ".", ".hidden", "", "nul\0byte"])
+def test_no_operator_name_leads_a_path_outside_the_runs_directory(tmp_path, name):
+    from explorer.core import paths
+
+    with pytest.raises(ValueError, match="cannot name a directory inside the runs directory"):
+        paths.model_path(name, tmp_path)
+    assert paths.model_path("gaussian(sigma=4),gst3d", tmp_path).parent.parent == tmp_path

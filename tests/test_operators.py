@@ -87,7 +87,7 @@ def test_reserving_a_registered_name_raises():
     assert "a-free-name" not in base.RESERVED_NAMES
 
 
-@pytest.mark.parametrize("reserved", ["a-reserved-name", "another-reserved-name"])
+@pytest.mark.parametrize("reserved", ["a_reserved_name", "another_reserved_name"])
 def test_register_rejects_reserved_names(reserved):
     base.reserve_names([reserved], "a test")
     before = names()
@@ -116,6 +116,54 @@ def test_register_rejects_a_second_operator_of_the_same_name():
 
     assert names() == before
     assert type(get("gaussian")).__name__ != "Duplicate"
+
+
+@pytest.mark.parametrize("bad", ["../escape", "a/b", ".hidden", "", "9lives", "with space", "dash-name"])
+def test_register_refuses_a_name_that_is_not_one_safe_directory_name(bad):
+    before = names()
+    with pytest.raises(ValueError, match="letters, digits and underscores"):
+
+        @register
+        class Escape(Operator):
+            name = bad
+
+            def run(self, block):
+                return block
+
+    assert names() == before
+
+
+def test_registering_a_class_again_or_its_redefinition_is_not_an_error():
+    """A notebook cell or a script run again defines the class anew: same module, same name."""
+    def define():
+        class Rerun(Operator):
+            name = "test_rerun_registration"
+
+            def run(self, block):
+                return block
+        return Rerun
+
+    first = register(define())
+    try:
+        assert register(first) is first  # the same class again: a no-op
+        second = register(define())  # a redefinition replaces it
+        assert second is not first and base.registered("test_rerun_registration") is second
+    finally:
+        base._REGISTRY.pop("test_rerun_registration", None)
+
+
+def test_the_halo_bound_is_the_longest_axis_a_volume_may_have():
+    from explorer.core.units import MAX_DIM
+
+    assert base.MAX_HALO == MAX_DIM
+
+
+@pytest.mark.parametrize("spec, fault", [("gaussian(sigma=1e308)", "no usable operator"),
+                                         ("gaussian(sigma=1e200)", "halo is beyond")])
+def test_a_spec_whose_parameters_overflow_is_one_line_spec_error(spec, fault):
+    with pytest.raises(operators.SpecError, match=fault) as raised:
+        get(spec)
+    assert "\n" not in str(raised.value) and len(str(raised.value)) < 200
 
 
 # --------------------------------------------------------------------------- Dask == NumPy

@@ -186,3 +186,9 @@ def test_bad_storage_urls_are_one_line_naming_the_url_and_the_accepted_forms(tmp
         message = str(info.value)
         assert len(message.splitlines()) == 1 and "sqlite:///PATH" in message and "journal:PATH" in message
         assert (url if "secret" not in url else "postgresql://me:***@localhost:1/x") in message
+
+
+@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///", "sqlite:///:memory:"])
+def test_an_in_memory_store_is_refused_it_would_lose_every_profile_at_exit(tmp_path, url):
+    with pytest.raises(StorageError, match="in-memory SQLite store would lose every measurement"):
+        Store(tmp_path, url)

@@ -17,8 +17,14 @@ def runs_dir(path: str | os.PathLike | None = None) -> Path:
 
 
 def operator_dir(operator: str, runs: str | os.PathLike | None = None) -> Path:
-    """``<runs>/<operator>/``: the operator's saved model fit and reports."""
-    return runs_dir(runs) / operator
+    """``<runs>/<operator>/``: the operator's saved model fit and reports.  ``ValueError`` for a
+    name that is not one path component inside the runs directory (a separator, ``.``, ``..``,
+    a leading dot or a NUL): no name may lead a write outside it."""
+    name = str(operator)
+    if (not name or name in (".", "..") or name.startswith(".") or "\0" in name
+            or any(sep in name for sep in {"/", os.sep, os.altsep} if sep)):
+        raise ValueError(f"operator name {name!r} cannot name a directory inside the runs directory")
+    return runs_dir(runs) / name
 
 
 def model_path(operator: str, runs: str | os.PathLike | None = None) -> Path:

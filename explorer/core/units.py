@@ -73,7 +73,7 @@ def parse_size(size: str | int | float) -> int:
     else:
         try:
             value = int(parse_bytes(str(size).strip()))
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, OverflowError):  # OverflowError: "1e400" is an infinite float
             raise ValueError(f"malformed size {size!r}: expected bytes or a string like 4GiB") from None
     if value <= 0:
         raise ValueError(f"size {size!r} is not positive")

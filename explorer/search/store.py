@@ -140,9 +140,11 @@ def storage_error(url: str, reason: str) -> StorageError:
 
 
 def local_file(url: str) -> Path | None:
-    """The file a ``journal:PATH`` or ``sqlite:///PATH`` URL names, or None (a server, or in memory).
+    """The file a ``journal:PATH`` or ``sqlite:///PATH`` URL names, or None (a server).
 
-    Raises :class:`StorageError` for a URL that is neither a journal nor an SQLAlchemy URL.
+    Raises :class:`StorageError` for a URL that is neither a journal nor an SQLAlchemy URL, and
+    for an in-memory SQLite store (``sqlite://``, ``sqlite:///``, ``sqlite:///:memory:``): no
+    finished measurement may be lost.
     """
     if url.startswith("journal:"):
         path = url[len("journal:"):]
@@ -156,7 +158,10 @@ def local_file(url: str) -> Path | None:
         parsed = make_url(url)
     except ArgumentError:
         raise storage_error(url, "not a storage URL") from None
-    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+    if parsed.get_backend_name() == "sqlite":
+        if parsed.database in (None, "", ":memory:"):
+            raise storage_error(url, "an in-memory SQLite store would lose every measurement when the process "
+                                     "ends; name a file (sqlite:///PATH)")
         return Path(parsed.database).expanduser()
     return None
 
