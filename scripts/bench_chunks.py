@@ -844,14 +844,17 @@ def fixed_160_plan(op, shape, limit: int, threads: int, workers: int, runs_dir):
     from explorer.plan.time_model import DEFAULT_GRAPH_TASK_SECONDS, run_seconds_per_voxel
     from explorer.plan.planner import plan_chunks
     from explorer.plan.dask_config import worker_pause_fraction
+    from explorer.plan.spec import TimeTerms, VolumeGeometry, WorkerSpec
     from explorer.model.load import load_model
 
     isolated = load_model(op.name, runs_dir=runs_dir)
-    return plan_chunks(shape, op.halo, op.whole_axes, isolated.predict_many, limit, baseline_bytes=160 * 2**20,
-                       threads_per_worker=threads, pause_fraction=worker_pause_fraction(),
-                       output_itemsize=np.dtype(op.output_dtype).itemsize, operator=op.name, workers=workers,
-                       seconds_per_voxel=run_seconds_per_voxel(isolated.info.get("seconds_per_voxel")),
-                       graph_task_seconds=DEFAULT_GRAPH_TASK_SECONDS)
+    geometry = VolumeGeometry(shape, op.halo, whole_axes=op.whole_axes,
+                              output_itemsize=np.dtype(op.output_dtype).itemsize)
+    worker_spec = WorkerSpec(limit, 160 * 2**20, threads_per_worker=threads, workers=workers,
+                             pause_fraction=worker_pause_fraction())
+    time_terms = TimeTerms(seconds_per_voxel=run_seconds_per_voxel(isolated.info.get("seconds_per_voxel")),
+                           graph_task_seconds=DEFAULT_GRAPH_TASK_SECONDS)
+    return plan_chunks(geometry, isolated.predict_many, worker_spec, time_terms, operator=op.name)
 
 
 def run_user_clusters(args, cache: Path, tmp: Path) -> list[UserOutcome]:

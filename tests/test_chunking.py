@@ -27,6 +27,7 @@ from explorer.plan import staged
 from explorer.plan import time_model
 from explorer.plan.chunk_plan import ChunkPlanError
 from explorer.plan.planner import plan_chunks
+from explorer.plan.spec import DEFAULT_MIN_CHUNK, TimeTerms, VolumeGeometry, WorkerSpec
 from explorer.plan.footprint import worker_footprint
 from explorer.plan.dask_config import worker_pause_fraction
 
@@ -207,7 +208,7 @@ def brute_force_fewest_tasks(shape, halo, whole_axes, budget, threads=1, min_chu
 
 
 def test_plan_fits_under_pause_and_is_no_smaller_than_needed():
-    plan = plan_chunks(SHAPE, HALO, (), predict, LIMIT, pause_fraction=0.8, baseline_bytes=BASELINE)
+    plan = plan_chunks(VolumeGeometry(SHAPE, HALO), predict, WorkerSpec(LIMIT, BASELINE, pause_fraction=0.8))
     budget = math.floor(0.8 * LIMIT)
     assert plan.budget_bytes == budget
     block = expected_block(SHAPE, plan.chunks, HALO)
@@ -227,7 +228,7 @@ def test_plan_fits_under_pause_and_is_no_smaller_than_needed():
 
 
 def test_plan_mean_and_bound_come_from_the_same_footprint():
-    plan = plan_chunks(SHAPE, HALO, (), predict, LIMIT, threads_per_worker=2, baseline_bytes=BASELINE)
+    plan = plan_chunks(VolumeGeometry(SHAPE, HALO), predict, WorkerSpec(LIMIT, BASELINE, threads_per_worker=2))
     mean, upper = analytic_peak([plan.block])
     kept = {"chunk_shapes": plan.chunks, "neighbour_chunks": plan.neighbour_chunks, "windowed": True}
     assert plan.predicted_bytes == worker_footprint(plan.block, mean[0], threads_per_worker=2, **kept, baseline_bytes=BASELINE).total
@@ -237,7 +238,7 @@ def test_plan_mean_and_bound_come_from_the_same_footprint():
 
 
 def test_whole_axes_are_kept_whole():
-    plan = plan_chunks(SHAPE, HALO, (2,), predict, 1 * GiB, baseline_bytes=BASELINE)
+    plan = plan_chunks(VolumeGeometry(SHAPE, HALO, whole_axes=(2,)), predict, WorkerSpec(1 * GiB, BASELINE))
     assert plan.chunks[2] == SHAPE[2]
     assert plan.dask_chunks[2] == (SHAPE[2],)
     assert plan.block[2] == SHAPE[2]  # no halo on a whole axis
@@ -249,8 +250,8 @@ def test_halo_is_accounted_larger_halo_smaller_chunks():
     its footprint, so where the halo-free plan's chunks no longer fit with the halo around
     them, the plan takes smaller chunks."""
     halo = (16, 16, 16)
-    no_halo = plan_chunks(SHAPE, (0, 0, 0), (), predict, LIMIT, baseline_bytes=BASELINE)
-    with_halo = plan_chunks(SHAPE, halo, (), predict, LIMIT, baseline_bytes=BASELINE)
+    no_halo = plan_chunks(VolumeGeometry(SHAPE, (0, 0, 0)), predict, WorkerSpec(LIMIT, BASELINE))
+    with_halo = plan_chunks(VolumeGeometry(SHAPE, halo), predict, WorkerSpec(LIMIT, BASELINE))
     assert hand_total(SHAPE, no_halo.chunks, (0, 0, 0)) <= math.floor(0.8 * LIMIT) \
         < hand_total(SHAPE, no_halo.chunks, halo)  # the scenario: the halo alone makes them too large
     assert no_halo.block == no_halo.chunks
@@ -262,8 +263,8 @@ def test_halo_is_accounted_larger_halo_smaller_chunks():
 
 
 def test_more_threads_give_smaller_chunks():
-    one = plan_chunks(SHAPE, HALO, (), predict, LIMIT, threads_per_worker=1, baseline_bytes=BASELINE)
-    four = plan_chunks(SHAPE, HALO, (), predict, LIMIT, threads_per_worker=4, baseline_bytes=BASELINE)
+    one = plan_chunks(VolumeGeometry(SHAPE, HALO), predict, WorkerSpec(LIMIT, BASELINE, threads_per_worker=1))
+    four = plan_chunks(VolumeGeometry(SHAPE, HALO), predict, WorkerSpec(LIMIT, BASELINE, threads_per_worker=4))
     assert four.n_tasks > one.n_tasks
     assert math.prod(four.chunks) < math.prod(one.chunks)
     assert four.upper_bytes == hand_total(SHAPE, four.chunks, HALO, threads=4) <= four.budget_bytes
@@ -278,14 +279,14 @@ def test_evenly_sized_chunks_preferred_over_compact_ones():
     one_task = expected_total(shape)
     two_tasks = expected_total((61, 120, 50))
     limit = int((one_task + two_tasks) / 2 / 0.8)
-    plan = plan_chunks(shape, (0, 0, 0), (), predict, limit, baseline_bytes=BASELINE)
+    plan = plan_chunks(VolumeGeometry(shape, (0, 0, 0)), predict, WorkerSpec(limit, BASELINE))
     assert plan.n_tasks == 2
     assert plan.chunks == (121, 60, 50)
     assert plan.dask_chunks == ((121,), (60, 60), (50,))
 
 
 def test_chunks_are_ceil_of_length_over_count_so_last_chunks_are_nearly_full():
-    plan = plan_chunks((1000, 999, 997), (2, 2, 2), (), predict, 3 * GiB, baseline_bytes=BASELINE)
+    plan = plan_chunks(VolumeGeometry((1000, 999, 997), (2, 2, 2)), predict, WorkerSpec(3 * GiB, BASELINE))
     for n, c, chunks in zip(plan.shape, plan.chunks, plan.dask_chunks):
         assert c == -(-n // len(chunks))
         assert c - chunks[-1] < len(chunks)
@@ -299,7 +300,8 @@ def test_dask_chunks_sum_to_shape_and_survive_map_overlap(shape, halo, whole_axe
     import dask.array as da
     from dask.array.core import normalize_chunks
 
-    plan = plan_chunks(shape, halo, whole_axes, predict, 1 * GiB, min_chunk=8, baseline_bytes=BASELINE)
+    plan = plan_chunks(VolumeGeometry(shape, halo, whole_axes=whole_axes, min_chunk=8), predict,
+                       WorkerSpec(1 * GiB, BASELINE))
     assert tuple(sum(c) for c in plan.dask_chunks) == shape
     assert plan.dask_chunks == normalize_chunks(plan.chunks, shape)
     depth = {axis: 0 if axis in whole_axes else h for axis, h in enumerate(halo)}
@@ -325,7 +327,8 @@ def test_axis_candidates_are_never_rechunked_by_map_overlap(length, halo):
 
 
 def test_min_chunk_is_respected():
-    plan = plan_chunks((400, 400, 400), (3, 3, 3), (), predict, 700 * MiB, min_chunk=50, baseline_bytes=BASELINE)
+    plan = plan_chunks(VolumeGeometry((400, 400, 400), (3, 3, 3), min_chunk=50), predict,
+                       WorkerSpec(700 * MiB, BASELINE))
     assert min(plan.chunks) >= 50
 
 
@@ -335,7 +338,7 @@ def test_too_small_limit_raises_a_one_line_message():
     # (ceil(N / (N // 16)) per axis) do not
     assert BASELINE < math.floor(0.8 * limit) < hand_total(SHAPE, (17, 16, 17), HALO)
     with pytest.raises(ChunkPlanError) as error:
-        plan_chunks(SHAPE, HALO, (), predict, limit, baseline_bytes=BASELINE)
+        plan_chunks(VolumeGeometry(SHAPE, HALO), predict, WorkerSpec(limit, BASELINE))
     message = str(error.value)
     assert "\n" not in message
     assert "195.00 MiB" in message and "raise the memory limit" in message
@@ -343,12 +346,13 @@ def test_too_small_limit_raises_a_one_line_message():
     assert "fewer threads" not in message
     assert isinstance(error.value, ValueError)
     with pytest.raises(ChunkPlanError, match="fewer threads per worker \\(now 4\\)"):
-        plan_chunks(SHAPE, HALO, (), predict, limit, threads_per_worker=4, baseline_bytes=BASELINE)
+        plan_chunks(VolumeGeometry(SHAPE, HALO), predict, WorkerSpec(limit, BASELINE, threads_per_worker=4))
 
 
 def test_confidence_and_int_blocks_are_passed_to_every_predict_call():
     recorder = Recorder()
-    plan = plan_chunks((800, 600, 1000), (5, 5, 5), (), recorder, 4 * GiB, confidence=0.9, baseline_bytes=BASELINE)
+    plan = plan_chunks(VolumeGeometry((800, 600, 1000), (5, 5, 5)), recorder, WorkerSpec(4 * GiB, BASELINE),
+                       confidence=0.9)
     assert recorder.calls and all(confidence == 0.9 for _, confidence in recorder.calls)
     assert plan.confidence == 0.9
     for blocks, _ in recorder.calls:
@@ -361,9 +365,9 @@ def test_confidence_and_int_blocks_are_passed_to_every_predict_call():
 
 def test_probe_pruning_gives_the_exhaustive_answer(monkeypatch):
     shape, halo = (800, 600, 1000), (5, 5, 5)
-    pruned = plan_chunks(shape, halo, (), predict, 1.5 * GiB, baseline_bytes=BASELINE)
+    pruned = plan_chunks(VolumeGeometry(shape, halo), predict, WorkerSpec(1.5 * GiB, BASELINE))
     monkeypatch.setattr(plan_candidates, "PROBE_VALUES_PER_AXIS", 10**6)  # the probe is every candidate
-    exhaustive = plan_chunks(shape, halo, (), predict, 1.5 * GiB, baseline_bytes=BASELINE)
+    exhaustive = plan_chunks(VolumeGeometry(shape, halo), predict, WorkerSpec(1.5 * GiB, BASELINE))
     assert pruned.chunks == exhaustive.chunks
     assert pruned.n_candidates < exhaustive.n_candidates
 
@@ -374,7 +378,7 @@ def test_non_finite_predictions_never_fit():
         large = np.prod(blocks, axis=1) > 2_000_000
         return np.where(large, np.nan, mean), np.where(large, np.inf, upper)
 
-    plan = plan_chunks(SHAPE, HALO, (), nan_for_large, 8 * GiB, baseline_bytes=BASELINE)
+    plan = plan_chunks(VolumeGeometry(SHAPE, HALO), nan_for_large, WorkerSpec(8 * GiB, BASELINE))
     assert math.prod(plan.block) <= 2_000_000
     assert plan.upper_bytes == hand_total(SHAPE, plan.chunks, HALO)
 
@@ -384,12 +388,12 @@ def test_an_underpredicted_upper_bound_is_lifted_to_the_mean():
         mean, upper = analytic_peak(blocks)
         return upper, mean  # "upper" below mean: the plan must use the larger
 
-    plan = plan_chunks(SHAPE, HALO, (), inverted, LIMIT, baseline_bytes=BASELINE)
+    plan = plan_chunks(VolumeGeometry(SHAPE, HALO), inverted, WorkerSpec(LIMIT, BASELINE))
     assert plan.upper_bytes == hand_total(SHAPE, plan.chunks, HALO)
 
 
 def test_plan_to_dict_is_json():
-    plan = plan_chunks(SHAPE, HALO, (), predict, LIMIT, operator="gst3d", baseline_bytes=BASELINE)
+    plan = plan_chunks(VolumeGeometry(SHAPE, HALO), predict, WorkerSpec(LIMIT, BASELINE), operator="gst3d")
     data = json.loads(json.dumps(plan.to_dict()))
     assert data["chunks"] == list(plan.chunks)
     assert data["dask_chunks"] == [list(c) for c in plan.dask_chunks]
@@ -482,8 +486,9 @@ def test_with_several_slots_heavy_work_gets_more_chunks_and_light_work_fewer():
     shape, halo = (256, 256, 256), (5, 5, 5)
     predict = lambda blocks, confidence=0.99: (240.0 * np.prod(blocks, axis=1),) * 2  # noqa: E731
 
-    def plan(**kwargs):
-        return plan_chunks(shape, halo, (), predict, 64 * GiB, **kwargs, baseline_bytes=BASELINE)
+    def plan(workers, seconds_per_voxel):
+        return plan_chunks(VolumeGeometry(shape, halo), predict, WorkerSpec(64 * GiB, BASELINE, workers=workers),
+                           TimeTerms(seconds_per_voxel=seconds_per_voxel))
 
     alone = plan(workers=1, seconds_per_voxel=1e-6)
     heavy = plan(workers=2, seconds_per_voxel=1e-6)
@@ -507,10 +512,11 @@ def test_the_fastest_plan_is_the_exhaustive_optimum():
     faster beyond the tie fraction.  (One slot: the fewest-tasks brute force above.)"""
     shape, halo, limit = (300, 200, 250), (5, 5, 5), 2 * GiB
     budget = math.floor(0.8 * limit)
-    cands = [plan_candidates.axis_chunk_candidates(n, h, False, plan_candidates.DEFAULT_MIN_CHUNK, 10**6)
+    cands = [plan_candidates.axis_chunk_candidates(n, h, False, DEFAULT_MIN_CHUNK, 10**6)
              for n, h in zip(shape, halo)]
     for workers, s in ((2, 1e-7), (2, 4e-7), (4, 1e-7)):
-        plan = plan_chunks(shape, halo, (), predict, limit, workers=workers, seconds_per_voxel=s, baseline_bytes=BASELINE)
+        plan = plan_chunks(VolumeGeometry(shape, halo), predict, WorkerSpec(limit, BASELINE, workers=workers),
+                           TimeTerms(seconds_per_voxel=s))
         assert plan.upper_bytes <= budget
         best = math.inf
         for chunk in itertools.product(*cands):
@@ -557,7 +563,7 @@ def test_neighbour_chunks_held_are_two_grid_layers_across_the_first_overlapped_a
 
 def test_a_baseline_at_the_pause_threshold_is_one_line_with_its_numbers():
     with pytest.raises(ChunkPlanError) as err:
-        plan_chunks(SHAPE, HALO, (), predict, 1 * GiB, baseline_bytes=900 * MiB, pause_fraction=0.8)
+        plan_chunks(VolumeGeometry(SHAPE, HALO), predict, WorkerSpec(1 * GiB, 900 * MiB, pause_fraction=0.8))
     message = str(err.value)
     assert "\n" not in message
     assert "baseline" in message and "900.00 MiB" in message and "819.20 MiB" in message
@@ -565,27 +571,28 @@ def test_a_baseline_at_the_pause_threshold_is_one_line_with_its_numbers():
 
 
 def test_a_large_baseline_leaves_less_room_and_the_error_names_it():
-    roomy = plan_chunks(SHAPE, HALO, (), predict, LIMIT, baseline_bytes=BASELINE)
-    crowded = plan_chunks(SHAPE, HALO, (), predict, LIMIT, baseline_bytes=BASELINE + 700 * MiB)
+    roomy = plan_chunks(VolumeGeometry(SHAPE, HALO), predict, WorkerSpec(LIMIT, BASELINE))
+    crowded = plan_chunks(VolumeGeometry(SHAPE, HALO), predict, WorkerSpec(LIMIT, BASELINE + 700 * MiB))
     assert crowded.n_tasks > roomy.n_tasks
     assert crowded.upper_bytes <= crowded.budget_bytes
     assert crowded.footprint.baseline_bytes == BASELINE + 700 * MiB
     with pytest.raises(ChunkPlanError, match="of which the workers' baseline is 1.09 GiB"):
-        plan_chunks(SHAPE, HALO, (), predict, LIMIT, baseline_bytes=BASELINE + 970 * MiB, min_chunk=150)
+        plan_chunks(VolumeGeometry(SHAPE, HALO, min_chunk=150), predict, WorkerSpec(LIMIT, BASELINE + 970 * MiB))
 
 
 def test_the_three_stages_compose_into_the_plan():
     budget = math.floor(0.8 * LIMIT)
     footprint = functools.partial(worker_footprint, baseline_bytes=BASELINE, windowed=True)  # a plan's tasks read windows
-    candidates = plan_candidates.chunk_candidates(SHAPE, HALO, (), footprint=footprint, budget=budget, min_chunk=16,
-                                           workers=2, slots=2, seconds_per_voxel=1e-7, graph_task_seconds=0.002)
+    candidates = plan_candidates.chunk_candidates(
+        VolumeGeometry(SHAPE, HALO, min_chunk=16), footprint=footprint, budget=budget, slots=2,
+        time_terms=TimeTerms(seconds_per_voxel=1e-7, graph_task_seconds=0.002))
     assert len(candidates.chunks) == len(candidates.blocks) == len(candidates.seconds) > 100
     assert np.all(candidates.upper_total == np.iinfo(np.int64).max)  # nothing predicted yet
     n = plan_candidates.evaluate_candidates(candidates, predict, confidence=0.99, footprint=footprint, budget=budget,
                                      slots=2)
     assert 0 < n < len(candidates.chunks)  # the probe pass pruned rows
     index = plan_candidates.rank_candidates(candidates, SHAPE, (), budget=budget, slots=2)
-    plan = plan_chunks(SHAPE, HALO, (), predict, LIMIT, baseline_bytes=BASELINE, workers=2)
+    plan = plan_chunks(VolumeGeometry(SHAPE, HALO), predict, WorkerSpec(LIMIT, BASELINE, workers=2))
     assert tuple(candidates.chunks[index]) == plan.chunks
     assert candidates.upper_total[index] == plan.upper_bytes <= budget
 
@@ -669,8 +676,8 @@ def test_a_plan_pays_what_its_block_costs_per_voxel():
     predict = lambda blocks, confidence=0.99: (100.0 * np.prod(blocks, axis=1),) * 2  # noqa: E731
 
     def plan(clock):
-        return plan_chunks(shape, halo, (), predict, 64 * GiB, baseline_bytes=BASELINE, workers=2,
-                           graph_task_seconds=0.002, task_clock=clock)
+        return plan_chunks(VolumeGeometry(shape, halo), predict, WorkerSpec(64 * GiB, BASELINE, workers=2),
+                           TimeTerms(graph_task_seconds=0.002, task_clock=clock))
 
     flat = plan(time_model.TaskClock(volumes=(1e6, 1e8), seconds_per_voxel=(2e-7, 2e-7),
                                    spread_volumes=(1e6,), spreads=(0.02,)))
@@ -715,8 +722,8 @@ def test_a_plan_avoids_a_block_shape_the_workers_timed_slow_and_says_whether_its
     predict = lambda blocks, confidence=0.99: (100.0 * np.prod(blocks, axis=1),) * 2  # noqa: E731
 
     def plan(clock):
-        return plan_chunks(shape, halo, (), predict, 1536 * MiB, baseline_bytes=BASELINE, workers=2,
-                           graph_task_seconds=0.002, task_clock=clock)
+        return plan_chunks(VolumeGeometry(shape, halo), predict, WorkerSpec(1536 * MiB, BASELINE, workers=2),
+                           TimeTerms(graph_task_seconds=0.002, task_clock=clock))
 
     curve = dict(volumes=(1e6, 1e8), seconds_per_voxel=(2e-7, 2e-7), spread_volumes=(1e6,), spreads=(0.02,))
     by_volume = plan(time_model.TaskClock(**curve))
@@ -742,11 +749,12 @@ def test_a_grid_volume_gives_every_task_the_block_with_two_chunks_per_axis():
 def test_the_compact_neighbour_cuts_the_longest_split_axis_into_twice_the_chunks():
     shape, halo = (256, 256, 256), (5, 5, 5)
     predict = lambda blocks, confidence=0.99: (100.0 * np.prod(blocks, axis=1),) * 2  # noqa: E731
-    plan = plan_chunks(shape, halo, (), predict, 64 * GiB, baseline_bytes=BASELINE, chunks=(128, 128, 256))
+    plan = plan_chunks(VolumeGeometry(shape, halo), predict, WorkerSpec(64 * GiB, BASELINE), chunks=(128, 128, 256))
     assert plan_candidates.compact_neighbour(plan) == (128, 128, 128)
-    whole = plan_chunks(shape, halo, (2,), predict, 64 * GiB, baseline_bytes=BASELINE, chunks=(128, 64, 256))
+    whole = plan_chunks(VolumeGeometry(shape, halo, whole_axes=(2,)), predict, WorkerSpec(64 * GiB, BASELINE),
+                        chunks=(128, 64, 256))
     assert plan_candidates.compact_neighbour(whole) == (64, 64, 256)  # the whole axis stays whole
-    smallest = plan_chunks((40, 40, 40), halo, (), predict, 64 * GiB, baseline_bytes=BASELINE, min_chunk=16,
+    smallest = plan_chunks(VolumeGeometry((40, 40, 40), halo, min_chunk=16), predict, WorkerSpec(64 * GiB, BASELINE),
                            chunks=(20, 20, 20))
     assert plan_candidates.compact_neighbour(smallest) is None  # nothing shorter than 16 on any axis
 
@@ -759,18 +767,18 @@ def scaled(factor):
 
 
 def test_a_plan_still_fits_under_its_own_predictor_and_not_under_a_doubled_one():
-    plan = plan_chunks(SHAPE, HALO, (), predict, LIMIT, baseline_bytes=BASELINE)
+    plan = plan_chunks(VolumeGeometry(SHAPE, HALO), predict, WorkerSpec(LIMIT, BASELINE))
     assert planner.plan_fits(plan, predict)
     assert not planner.plan_fits(plan, scaled(2.0))
 
 
 def test_replan_policy_only_early_and_only_when_the_plan_no_longer_fits():
-    plan = plan_chunks(SHAPE, HALO, (), predict, LIMIT, baseline_bytes=BASELINE)  # one slot: largest chunks
+    plan = plan_chunks(VolumeGeometry(SHAPE, HALO), predict, WorkerSpec(LIMIT, BASELINE))  # one slot: largest chunks
     assert planner.replan(plan, predict, done_fraction=0.0) is None  # still fits: carry on
     assert planner.replan(plan, scaled(2.0), done_fraction=0.9) is None  # too late: finishing is cheaper
     new = planner.replan(plan, scaled(2.0), done_fraction=0.1)
     assert new is not None and new.n_tasks > plan.n_tasks
-    assert new == plan_chunks(SHAPE, HALO, (), scaled(2.0), LIMIT, baseline_bytes=BASELINE)
+    assert new == plan_chunks(VolumeGeometry(SHAPE, HALO), scaled(2.0), WorkerSpec(LIMIT, BASELINE))
     with pytest.raises(ChunkPlanError):
         planner.replan(plan, scaled(1e4), done_fraction=0.1)
 
@@ -789,8 +797,8 @@ def test_chunks_of_an_operator_that_pads_its_blocks_sit_on_its_grid():
         v = np.prod(np.asarray(blocks, dtype=float), axis=1)
         return 320.0 * v, 330.0 * v
 
-    plan = planner.plan_chunks((300, 500, 700), (48, 48, 48), (), predict, 8 * 2**30, baseline_bytes=100 * 2**20,
-                       block_multiple=(8, 8, 8))
+    plan = planner.plan_chunks(VolumeGeometry((300, 500, 700), (48, 48, 48), block_multiple=(8, 8, 8)), predict,
+                               WorkerSpec(8 * 2**30, 100 * 2**20))
     assert plan.block_multiple == (8, 8, 8)
     assert all(c % 8 == 0 or c == n for c, n in zip(plan.chunks, (300, 500, 700)))
 
@@ -806,7 +814,7 @@ def test_a_predictor_taking_tasks_bounds_the_largest_task_of_each_candidate_plan
         mean = 100.0 * np.prod(blocks, axis=1)
         return mean, mean + 2**20 * tasks  # 1 MiB more per task covered
 
-    plan = plan_chunks((200, 200, 200), (4, 4, 4), (), predict, 1 * GiB, baseline_bytes=BASELINE)
+    plan = plan_chunks(VolumeGeometry((200, 200, 200), (4, 4, 4)), predict, WorkerSpec(1 * GiB, BASELINE))
     assert any(np.any(t > 1) for t in seen)
     mean = 100.0 * math.prod(plan.block)
     assert plan.footprint.task_peak_bytes == pytest.approx(mean + 2**20 * plan.n_tasks, rel=1e-9)
@@ -862,8 +870,8 @@ def by_hand_staged_total(plan, stages, shape, workers, threads=1, baseline=BASEL
 def test_a_staged_plans_bound_is_its_largest_stage_plus_every_stages_queue_and_held_chunks(workers):
     shape = (300, 260, 200)
     stages = staged_stages()
-    plan = staged.plan_staged_chunks(shape, (), stages, 1 * GiB, baseline_bytes=BASELINE, workers=workers,
-                                       confidence=0.99)
+    plan = staged.plan_staged_chunks(VolumeGeometry(shape), stages, WorkerSpec(1 * GiB, BASELINE, workers=workers),
+                                     confidence=0.99)
     assert plan.strategy == "staged" and plan.upper_bytes <= plan.budget_bytes
     assert plan.upper_bytes == by_hand_staged_total(plan, stages, shape, workers)
     assert plan.footprint.total == plan.upper_bytes
@@ -880,7 +888,7 @@ def test_a_fan_outs_branches_keep_their_shared_input_once():
     shape = (300, 260, 200)
     fan = staged_stages(halos=((4, 4, 4), (6, 6, 6), (3, 3, 3)), bytes_per_sample=(20.0, 200.0, 50.0),
                         groups=[0, 1, 1])
-    plan = staged.plan_staged_chunks(shape, (), fan, 1 * GiB, baseline_bytes=BASELINE, workers=2)
+    plan = staged.plan_staged_chunks(VolumeGeometry(shape), fan, WorkerSpec(1 * GiB, BASELINE, workers=2))
     assert plan.upper_bytes == by_hand_staged_total(plan, fan, shape, 2)
     assert len(plan.stages) == 3
     # the branches' shared intermediate keeps its chunks once, for the larger of their halos
@@ -890,8 +898,8 @@ def test_a_fan_outs_branches_keep_their_shared_input_once():
 def test_a_staged_plans_time_charges_every_stages_tasks_and_block_and_the_transfers():
     shape, workers = (300, 260, 200), 2
     stages = staged_stages()
-    plan = staged.plan_staged_chunks(shape, (), stages, 4 * GiB, baseline_bytes=BASELINE, workers=workers,
-                                       graph_task_seconds=0.002, io_seconds_per_voxel=5e-8)
+    plan = staged.plan_staged_chunks(VolumeGeometry(shape), stages, WorkerSpec(4 * GiB, BASELINE, workers=workers),
+                                     TimeTerms(graph_task_seconds=0.002, io_seconds_per_voxel=5e-8))
     counts = [-(-n // c) for n, c in zip(shape, plan.chunks)]
     chunk_seconds = 0.0
     for i, s in enumerate(stages):
@@ -906,12 +914,12 @@ def test_a_staged_plans_time_charges_every_stages_tasks_and_block_and_the_transf
 
 def test_a_staged_plan_is_never_replanned_and_fails_in_one_line_when_nothing_fits():
     stages = staged_stages()
-    plan = staged.plan_staged_chunks((200, 200, 200), (), stages, 1 * GiB, baseline_bytes=BASELINE)
+    plan = staged.plan_staged_chunks(VolumeGeometry((200, 200, 200)), stages, WorkerSpec(1 * GiB, BASELINE))
     doubled = lambda blocks, confidence=0.99: tuple(2 * x for x in analytic_peak(blocks))  # noqa: E731
     assert planner.replan(plan, doubled, done_fraction=0.0) is None
     with pytest.raises(ChunkPlanError) as info:
-        staged.plan_staged_chunks((2000, 2000, 2000), (2,), stages, 200 * MiB, baseline_bytes=BASELINE,
-                                    operator="a,b")
+        staged.plan_staged_chunks(VolumeGeometry((2000, 2000, 2000), whole_axes=(2,)), stages,
+                                  WorkerSpec(200 * MiB, BASELINE), operator="a,b")
     assert "fits staged for a,b" in str(info.value) and "\n" not in str(info.value)
 
 
@@ -936,8 +944,9 @@ def test_a_staged_plan_is_timed_when_every_stages_block_is_and_pays_each_stages_
         stages = [dataclasses.replace(s, task_clock=time_model.TaskClock(
             **curve, shapes=shapes_of(i), shape_seconds_per_voxel=(5e-8,) * len(shapes_of(i))))
             for i, s in enumerate(staged_stages())]
-        return stages, staged.plan_staged_chunks(shape, (), stages, 4 * GiB, baseline_bytes=BASELINE, workers=2,
-                                                   graph_task_seconds=0.002, io_seconds_per_voxel=5e-8)
+        return stages, staged.plan_staged_chunks(VolumeGeometry(shape), stages,
+                                                 WorkerSpec(4 * GiB, BASELINE, workers=2),
+                                                 TimeTerms(graph_task_seconds=0.002, io_seconds_per_voxel=5e-8))
 
     _, untimed = plan(lambda i: ())
     assert not untimed.block_clocked and not any(s["block_clocked"] for s in untimed.stages)
@@ -957,8 +966,8 @@ def test_a_staged_plan_with_the_members_clocks_pays_their_tasks_and_their_spread
     clocks = [time_model.TaskClock(volumes=(1e5, 1e7), seconds_per_voxel=(2e-7, 5e-8), spread_volumes=(1e5,),
                                  spreads=(s,)) for s in (0.2, 0.4)]
     stages = [dataclasses.replace(s, task_clock=c) for s, c in zip(staged_stages(), clocks)]
-    plan = staged.plan_staged_chunks(shape, (), stages, 4 * GiB, baseline_bytes=BASELINE, workers=workers,
-                                       graph_task_seconds=0.002, io_seconds_per_voxel=5e-8)
+    plan = staged.plan_staged_chunks(VolumeGeometry(shape), stages, WorkerSpec(4 * GiB, BASELINE, workers=workers),
+                                     TimeTerms(graph_task_seconds=0.002, io_seconds_per_voxel=5e-8))
     counts = [-(-n // c) for n, c in zip(shape, plan.chunks)]
     chunk_seconds = 0.0
     for i, (s, clock) in enumerate(zip(stages, clocks)):
@@ -980,11 +989,11 @@ def test_a_staged_plan_with_the_members_clocks_pays_their_tasks_and_their_spread
 @pytest.mark.parametrize("workers", [1, 4])
 def test_a_staged_plans_probe_pruning_gives_the_exhaustive_answer(monkeypatch, workers):
     shape = (800, 600, 1000)
-    pruned = staged.plan_staged_chunks(shape, (), staged_stages(), 1.5 * GiB, baseline_bytes=BASELINE,
-                                         workers=workers)
+    pruned = staged.plan_staged_chunks(VolumeGeometry(shape), staged_stages(),
+                                       WorkerSpec(1.5 * GiB, BASELINE, workers=workers))
     monkeypatch.setattr(plan_candidates, "PROBE_VALUES_PER_AXIS", 10**6)  # the probe is every candidate
-    exhaustive = staged.plan_staged_chunks(shape, (), staged_stages(), 1.5 * GiB, baseline_bytes=BASELINE,
-                                             workers=workers)
+    exhaustive = staged.plan_staged_chunks(VolumeGeometry(shape), staged_stages(),
+                                           WorkerSpec(1.5 * GiB, BASELINE, workers=workers))
     assert pruned.chunks == exhaustive.chunks and pruned.upper_bytes == exhaustive.upper_bytes
     assert pruned.n_candidates < exhaustive.n_candidates
 
@@ -998,10 +1007,11 @@ def test_a_staged_no_fit_names_the_smallest_complete_footprint_as_an_unpruned_se
                            groups=[0, 1, 1])
     limit = 260 * MiB
     with pytest.raises(ChunkPlanError) as info:
-        staged.plan_staged_chunks((1200, 1000, 900), (), stages, limit, baseline_bytes=BASELINE, workers=2)
-    c = plan_candidates.chunk_candidates((1200, 1000, 900), (6, 6, 6), (), footprint=functools.partial(
-        worker_footprint, threads_per_worker=1, baseline_bytes=0), budget=2**62, min_chunk=plan_candidates.DEFAULT_MIN_CHUNK,
-        workers=2, slots=2, seconds_per_voxel=1e-7, graph_task_seconds=0.002)
+        staged.plan_staged_chunks(VolumeGeometry((1200, 1000, 900)), stages, WorkerSpec(limit, BASELINE, workers=2))
+    c = plan_candidates.chunk_candidates(
+        VolumeGeometry((1200, 1000, 900), (6, 6, 6)),
+        footprint=functools.partial(worker_footprint, threads_per_worker=1, baseline_bytes=0), budget=2**62, slots=2,
+        time_terms=TimeTerms(seconds_per_voxel=1e-7, graph_task_seconds=0.002))
     rows = [type("P", (), {"chunks": tuple(int(x) for x in row)}) for row in c.chunks]
     smallest = min(by_hand_staged_total(row, stages, (1200, 1000, 900), 2) for row in rows)
     idle = [dataclasses.replace(s, predict=StagePredictor(0.0)) for s in stages]  # every task peak at 0
@@ -1014,9 +1024,10 @@ def test_a_staged_no_fit_names_the_smallest_complete_footprint_as_an_unpruned_se
 def test_a_candidate_grids_time_model_terms_are_the_row_by_row_ones(halo):
     """Candidates are a sub-grid of per-axis lengths: their graph tasks are computed per axis
     and gathered, and must equal graph_tasks_per_chunk's row by row (bit for bit)."""
-    c = plan_candidates.chunk_candidates((800, 600, 1000), halo, (), footprint=functools.partial(
-        worker_footprint, baseline_bytes=BASELINE), budget=10**15, min_chunk=16, workers=3, slots=3,
-        seconds_per_voxel=1e-7, graph_task_seconds=0.002)
+    c = plan_candidates.chunk_candidates(
+        VolumeGeometry((800, 600, 1000), halo, min_chunk=16),
+        footprint=functools.partial(worker_footprint, baseline_bytes=BASELINE), budget=10**15, slots=3,
+        time_terms=TimeTerms(seconds_per_voxel=1e-7, graph_task_seconds=0.002))
     counts = -(-np.asarray((800, 600, 1000)) // c.chunks)
     np.testing.assert_array_equal(time_model._grid_graph_tasks((800, 600, 1000), halo, c.axis_chunks, c.grid),
                                   time_model.graph_tasks_per_chunk(counts, halo))

@@ -646,6 +646,7 @@ def test_a_fused_plan_of_a_composed_model_is_the_plan_of_its_full_predictions(li
     from explorer.plan.task_model import TaskModel
     from explorer.plan.chunk_plan import ChunkPlanError
     from explorer.plan.planner import plan_chunks
+    from explorer.plan.spec import VolumeGeometry, WorkerSpec
     from explorer.model.composed import ComposedModel
 
     pipeline = operators.get("gaussian,envelope+gst3d+instantaneous_phase")
@@ -656,8 +657,8 @@ def test_a_fused_plan_of_a_composed_model_is_the_plan_of_its_full_predictions(li
 
     def plan(predict):
         try:
-            return plan_chunks((2000, 1600, 1200), pipeline.halo, (), predict, int(limit * 2**30),
-                               baseline_bytes=300 * 2**20, threads_per_worker=threads, workers=workers)
+            return plan_chunks(VolumeGeometry((2000, 1600, 1200), pipeline.halo), predict,
+                               WorkerSpec(int(limit * 2**30), 300 * 2**20, threads_per_worker=threads, workers=workers))
         except ChunkPlanError as exc:
             return str(exc)
 

@@ -113,6 +113,7 @@ def test_the_planner_bounds_the_largest_of_a_plans_tasks_with_one_cold_task_per_
     """``plan_chunks`` passes each candidate's task count and ``min(tasks, workers x threads)``
     cold tasks to a predictor that takes them."""
     from explorer.plan.planner import plan_chunks
+    from explorer.plan.spec import VolumeGeometry, WorkerSpec
 
     seen = []
 
@@ -121,8 +122,8 @@ def test_the_planner_bounds_the_largest_of_a_plans_tasks_with_one_cold_task_per_
         v = np.asarray(shapes, dtype=float).prod(1)
         return 50.0 * v, 60.0 * v
 
-    plan = plan_chunks((300, 300, 300), (2, 2, 2), (), predict, 2**31, baseline_bytes=100 * MiB, workers=3,
-                       threads_per_worker=2)
+    plan = plan_chunks(VolumeGeometry((300, 300, 300), (2, 2, 2)), predict,
+                       WorkerSpec(2**31, 100 * MiB, threads_per_worker=2, workers=3))
     tasks, cold = (np.concatenate(x) for x in zip(*seen))
     assert np.array_equal(cold, np.minimum(tasks, 6)) and plan.n_tasks >= 1
 
@@ -277,6 +278,7 @@ def test_a_plans_footprint_is_its_blocks_own_bound_not_the_shortcut():
     """The planner's ceiling lets the task model answer an upper bound for rows that surely
     fit; the plan is ranked and its footprint computed on its block's own bound."""
     from explorer.plan.planner import plan_chunks
+    from explorer.plan.spec import VolumeGeometry, WorkerSpec
 
     class Isolated:
         operator, halo, info, stale = "gst3d", (5, 5, 5), {}, []
@@ -295,8 +297,8 @@ def test_a_plans_footprint_is_its_blocks_own_bound_not_the_shortcut():
     calibration = cal.WorkerCalibration("gst3d", excess, timing.fit_timing([]), 7, 7, 56, 0.99, 0,
                                         environment_stamp("gst3d"), within=within, cold=cold)
     model = task_model.TaskModel(Isolated(), calibration)
-    plan = plan_chunks((600, 500, 400), (5, 5, 5), (), model.predict_many, 4 * GiB, baseline_bytes=100 * MiB,
-                       workers=2)
+    plan = plan_chunks(VolumeGeometry((600, 500, 400), (5, 5, 5)), model.predict_many,
+                       WorkerSpec(4 * GiB, 100 * MiB, workers=2))
     _, own = model.predict_many(np.asarray([plan.block]), 0.99, tasks=[plan.n_tasks],
                                 cold=[min(plan.n_tasks, plan.slots)])
     assert plan.footprint.task_peak_bytes == pytest.approx(own[0], rel=1e-9)

@@ -13,11 +13,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from explorer.plan.grid import Candidates, _samples, axis_blocks
+from explorer.plan.spec import TimeTerms
 from explorer.plan.time_model import _fused_seconds
 
 if TYPE_CHECKING:
     from explorer.plan.chunk_plan import ChunkPlan
-    from explorer.plan.time_model import TaskClock
+    from explorer.plan.spec import VolumeGeometry
 
 __all__ = [
     "chunk_candidates",
@@ -28,8 +29,6 @@ __all__ = [
 ]
 
 
-#: Smallest chunk along a non-whole axis (a task per 16^3 float32 samples is all overhead).
-DEFAULT_MIN_CHUNK = 16
 #: Upper bound on the number of candidate chunk shapes per plan: 20 per axis when three
 #: axes are free, 89 when two are.  Against an unthinned search over 80 cases (analytic
 #: predictor), the thinned plans had 0.8% more tasks on average, 6.6% at most.
@@ -172,15 +171,17 @@ def compact_neighbour(plan: "ChunkPlan") -> tuple[int, ...] | None:
     return None
 
 
-def chunk_candidates(shape, halo, whole, *, footprint, budget: int, min_chunk: int, workers: int, slots: int,
-                     seconds_per_voxel: float, graph_task_seconds: float, block_multiple=None,
-                     task_clock: TaskClock | None = None, run_fixed_seconds: float = 0.0,
-                     chunks=None) -> Candidates:
-    """The candidate chunkings (module docstring): the Cartesian product of per-axis chunk
-    lengths, less those whose footprint with ``peak = 0`` already exceeds ``budget`` (the
-    smallest is kept so that a failure can report it); their time model is evaluated.
-    ``chunks``: one chunk shape, the only candidate (a whole axis whole, none longer than the
-    volume): the plan of a chunking chosen elsewhere."""
+def chunk_candidates(geometry: VolumeGeometry, *, footprint, budget: int, slots: int,
+                     time_terms: TimeTerms = TimeTerms(), chunks=None) -> Candidates:
+    """The candidate chunkings of ``geometry`` (module docstring): the Cartesian product of
+    per-axis chunk lengths, less those whose footprint with ``peak = 0`` already exceeds
+    ``budget`` (the smallest is kept so that a failure can report it); their time model
+    (``time_terms`` on ``slots`` slots) is evaluated.  ``chunks``: one chunk shape, the only
+    candidate (a whole axis whole, none longer than the volume): the plan of a chunking
+    chosen elsewhere."""
+    shape, whole, min_chunk, block_multiple = (geometry.shape, geometry.whole_axes, geometry.min_chunk,
+                                               geometry.block_multiple)
+    halo = (0,) * len(shape) if geometry.halo is None else geometry.halo
     ndim = len(shape)
     cap = _axis_cap(ndim, whole)
     multiple = (1,) * ndim if block_multiple is None else tuple(int(m) for m in block_multiple)
@@ -203,8 +204,9 @@ def chunk_candidates(shape, halo, whole, *, footprint, budget: int, min_chunk: i
     chunks = np.stack([c[g] for c, g in zip(axis_chunks, grid)], axis=1)
     blocks = np.stack([b[g] for b, g in zip(axis_block, grid)], axis=1)
     seconds = _fused_seconds(shape, axis_chunks, grid, blocks, n_tasks[keep], slots=slots,
-                             seconds_per_voxel=seconds_per_voxel, graph_task_seconds=graph_task_seconds,
-                             task_clock=task_clock, run_fixed_seconds=run_fixed_seconds)
+                             seconds_per_voxel=time_terms.seconds_per_voxel,
+                             graph_task_seconds=time_terms.graph_task_seconds, task_clock=time_terms.task_clock,
+                             run_fixed_seconds=time_terms.run_fixed_seconds)
     return Candidates(axis_chunks=axis_chunks, grid=grid, chunks=chunks, blocks=blocks, n_tasks=n_tasks[keep],
                       # a fused task reads its own block (operators.windowed_map): nothing kept for a neighbour
                       neighbours=np.zeros(len(keep), dtype=np.int64), seconds=seconds)

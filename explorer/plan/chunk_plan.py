@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from explorer.core.units import FLOAT32_BYTES
-from explorer.plan.candidates import DEFAULT_MIN_CHUNK
 from explorer.plan.grid import _axis_chunks
+from explorer.plan.spec import DEFAULT_MIN_CHUNK
 from explorer.plan.time_model import DEFAULT_GRAPH_TASK_SECONDS
 
 if TYPE_CHECKING:

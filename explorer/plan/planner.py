@@ -48,6 +48,7 @@ longer fits under the updated predictor.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import TYPE_CHECKING
@@ -55,9 +56,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from explorer.core.units import format_bytes, format_shape
-from explorer.core.units import FLOAT32_BYTES
 from explorer.plan.candidates import (
-    DEFAULT_MIN_CHUNK,
     _complete_smallest,
     _predict_rows,
     _ranking_keys,
@@ -68,14 +67,13 @@ from explorer.plan.candidates import (
     rank_candidates,
 )
 from explorer.plan.chunk_plan import ChunkPlan, ChunkPlanError
-from explorer.plan.dask_config import FALLBACK_PAUSE_FRACTION
 from explorer.plan.footprint import worker_footprint
-from explorer.plan.time_model import DEFAULT_GRAPH_TASK_SECONDS, DEFAULT_SECONDS_PER_VOXEL
+from explorer.plan.spec import TimeTerms, VolumeGeometry, WorkerSpec
+from explorer.plan.time_model import DEFAULT_SECONDS_PER_VOXEL
 
 if TYPE_CHECKING:
-    from explorer.plan.candidates import Predictor
     from explorer.plan.grid import Candidates
-    from explorer.plan.time_model import TaskClock
+    from explorer.plan.candidates import Predictor
 
 __all__ = [
     "plan_chunks",
@@ -85,61 +83,47 @@ __all__ = [
 
 
 def plan_chunks(
-    shape,
-    halo,
-    whole_axes,
+    geometry: VolumeGeometry,
     predict: Predictor,
-    limit_bytes: int,
+    worker_spec: WorkerSpec,
+    time_terms: TimeTerms = TimeTerms(),
     *,
-    baseline_bytes: int,
-    threads_per_worker: int = 1,
     confidence: float = 0.99,
-    pause_fraction: float = FALLBACK_PAUSE_FRACTION,
-    itemsize: int = FLOAT32_BYTES,
-    output_itemsize: int = FLOAT32_BYTES,
-    min_chunk: int = DEFAULT_MIN_CHUNK,
     operator: str | None = None,
-    workers: int = 1,
-    seconds_per_voxel: float = DEFAULT_SECONDS_PER_VOXEL,
-    graph_task_seconds: float = DEFAULT_GRAPH_TASK_SECONDS,
     warnings: tuple[str, ...] = (),
-    baseline_source: str = "given",
-    block_multiple=None,
-    task_clock: TaskClock | None = None,
-    run_fixed_seconds: float = 0.0,
     chunks=None,
 ) -> ChunkPlan:
-    """The fastest chunks whose upper worker footprint fits (module docstring):
+    """The fastest chunks of ``geometry`` whose upper worker footprint fits (module docstring):
     :func:`chunk_candidates`, :func:`evaluate_candidates`, :func:`rank_candidates`.
 
-    ``baseline_bytes``: the idle worker's resident memory, measured where the work runs
-    (``explorer.plan.recommend``).  ``workers``: the cluster's workers; tasks run
-    ``C = workers * threads_per_worker`` at a time.  With one slot the first key is the
-    fewest tasks; with several it is :func:`plan_seconds` with ``C`` slots and the given
-    ``seconds_per_voxel`` and ``graph_task_seconds``, or, given the workers' learnt
-    ``task_clock``, its seconds per voxel and spread at each candidate's block; plans
-    within :data:`SECONDS_TIE_FRACTION` of the fastest are tied.  ``predicted_seconds``
-    is reported either way.
+    ``worker_spec``: the workers; tasks run ``C = workers * threads_per_worker`` at a time, each
+    worker starting from its idle ``baseline_bytes``, measured where the work runs
+    (``explorer.plan.recommend``).  With one slot the first key is the fewest tasks; with
+    several it is :func:`plan_seconds` with ``C`` slots and ``time_terms``' seconds per voxel
+    and graph-task seconds, or, given its learnt ``task_clock``, the clock's seconds per voxel
+    and spread at each candidate's block; plans within :data:`SECONDS_TIE_FRACTION` of the
+    fastest are tied.  ``predicted_seconds`` is reported either way.
 
     ``predict(block_shapes, confidence=confidence) -> (mean, upper)`` gives a task's
-    ``peak_bytes`` for ``(m, ndim)`` int64 block shapes.  A candidate fits when
-    ``worker_footprint(b, upper).total <= pause_fraction * limit_bytes``.  Raises
-    :class:`ChunkPlanError` when none does, saying so when the baseline alone leaves no
-    room.  ``warnings`` (one line each) and ``baseline_source`` are carried on the plan.
-    ``chunks``: plan only that chunk shape (its bound and time; :class:`ChunkPlanError` when
-    its bound does not fit).
+    ``peak_bytes`` for ``(m, ndim)`` int64 block shapes (:data:`Predictor`: the keywords it
+    takes are passed).  A candidate fits when ``worker_footprint(b, upper).total
+    <= pause_fraction * limit_bytes``.  Raises :class:`ChunkPlanError` when none does, saying
+    so when the baseline alone leaves no room.  ``warnings`` (one line each) and the spec's
+    ``baseline_source`` are carried on the plan.  ``chunks``: plan only that chunk shape (its
+    bound and time; :class:`ChunkPlanError` when its bound does not fit).
     """
-    shape, halo, whole, limit_bytes, threads = _checked_plan_arguments(
-        shape, halo, whole_axes, limit_bytes, pause_fraction=pause_fraction, confidence=confidence,
-        threads_per_worker=threads_per_worker, min_chunk=min_chunk, workers=workers, baseline_bytes=baseline_bytes)
-    slots = int(workers) * threads
+    geometry, worker_spec = _checked_plan_arguments(geometry, worker_spec, confidence)
+    shape, halo, whole = geometry.shape, geometry.halo, geometry.whole_axes
+    threads, workers, limit_bytes = worker_spec.threads_per_worker, worker_spec.workers, worker_spec.limit_bytes
+    pause_fraction, baseline_bytes = worker_spec.pause_fraction, worker_spec.baseline_bytes
+    task_clock = time_terms.task_clock
+    slots = workers * threads
     budget = math.floor(pause_fraction * limit_bytes)
-    footprint = functools.partial(worker_footprint, threads_per_worker=threads, itemsize=itemsize,
-                                  output_itemsize=output_itemsize, baseline_bytes=baseline_bytes, windowed=True)
-    candidates = chunk_candidates(shape, halo, whole, footprint=footprint, budget=budget, min_chunk=int(min_chunk),
-                                  workers=int(workers), slots=slots, seconds_per_voxel=seconds_per_voxel,
-                                  graph_task_seconds=graph_task_seconds, block_multiple=block_multiple,
-                                  task_clock=task_clock, run_fixed_seconds=run_fixed_seconds, chunks=chunks)
+    footprint = functools.partial(worker_footprint, threads_per_worker=threads, itemsize=geometry.itemsize,
+                                  output_itemsize=geometry.output_itemsize, baseline_bytes=baseline_bytes,
+                                  windowed=True)
+    candidates = chunk_candidates(geometry, footprint=footprint, budget=budget, slots=slots, time_terms=time_terms,
+                                  chunks=chunks)
     n_predicted = evaluate_candidates(candidates, predict, confidence=confidence, footprint=footprint,
                                       budget=budget, slots=slots)
     if not (candidates.upper_total <= budget).any():
@@ -147,7 +131,7 @@ def plan_chunks(
         _complete_smallest(candidates, lambda: candidates.exact, lambda rows: _predict_rows(
             predict, candidates, rows, confidence, footprint, takes_tasks, slots=slots))
         raise ChunkPlanError(_no_fit_message(candidates, shape, operator, threads, confidence, pause_fraction,
-                                             limit_bytes, budget, int(baseline_bytes)))
+                                             limit_bytes, budget, baseline_bytes))
     index = rank_candidates(candidates, shape, whole, budget=budget, slots=slots)
     if _takes(predict, "ceiling"):
         index = _rank_on_own_bounds(candidates, shape, whole, index, predict, confidence, footprint, budget, slots)
@@ -175,22 +159,22 @@ def plan_chunks(
         n_candidates=n_predicted,
         slots=slots,
         predicted_seconds=float(candidates.seconds[index]),
-        seconds_per_voxel=float(seconds_per_voxel if task_clock is None
+        seconds_per_voxel=float(time_terms.seconds_per_voxel if task_clock is None
                                 else task_clock.seconds_per_voxel_at([math.prod(block)], [block])[0]),
         block_clocked=task_clock is not None and bool(task_clock.clocked(block)[0]),
         task_spread=None if task_clock is None or task_clock.spread_at(math.prod(block)) is None
         else float(task_clock.spread_at(math.prod(block))),
         task_clock=task_clock,
         neighbour_chunks=int(candidates.neighbours[index]),
-        workers=int(workers),
-        itemsize=int(itemsize),
-        output_itemsize=int(output_itemsize),
-        min_chunk=int(min_chunk),
-        graph_task_seconds=float(graph_task_seconds),
-        run_fixed_seconds=float(run_fixed_seconds),
+        workers=workers,
+        itemsize=int(geometry.itemsize),
+        output_itemsize=int(geometry.output_itemsize),
+        min_chunk=geometry.min_chunk,
+        graph_task_seconds=float(time_terms.graph_task_seconds),
+        run_fixed_seconds=float(time_terms.run_fixed_seconds),
         warnings=tuple(warnings),
-        baseline_source=str(baseline_source),
-        block_multiple=None if block_multiple is None else tuple(int(m) for m in block_multiple),
+        baseline_source=str(worker_spec.baseline_source),
+        block_multiple=None if geometry.block_multiple is None else tuple(int(m) for m in geometry.block_multiple),
     )
 
 
@@ -215,34 +199,41 @@ def _rank_on_own_bounds(c: Candidates, shape, whole, index: int, predict: Predic
     return rank_candidates(c, shape, whole, budget=budget, slots=slots)
 
 
-def _checked_plan_arguments(shape, halo, whole_axes, limit_bytes, *, pause_fraction, confidence, threads_per_worker,
-                            min_chunk, workers, baseline_bytes):
-    """``(shape, halo, whole, limit_bytes, threads)`` as ints, or ``ValueError`` naming the bad one."""
-    shape = tuple(int(n) for n in shape)
+def _checked_plan_arguments(geometry: VolumeGeometry, worker_spec: WorkerSpec,
+                            confidence: float) -> tuple[VolumeGeometry, WorkerSpec]:
+    """``geometry`` and ``worker_spec`` with ints where counts and bytes are (the geometry's
+    halo zeros when None, its whole axes sorted and non-negative), or ``ValueError`` naming the
+    bad one."""
+    shape = tuple(int(n) for n in geometry.shape)
     ndim = len(shape)
-    halo = tuple(int(h) for h in halo)
-    whole = tuple(sorted({int(a) % ndim for a in whole_axes}))
+    halo = (0,) * ndim if geometry.halo is None else tuple(int(h) for h in geometry.halo)
+    whole = tuple(sorted({int(a) % ndim for a in geometry.whole_axes}))
     if len(halo) != ndim:
         raise ValueError(f"halo {halo} has {len(halo)} axes; shape {format_shape(shape)} has {ndim}")
     if any(n <= 0 for n in shape) or any(h < 0 for h in halo):
         raise ValueError(f"shape {format_shape(shape)} and halo {halo} must be positive and non-negative")
-    limit_bytes = int(limit_bytes)
+    limit_bytes = int(worker_spec.limit_bytes)
     if limit_bytes <= 0:
         raise ValueError(f"memory limit must be positive, got {limit_bytes}")
+    pause_fraction = worker_spec.pause_fraction
     if not 0.0 < pause_fraction <= 1.0:
         raise ValueError(f"pause_fraction must be in (0, 1], got {pause_fraction}")
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
-    threads = int(threads_per_worker)
+    threads = int(worker_spec.threads_per_worker)
     if threads < 1:
-        raise ValueError(f"threads_per_worker must be >= 1, got {threads_per_worker}")
-    if int(min_chunk) < 1:
-        raise ValueError(f"min_chunk must be >= 1, got {min_chunk}")
-    if int(workers) < 1:
-        raise ValueError(f"workers must be >= 1, got {workers}")
-    if int(baseline_bytes) < 0:
-        raise ValueError(f"baseline_bytes must be non-negative, got {baseline_bytes}")
-    return shape, halo, whole, limit_bytes, threads
+        raise ValueError(f"threads_per_worker must be >= 1, got {worker_spec.threads_per_worker}")
+    if int(geometry.min_chunk) < 1:
+        raise ValueError(f"min_chunk must be >= 1, got {geometry.min_chunk}")
+    if int(worker_spec.workers) < 1:
+        raise ValueError(f"workers must be >= 1, got {worker_spec.workers}")
+    if int(worker_spec.baseline_bytes) < 0:
+        raise ValueError(f"baseline_bytes must be non-negative, got {worker_spec.baseline_bytes}")
+    geometry = dataclasses.replace(geometry, shape=shape, halo=halo, whole_axes=whole,
+                                   min_chunk=int(geometry.min_chunk))
+    worker_spec = dataclasses.replace(worker_spec, limit_bytes=limit_bytes, threads_per_worker=threads,
+                                      workers=int(worker_spec.workers), baseline_bytes=int(worker_spec.baseline_bytes))
+    return geometry, worker_spec
 
 
 def _no_fit_message(c: Candidates, shape, operator, threads, confidence, pause_fraction, limit_bytes, budget,
@@ -290,17 +281,19 @@ def replan(plan: ChunkPlan, predict: Predictor, *, done_fraction: float) -> Chun
     None for a staged plan (its tasks are its members', not one predictor's), when more
     than :data:`REPLAN_MAX_DONE_FRACTION` of the tasks are done, when
     ``plan`` still fits its budget under the updated ``predict`` (:func:`plan_fits`), or
-    when planning again (:func:`plan_chunks` with the plan's own parameters) gives the
+    when planning again (:func:`plan_chunks` with the plan's own inputs) gives the
     same chunks.  :class:`ChunkPlanError` when nothing fits any more.
     """
     if plan.strategy != "fused" or done_fraction > REPLAN_MAX_DONE_FRACTION or plan_fits(plan, predict):
         return None
-    new = plan_chunks(plan.shape, plan.halo, plan.whole_axes, predict, plan.limit_bytes,
-                      baseline_bytes=plan.footprint.baseline_bytes, threads_per_worker=plan.threads_per_worker,
-                      confidence=plan.confidence, pause_fraction=plan.pause_fraction, itemsize=plan.itemsize,
-                      output_itemsize=plan.output_itemsize, min_chunk=plan.min_chunk, operator=plan.operator,
-                      workers=plan.workers, seconds_per_voxel=plan.seconds_per_voxel or DEFAULT_SECONDS_PER_VOXEL,
-                      graph_task_seconds=plan.graph_task_seconds, warnings=plan.warnings,
-                      baseline_source=plan.baseline_source, block_multiple=plan.block_multiple,
-                      task_clock=plan.task_clock, run_fixed_seconds=plan.run_fixed_seconds)
+    geometry = VolumeGeometry(plan.shape, plan.halo, whole_axes=plan.whole_axes, block_multiple=plan.block_multiple,
+                              itemsize=plan.itemsize, output_itemsize=plan.output_itemsize, min_chunk=plan.min_chunk)
+    worker_spec = WorkerSpec(plan.limit_bytes, plan.footprint.baseline_bytes,
+                             threads_per_worker=plan.threads_per_worker, workers=plan.workers,
+                             pause_fraction=plan.pause_fraction, baseline_source=plan.baseline_source)
+    time_terms = TimeTerms(seconds_per_voxel=plan.seconds_per_voxel or DEFAULT_SECONDS_PER_VOXEL,
+                           graph_task_seconds=plan.graph_task_seconds, run_fixed_seconds=plan.run_fixed_seconds,
+                           task_clock=plan.task_clock)
+    new = plan_chunks(geometry, predict, worker_spec, time_terms, confidence=plan.confidence, operator=plan.operator,
+                      warnings=plan.warnings)
     return None if new.chunks == plan.chunks else new

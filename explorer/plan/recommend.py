@@ -18,6 +18,7 @@ from explorer.core.units import FLOAT32_BYTES
 from explorer.plan.chunk_plan import ChunkPlan
 from explorer.plan.planner import plan_chunks
 from explorer.plan.dask_config import worker_pause_fraction
+from explorer.plan.spec import TimeTerms, VolumeGeometry, WorkerSpec
 from explorer.measure.worker_baseline import WorkerBaseline, local_worker_baseline
 
 __all__ = [
@@ -194,13 +195,25 @@ class _PlanRequest:
                 self.baseline = local_worker_baseline(self.operator, self.runs_dir)
         return self.baseline
 
-    def common(self) -> dict:
-        """The planner's arguments every strategy shares."""
-        baseline, op = self.worker_baseline(), self.op
-        return dict(baseline_bytes=baseline.bytes, baseline_source=baseline.source, chunks=self.chunks,
-                    threads_per_worker=self.threads, confidence=self.confidence,
-                    pause_fraction=worker_pause_fraction(), operator=self.operator, workers=self.workers,
-                    block_multiple=None if set(op.block_multiple) == {1} else op.block_multiple)
+    def worker_spec(self) -> WorkerSpec:
+        """The workers every strategy plans for: the asked limit, threads and workers, the
+        worker baseline (:meth:`worker_baseline`), Dask's pause fraction."""
+        baseline = self.worker_baseline()
+        return WorkerSpec(limit_bytes=self.limit_bytes, baseline_bytes=baseline.bytes,
+                          threads_per_worker=self.threads, workers=self.workers,
+                          pause_fraction=worker_pause_fraction(), baseline_source=baseline.source)
+
+    def geometry(self, **operator_terms) -> VolumeGeometry:
+        """The volume with the operator's whole axes and block multiple; ``operator_terms``: a
+        fused plan's halo and item sizes (a staged plan's stages carry their own)."""
+        op = self.op
+        return VolumeGeometry(self.shape, whole_axes=tuple(op.whole_axes),
+                              block_multiple=None if set(op.block_multiple) == {1} else op.block_multiple,
+                              **operator_terms)
+
+    def plan_options(self) -> dict:
+        """The planner's keywords every strategy shares: the confidence, the operator, the one chunk shape."""
+        return dict(confidence=self.confidence, operator=self.operator, chunks=self.chunks)
 
 
 def _fused_timing(request: _PlanRequest) -> dict:
@@ -222,18 +235,10 @@ def _fused_plan(request: _PlanRequest) -> tuple[ChunkPlan, bool]:
     that model has its in-worker calibration."""
     op = request.op
     model = request.model()
-    plan = plan_chunks(
-        request.shape,
-        op.halo,
-        op.whole_axes,
-        model.predict_many,
-        request.limit_bytes,
-        itemsize=FLOAT32_BYTES,
-        output_itemsize=fused_output_itemsize(op),
-        warnings=tuple(model.warnings),
-        **_fused_timing(request),
-        **request.common(),
-    )
+    time_terms = TimeTerms(**_fused_timing(request))
+    geometry = request.geometry(halo=tuple(op.halo), itemsize=FLOAT32_BYTES, output_itemsize=fused_output_itemsize(op))
+    plan = plan_chunks(geometry, model.predict_many, request.worker_spec(), time_terms,
+                       warnings=tuple(model.warnings), **request.plan_options())
     branches = getattr(op, "branches", ())
     calibrated = model.excess is not None
     if not branches:
@@ -331,8 +336,8 @@ def _staged_plan(request: _PlanRequest) -> tuple[ChunkPlan, bool]:
     from explorer.plan.staged import plan_staged_chunks
 
     stages, timing, warnings, calibrated = _staged_stages(request)
-    plan = plan_staged_chunks(request.shape, request.op.whole_axes, stages, request.limit_bytes, warnings=warnings,
-                              **timing, **request.common())
+    plan = plan_staged_chunks(request.geometry(), stages, request.worker_spec(), TimeTerms(**timing),
+                              warnings=warnings, **request.plan_options())
     return plan, calibrated
 
 

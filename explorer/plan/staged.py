@@ -17,7 +17,6 @@ import numpy as np
 
 from explorer.core.units import FLOAT32_BYTES
 from explorer.plan.candidates import (
-    DEFAULT_MIN_CHUNK,
     _complete_smallest,
     _predict_blocks,
     _takes_tasks,
@@ -26,12 +25,11 @@ from explorer.plan.candidates import (
     rank_candidates,
 )
 from explorer.plan.chunk_plan import ChunkPlan, ChunkPlanError
-from explorer.plan.dask_config import FALLBACK_PAUSE_FRACTION
 from explorer.plan.footprint import neighbour_chunks_held, worker_footprint
 from explorer.plan.grid import _samples, exchanged_halo, reads_file
 from explorer.plan.planner import _checked_plan_arguments, _no_fit_message
+from explorer.plan.spec import TimeTerms
 from explorer.plan.time_model import (
-    DEFAULT_GRAPH_TASK_SECONDS,
     DEFAULT_SECONDS_PER_VOXEL,
     RUN_IO_SECONDS_PER_VOXEL,
     _staged_seconds,
@@ -39,6 +37,7 @@ from explorer.plan.time_model import (
 
 if TYPE_CHECKING:
     from explorer.plan.candidates import Predictor
+    from explorer.plan.spec import VolumeGeometry, WorkerSpec
     from explorer.plan.time_model import TaskClock
 
 __all__ = [
@@ -80,28 +79,24 @@ class PlanStage:
 
 
 def plan_staged_chunks(
-    shape,
-    whole_axes,
+    geometry: VolumeGeometry,
     stages: list[PlanStage],
-    limit_bytes: int,
+    worker_spec: WorkerSpec,
+    time_terms: TimeTerms = TimeTerms(),
     *,
-    baseline_bytes: int,
-    threads_per_worker: int = 1,
     confidence: float = 0.99,
-    pause_fraction: float = FALLBACK_PAUSE_FRACTION,
-    min_chunk: int = DEFAULT_MIN_CHUNK,
     operator: str | None = None,
-    workers: int = 1,
-    graph_task_seconds: float = DEFAULT_GRAPH_TASK_SECONDS,
-    io_seconds_per_voxel: float = RUN_IO_SECONDS_PER_VOXEL,
     warnings: tuple[str, ...] = (),
-    baseline_source: str = "given",
-    block_multiple=None,
-    run_fixed_seconds: float = 0.0,
     chunks=None,
 ) -> ChunkPlan:
     """The fastest chunks for a pipeline run *staged* (one ``map_overlap`` per stage, every
     intermediate chunked like the input) whose upper worker footprint fits.
+
+    ``geometry``: the volume's shape, whole axes, block multiple and smallest chunk; its halo
+    is None and its item sizes are not read (each :class:`PlanStage` has its own; the plan's
+    ``halo`` is the largest per axis).  ``worker_spec``: the workers, as :func:`plan_chunks`
+    takes them.  ``time_terms``: its ``graph_task_seconds``, ``io_seconds_per_voxel`` and
+    ``run_fixed_seconds`` (each stage carries its own seconds per voxel and clock).
 
     Stage ``s`` (halo ``h_s``) sees blocks ``b_s`` (:func:`axis_blocks` with ``h_s``).  One
     stage's tasks run at a time on a thread, but every stage is a ``map_overlap`` of its own
@@ -146,28 +141,32 @@ def plan_staged_chunks(
     """
     if not stages:
         raise ValueError("a staged plan needs at least one stage")
+    if geometry.halo is not None:
+        raise ValueError("a staged plan's halos are its stages': its geometry takes none")
     halos = np.asarray([s.halo for s in stages], dtype=np.int64)
     halo_max = tuple(int(h) for h in halos.max(axis=0))
-    shape, halo_max, whole, limit_bytes, threads = _checked_plan_arguments(
-        shape, halo_max, whole_axes, limit_bytes, pause_fraction=pause_fraction, confidence=confidence,
-        threads_per_worker=threads_per_worker, min_chunk=min_chunk, workers=workers, baseline_bytes=baseline_bytes)
-    workers, baseline_bytes = int(workers), int(baseline_bytes)
+    geometry, worker_spec = _checked_plan_arguments(dataclasses.replace(geometry, halo=halo_max), worker_spec,
+                                                    confidence)
+    shape, whole, limit_bytes = geometry.shape, geometry.whole_axes, worker_spec.limit_bytes
+    threads, workers, baseline_bytes = worker_spec.threads_per_worker, worker_spec.workers, worker_spec.baseline_bytes
+    pause_fraction = worker_spec.pause_fraction
     slots = workers * threads
     budget = math.floor(pause_fraction * limit_bytes)
     nothing = functools.partial(worker_footprint, threads_per_worker=threads, baseline_bytes=0)
-    c = chunk_candidates(shape, halo_max, whole, footprint=nothing, budget=np.iinfo(np.int64).max,
-                         min_chunk=int(min_chunk), workers=workers, slots=slots,
-                         seconds_per_voxel=DEFAULT_SECONDS_PER_VOXEL, graph_task_seconds=graph_task_seconds,
-                         block_multiple=block_multiple, chunks=chunks)
+    c = chunk_candidates(geometry, footprint=nothing, budget=np.iinfo(np.int64).max, slots=slots,
+                         time_terms=TimeTerms(seconds_per_voxel=DEFAULT_SECONDS_PER_VOXEL,
+                                              graph_task_seconds=time_terms.graph_task_seconds),
+                         chunks=chunks)
     m = len(c.chunks)
     counts = -(-np.asarray(shape) // c.chunks)
     chunk_samples = _samples(c.chunks)
     # What needs no prediction first, for every row: each stage's blocks, the time model, the
     # held intermediates.  Then predictions only where evaluate_candidates' probe pass asks.
     blocks, c.seconds = _staged_seconds(shape, stages, c.axis_chunks, c.grid, chunk_samples, c.n_tasks,
-                                        workers=workers, slots=slots, graph_task_seconds=graph_task_seconds,
-                                        io_seconds_per_voxel=io_seconds_per_voxel,
-                                        run_fixed_seconds=run_fixed_seconds)
+                                        workers=workers, slots=slots,
+                                        graph_task_seconds=time_terms.graph_task_seconds,
+                                        io_seconds_per_voxel=time_terms.io_seconds_per_voxel,
+                                        run_fixed_seconds=time_terms.run_fixed_seconds)
     held_chunks = np.zeros(m, dtype=np.int64)
     held_bytes = np.zeros(m, dtype=np.int64)
     for group in sorted({s.group for s in stages}):
@@ -251,15 +250,16 @@ def plan_staged_chunks(
                    "block_clocked": s.task_clock is not None and bool(s.task_clock.clocked(blocks[i][index])[0])}
                   for i, s in enumerate(stages))
     return ChunkPlan(
-        operator=operator, shape=shape, chunks=chunk, block=tuple(int(x) for x in blocks[j][index]), halo=halo_max,
+        operator=operator, shape=shape, chunks=chunk, block=tuple(int(x) for x in blocks[j][index]), halo=geometry.halo,
         whole_axes=whole, predicted_bytes=int(baseline_bytes + max(running_mean) + resident[index]),
         upper_bytes=int(c.upper_total[index]), limit_bytes=limit_bytes, pause_fraction=float(pause_fraction),
         confidence=float(confidence), n_tasks=int(c.n_tasks[index]), threads_per_worker=threads, footprint=bound,
         n_candidates=predicted[0], slots=slots, predicted_seconds=float(c.seconds[index]),
         seconds_per_voxel=None, block_clocked=all(t["block_clocked"] for t in table),
         neighbour_chunks=int(held_chunks[index]), workers=workers,
-        itemsize=int(stages[0].itemsize), output_itemsize=int(stages[-1].output_itemsize), min_chunk=int(min_chunk),
-        graph_task_seconds=float(graph_task_seconds), run_fixed_seconds=float(run_fixed_seconds),
-        warnings=tuple(warnings), baseline_source=str(baseline_source),
-        block_multiple=None if block_multiple is None else tuple(int(m) for m in block_multiple),
+        itemsize=int(stages[0].itemsize), output_itemsize=int(stages[-1].output_itemsize),
+        min_chunk=geometry.min_chunk, graph_task_seconds=float(time_terms.graph_task_seconds),
+        run_fixed_seconds=float(time_terms.run_fixed_seconds), warnings=tuple(warnings),
+        baseline_source=str(worker_spec.baseline_source),
+        block_multiple=None if geometry.block_multiple is None else tuple(int(m) for m in geometry.block_multiple),
         strategy="staged", stages=table)
