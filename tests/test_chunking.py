@@ -27,6 +27,7 @@ from explorer.plan import staged
 from explorer.plan import time_model
 from explorer.plan.chunk_plan import ChunkPlanError
 from explorer.plan.planner import plan_chunks
+from explorer.plan.predictor import takes_keywords
 from explorer.plan.spec import DEFAULT_MIN_CHUNK, TimeTerms, VolumeGeometry, WorkerSpec
 from explorer.plan.footprint import worker_footprint
 from explorer.plan.dask_config import worker_pause_fraction
@@ -808,6 +809,7 @@ def test_a_predictor_taking_tasks_bounds_the_largest_task_of_each_candidate_plan
     plan's footprint must hold for every task it runs (``explorer.plan.excess.task_bound``)."""
     seen = []
 
+    @takes_keywords("tasks")
     def predict(blocks, confidence=0.99, tasks=1):
         tasks = np.broadcast_to(np.asarray(tasks), (len(blocks),))
         seen.append(tasks.copy())
@@ -819,6 +821,37 @@ def test_a_predictor_taking_tasks_bounds_the_largest_task_of_each_candidate_plan
     mean = 100.0 * math.prod(plan.block)
     assert plan.footprint.task_peak_bytes == pytest.approx(mean + 2**20 * plan.n_tasks, rel=1e-9)
     assert planner.plan_fits(plan, predict)
+
+
+def test_the_planner_passes_only_the_keywords_a_predictor_declares():
+    """A keyword in a predictor's signature is not enough: the planner passes ``tasks``,
+    ``ceiling`` or ``cold`` only where the predictor declares it (``takes_<keyword>``,
+    :func:`takes_keywords` or a class attribute of a callable object)."""
+    from explorer.plan.predictor import takes, takes_keywords
+
+    class Declared:
+        takes_tasks = True
+
+        def __init__(self):
+            self.keywords = set()
+
+        def __call__(self, blocks, confidence=0.99, **keywords):
+            self.keywords |= set(keywords)
+            return analytic_peak(blocks)
+
+    undeclared_seen = set()
+
+    def undeclared(blocks, confidence=0.99, tasks=None, cold=None):
+        undeclared_seen.update(k for k, v in (("tasks", tasks), ("cold", cold)) if v is not None)
+        return analytic_peak(blocks)
+
+    declared = Declared()
+    plan_chunks(VolumeGeometry(SHAPE, HALO), declared, WorkerSpec(LIMIT, BASELINE, workers=2))
+    plan_chunks(VolumeGeometry(SHAPE, HALO), undeclared, WorkerSpec(LIMIT, BASELINE, workers=2))
+    assert declared.keywords == {"tasks"} and not undeclared_seen
+    assert takes(Declared(), "tasks") and not takes(Declared(), "cold") and not takes(undeclared, "tasks")
+    with pytest.raises(ValueError, match="unknown predictor keyword"):
+        takes_keywords("slots")
 
 
 # --------------------------------------------------------------------------- staged plans

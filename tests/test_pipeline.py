@@ -646,12 +646,14 @@ def test_a_fused_plan_of_a_composed_model_is_the_plan_of_its_full_predictions(li
     from explorer.plan.task_model import TaskModel
     from explorer.plan.chunk_plan import ChunkPlanError
     from explorer.plan.planner import plan_chunks
+    from explorer.plan.predictor import takes_keywords
     from explorer.plan.spec import VolumeGeometry, WorkerSpec
     from explorer.model.composed import ComposedModel
 
     pipeline = operators.get("gaussian,envelope+gst3d+instantaneous_phase")
     model = TaskModel(ComposedModel(pipeline, wavy_members()))
 
+    @takes_keywords("tasks")
     def full(shapes, confidence=0.99, tasks=1):  # no ceiling: every member predicted on every block
         return model.predict_many(shapes, confidence, tasks)
 

@@ -113,10 +113,12 @@ def test_the_planner_bounds_the_largest_of_a_plans_tasks_with_one_cold_task_per_
     """``plan_chunks`` passes each candidate's task count and ``min(tasks, workers x threads)``
     cold tasks to a predictor that takes them."""
     from explorer.plan.planner import plan_chunks
+    from explorer.plan.predictor import takes_keywords
     from explorer.plan.spec import VolumeGeometry, WorkerSpec
 
     seen = []
 
+    @takes_keywords("tasks", "cold")
     def predict(shapes, confidence=0.99, tasks=1, cold=None):
         seen.append((np.asarray(tasks).copy(), np.asarray(cold).copy()))
         v = np.asarray(shapes, dtype=float).prod(1)

@@ -7,17 +7,18 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from explorer.plan.grid import Candidates, _samples, axis_blocks
+from explorer.plan.predictor import takes
 from explorer.plan.spec import TimeTerms
 from explorer.plan.time_model import _fused_seconds
 
 if TYPE_CHECKING:
     from explorer.plan.chunk_plan import ChunkPlan
+    from explorer.plan.predictor import Predictor
     from explorer.plan.spec import VolumeGeometry
 
 __all__ = [
@@ -46,48 +47,6 @@ PROBE_VALUES_PER_AXIS = 6
 #: first, it took 4 chunks of 160x320x160 for gaussian 320^3 over 8 cubes of 160^3
 #: predicted 2% faster; measured, 1.3x slower.)
 SECONDS_TIE_FRACTION = 0.05
-
-#: ``predict(block_shapes (m, ndim) int64, confidence=...) -> (mean_bytes (m,), upper_bytes (m,))``.
-#: A predictor that takes ``tasks=`` (``(m,)``: the tasks of each row's plan) bounds the
-#: largest of that many tasks (``explorer.plan.task_model.TaskModel``: a plan's footprint must
-#: hold for every task it runs); the planner passes it when it does.  A predictor that
-#: takes ``ceiling=`` (``(m,)`` bytes: the largest task peak with which each row's plan
-#: still fits) may stop short on a row once it has shown that the row's ``upper`` exceeds
-#: its ceiling: it returns ``mean = nan`` there and, as ``upper``, a lower bound of the
-#: row's upper that is above the ceiling (``explorer.model.composed.ComposedModel``: one member's
-#: term bounds the pipeline's peak from below; ``explorer.plan.task_model.TaskModel``: the isolated
-#: bound, or its quantile's lower bound), and where it has shown that the row's upper is at or
-#: below its ceiling it may return, also with ``mean = nan``, an upper bound of it
-#: (``TaskModel``: a Bonferroni bound, a few table lookups instead of the quantile's
-#: quadrature): ``plan_chunks`` predicts the candidates the upper footprint ranks, and its
-#: plan, again without a ceiling where they were not solved (:func:`_rank_on_own_bounds`).
-#: A predictor that takes ``cold=`` (``(m,)``) is told how many of each row's tasks are their
-#: slot's first of the run, ``min(tasks, slots)``: a worker's first task finds none of the
-#: run's freed memory to reuse (the task model's cold offset).
-Predictor = Callable[..., tuple[np.ndarray, np.ndarray]]
-
-
-def _takes(predict, keyword: str) -> bool:
-    """Whether ``predict`` takes the keyword ``keyword`` (its signature read once per function)."""
-    function = getattr(predict, "__func__", predict)  # a bound method's function: one entry per class
-    try:
-        return _function_takes(function, keyword)
-    except TypeError:  # an unhashable callable
-        return _function_takes.__wrapped__(function, keyword)
-
-
-@functools.lru_cache(maxsize=256)
-def _function_takes(function, keyword: str) -> bool:
-    import inspect
-
-    try:
-        return keyword in inspect.signature(function).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-def _takes_tasks(predict) -> bool:
-    return _takes(predict, "tasks")
 
 
 def _counts(n_max: int, cap: int) -> np.ndarray:
@@ -238,7 +197,7 @@ def evaluate_candidates(c: Candidates, predict: Predictor | None, *, confidence:
     (a staged plan's: :func:`plan_staged_chunks`).
     """
     if fill is None:
-        takes_tasks, ceiling_budget = _takes_tasks(predict), (budget if _takes(predict, "ceiling") else None)
+        takes_tasks, ceiling_budget = takes(predict, "tasks"), (budget if takes(predict, "ceiling") else None)
 
         def fill(rows):
             _predict_rows(predict, c, rows, confidence, footprint, takes_tasks, ceiling_budget, slots)
@@ -329,11 +288,11 @@ def _predict_blocks(predict, blocks, n_tasks, confidence, takes_tasks: bool,
     predicted in slices of ``PREDICT_BATCH_ROWS``; a predictor taking ``tasks``
     (``takes_tasks``) gets each row's count from ``n_tasks``, and given ``ceiling`` (``(m,)``)
     it gets each row's; given ``slots`` a predictor taking ``cold`` gets ``min(tasks, slots)``.
-    ``exact`` is False where the predictor stopped short of a row (:data:`Predictor`): ``mean``
+    ``exact`` is False where the predictor stopped short of a row (:class:`Predictor`): ``mean``
     inf and ``upper`` its bound there (a lower bound above the ceiling, or an upper bound at or
     below it)."""
     means, uppers, exacts = [], [], []
-    takes_cold = takes_tasks and slots is not None and _takes(predict, "cold")
+    takes_cold = takes_tasks and slots is not None and takes(predict, "cold")
     for start in range(0, len(blocks), PREDICT_BATCH_ROWS):
         part = slice(start, start + PREDICT_BATCH_ROWS)
         m = len(blocks[part])

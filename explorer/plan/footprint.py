@@ -15,7 +15,7 @@ one; never more than ``N``)::
 
     input_block_bytes               = prod(b) * itemsize          (float32 input: 4), or 0
     task_peak_bytes                 = the in-worker task peak at b (mean, or its upper bound on
-                                      the largest of the plan's n tasks: Predictor)
+                                      the largest of the plan's n tasks: ``Predictor``)
     waiting_input_bytes_per_thread  = WAITING_INPUTS_PER_THREAD * prod(b) * itemsize, or 0
     held_output_bytes_per_thread    = HELD_OUTPUTS_PER_THREAD  * prod(b) * output_itemsize
 

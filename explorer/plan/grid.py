@@ -68,7 +68,7 @@ class Candidates:
     predictions ``mean_peak``, ``upper_peak`` and the bound's ``upper_total`` are filled
     by :func:`evaluate_candidates` (``inf``/int64 max where not predicted); ``exact`` marks the
     rows whose prediction is complete, the others' ``upper_total`` being a lower bound above
-    the budget (a predictor's ``ceiling``: :data:`Predictor`) or nothing.
+    the budget (a predictor's ``ceiling``: :class:`Predictor`) or nothing.
     """
 
     axis_chunks: list

@@ -16,7 +16,7 @@ at a time: candidates whose footprint exceeds the budget even with ``peak = 0`` 
 dropped, a probe sub-grid (6 lengths per axis) is predicted, and then the rest fastest
 first, only until the rows are slower than the fastest fit so far (which cannot change
 the answer); a predictor that takes a ``ceiling`` (a composed pipeline's) may stop short
-on a row it shows cannot fit (:data:`Predictor`).
+on a row it shows cannot fit (:class:`Predictor`).
 Among the candidates that fit the plan is, in order:
 
 1. with one slot (one worker, one thread): fewest tasks ``n = prod(ceil(N_i / c_i))``,
@@ -60,20 +60,19 @@ from explorer.plan.candidates import (
     _complete_smallest,
     _predict_rows,
     _ranking_keys,
-    _takes,
-    _takes_tasks,
     chunk_candidates,
     evaluate_candidates,
     rank_candidates,
 )
 from explorer.plan.chunk_plan import ChunkPlan, ChunkPlanError
 from explorer.plan.footprint import worker_footprint
+from explorer.plan.predictor import takes
 from explorer.plan.spec import TimeTerms, VolumeGeometry, WorkerSpec
 from explorer.plan.time_model import DEFAULT_SECONDS_PER_VOXEL
 
 if TYPE_CHECKING:
     from explorer.plan.grid import Candidates
-    from explorer.plan.candidates import Predictor
+    from explorer.plan.predictor import Predictor
 
 __all__ = [
     "plan_chunks",
@@ -105,8 +104,8 @@ def plan_chunks(
     fastest are tied.  ``predicted_seconds`` is reported either way.
 
     ``predict(block_shapes, confidence=confidence) -> (mean, upper)`` gives a task's
-    ``peak_bytes`` for ``(m, ndim)`` int64 block shapes (:data:`Predictor`: the keywords it
-    takes are passed).  A candidate fits when ``worker_footprint(b, upper).total
+    ``peak_bytes`` for ``(m, ndim)`` int64 block shapes (:class:`Predictor`: the keywords it
+    declares it takes are passed).  A candidate fits when ``worker_footprint(b, upper).total
     <= pause_fraction * limit_bytes``.  Raises :class:`ChunkPlanError` when none does, saying
     so when the baseline alone leaves no room.  ``warnings`` (one line each) and the spec's
     ``baseline_source`` are carried on the plan.  ``chunks``: plan only that chunk shape (its
@@ -127,13 +126,13 @@ def plan_chunks(
     n_predicted = evaluate_candidates(candidates, predict, confidence=confidence, footprint=footprint,
                                       budget=budget, slots=slots)
     if not (candidates.upper_total <= budget).any():
-        takes_tasks = _takes_tasks(predict)
+        takes_tasks = takes(predict, "tasks")
         _complete_smallest(candidates, lambda: candidates.exact, lambda rows: _predict_rows(
             predict, candidates, rows, confidence, footprint, takes_tasks, slots=slots))
         raise ChunkPlanError(_no_fit_message(candidates, shape, operator, threads, confidence, pause_fraction,
                                              limit_bytes, budget, baseline_bytes))
     index = rank_candidates(candidates, shape, whole, budget=budget, slots=slots)
-    if _takes(predict, "ceiling"):
+    if takes(predict, "ceiling"):
         index = _rank_on_own_bounds(candidates, shape, whole, index, predict, confidence, footprint, budget, slots)
 
     chunk = tuple(int(c) for c in candidates.chunks[index])
@@ -182,7 +181,7 @@ def _rank_on_own_bounds(c: Candidates, shape, whole, index: int, predict: Predic
                         budget: int, slots: int) -> int:
     """The plan's index once the candidates the ranking's upper footprint (key 5) decides
     among have their own bounds: a predictor given a ceiling may have answered an upper bound
-    of a row's upper where it showed the row fits (:data:`Predictor`, ``exact`` False).  Those
+    of a row's upper where it showed the row fits (:class:`Predictor`, ``exact`` False).  Those
     are the rows ranked equal to ``index`` on keys 1-4 (usually it alone, whose footprint the
     plan reports); those not solved are predicted again without a ceiling and ranked again.
     A row's own upper is at most that bound: each still fits, and no row ranked below them on
@@ -195,7 +194,7 @@ def _rank_on_own_bounds(c: Candidates, shape, whole, index: int, predict: Predic
     rows = tied[same & ~c.exact[tied]]
     if not len(rows):
         return index
-    _predict_rows(predict, c, rows, confidence, footprint, _takes_tasks(predict), slots=slots)
+    _predict_rows(predict, c, rows, confidence, footprint, takes(predict, "tasks"), slots=slots)
     return rank_candidates(c, shape, whole, budget=budget, slots=slots)
 
 
@@ -263,8 +262,8 @@ REPLAN_MAX_DONE_FRACTION = 0.5
 
 def plan_fits(plan: ChunkPlan, predict: Predictor) -> bool:
     """Whether ``plan``'s upper worker footprint still fits its budget under ``predict``."""
-    tasks = {"tasks": np.asarray([plan.n_tasks])} if _takes_tasks(predict) else {}
-    if tasks and _takes(predict, "cold"):
+    tasks = {"tasks": np.asarray([plan.n_tasks])} if takes(predict, "tasks") else {}
+    if tasks and takes(predict, "cold"):
         tasks["cold"] = np.asarray([min(plan.n_tasks, plan.slots)])
     _mean, upper = predict(np.asarray([plan.block], dtype=np.int64), confidence=plan.confidence, **tasks)
     total = worker_footprint(plan.block, float(np.asarray(upper)[0]), threads_per_worker=plan.threads_per_worker,

@@ -19,7 +19,6 @@ from explorer.core.units import FLOAT32_BYTES
 from explorer.plan.candidates import (
     _complete_smallest,
     _predict_blocks,
-    _takes_tasks,
     chunk_candidates,
     evaluate_candidates,
     rank_candidates,
@@ -28,6 +27,7 @@ from explorer.plan.chunk_plan import ChunkPlan, ChunkPlanError
 from explorer.plan.footprint import neighbour_chunks_held, worker_footprint
 from explorer.plan.grid import _samples, exchanged_halo, reads_file
 from explorer.plan.planner import _checked_plan_arguments, _no_fit_message
+from explorer.plan.predictor import takes
 from explorer.plan.spec import TimeTerms
 from explorer.plan.time_model import (
     DEFAULT_SECONDS_PER_VOXEL,
@@ -36,7 +36,7 @@ from explorer.plan.time_model import (
 )
 
 if TYPE_CHECKING:
-    from explorer.plan.candidates import Predictor
+    from explorer.plan.predictor import Predictor
     from explorer.plan.spec import VolumeGeometry, WorkerSpec
     from explorer.plan.time_model import TaskClock
 
@@ -53,7 +53,7 @@ __all__ = [
 class PlanStage:
     """One ``map_overlap`` of a staged pipeline: a stage, or one branch of a fan-out stage.
 
-    ``predict``: the member's task :data:`Predictor`.  ``group``: the stage's index; a
+    ``predict``: the member's task :class:`Predictor`.  ``group``: the stage's index; a
     fan-out's branches share one input, whose chunks are kept for their neighbours once.
     ``itemsize``: bytes per sample of the stage's input.  ``task_clock``: the member's
     learnt clock (a whole task of its own in a worker, its input's gathering and its output's
@@ -205,7 +205,7 @@ def plan_staged_chunks(
                 break
             stage, b = stages[i], blocks[i][alive]
             mean, upper, _ = _predict_blocks(stage.predict, b, c.n_tasks[alive], per_stage,
-                                             _takes_tasks(stage.predict), slots=slots)
+                                             takes(stage.predict, "tasks"), slots=slots)
             predicted[0] += len(alive)
             terms = functools.partial(worker_footprint, b, threads_per_worker=threads, baseline_bytes=0,
                                       itemsize=stage.itemsize, output_itemsize=stage.output_itemsize,

@@ -14,6 +14,7 @@ from explorer.plan.time_model import TaskClock
 from explorer.plan.grid import row_product
 from explorer.plan.calibration import load_calibration
 from explorer.plan.excess import _predictive_dof, task_bound
+from explorer.plan.predictor import takes_keywords
 
 if TYPE_CHECKING:
     from explorer.plan.calibration import WorkerCalibration
@@ -92,6 +93,7 @@ class TaskModel:
         """The dof of the isolated model's Student-t predictive (:func:`_predictive_dof`)."""
         return _predictive_dof(self.isolated)
 
+    @takes_keywords("tasks", "ceiling", "cold")
     def predict_many(self, shapes, confidence: float = 0.99, tasks=1, ceiling=None,
                      cold=None) -> tuple[np.ndarray, np.ndarray]:
         """``(mean, upper)`` bytes of a task's in-worker peak on blocks of ``shapes``; with
@@ -99,7 +101,7 @@ class TaskModel:
         run, ``cold`` of them their worker's first (default one; :func:`task_bound`: what a
         plan's worker footprint must hold for; the planner passes ``min(tasks, slots)``).
 
-        ``ceiling`` (``(m,)`` bytes; the planner's, ``explorer.plan.candidates.Predictor``): a block
+        ``ceiling`` (``(m,)`` bytes; the planner's, ``explorer.plan.predictor.Predictor``): a block
         whose upper is shown above its ceiling is not solved further: its ``mean`` is NaN and
         its ``upper`` that lower bound (the isolated upper, which the task's never falls below,
         or :func:`max_task_quantile`'s; a composed isolated model may stop short itself, on one
@@ -139,6 +141,7 @@ class TaskModel:
             mean[pick], upper[pick] = np.where(state == 0, m, np.nan), u
         return mean, upper
 
+    @takes_keywords("cold")
     def predict(self, shape, confidence: float = 0.99, cold=None) -> tuple[float, float]:
         """One task on a block of ``shape`` (``cold``: 1 when it is its worker's first of the
         run, 0 when it is not; default: bounded as a first)."""

@@ -46,6 +46,7 @@ import warnings
 from dataclasses import dataclass, field
 
 from explorer.core.units import FLOAT32_BYTES
+from explorer.plan.predictor import takes
 
 __all__ = ["Observation", "Observer", "observe"]
 
@@ -266,7 +267,7 @@ class Observer:
         if self.model is None:
             return
         first = o.extra.get("first_in_run")
-        order = {"cold": int(bool(first))} if first is not None and _takes_cold(self.model.predict) else {}
+        order = {"cold": int(bool(first))} if first is not None and takes(self.model.predict, "cold") else {}
         _mean, upper = self.model.predict(o.shape, self.confidence, **order)
         o.upper_bytes = float(upper)
         if o.peak_bytes <= o.bound_bytes:
@@ -281,18 +282,6 @@ class Observer:
                 f"(worker {o.worker}); the calibration will widen the next plan")
         if self.on_over_bound is not None:
             self.on_over_bound(o)
-
-
-def _takes_cold(predict) -> bool:
-    """Whether ``predict`` takes ``cold`` (``explorer.plan.task_model.TaskModel.predict``: a task
-    that was its worker's first of the run is bounded with the cold offset, one that was not
-    without it; a task of unknown order is bounded as a first)."""
-    import inspect
-
-    try:
-        return "cold" in inspect.signature(predict).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 def _lower_this_threads_priority() -> None:
@@ -326,11 +315,12 @@ def observe(client, operator, *, store=None, model=None, confidence: float = 0.9
     worker's threads and memory limit, ``exact``, ``run_peak_bytes``, clocks, the
     workers' environment digest); all are stored before the context exits, also when the
     computation failed.  When ``model`` is given (a ``TaskModel`` or any object with
-    ``predict(shape, confidence) -> (mean, upper)``), each is compared with its bound
-    (module docstring): tasks over it are counted (``tasks_over_bound``), warned about,
-    and passed to ``on_over_bound``.  ``windowed``: the graph's tasks read their own blocks
-    (``operator.dask(source, chunks=...)``), which a ``T > 1`` figure's bound then does not
-    add again.  One observer per operator and cluster at a time.
+    ``predict(shape, confidence) -> (mean, upper)``; one that declares ``cold``
+    (``explorer.plan.predictor.takes_keywords``) is told whether each task was its worker's
+    first of the run), each is compared with its bound (module docstring): tasks over it
+    are counted (``tasks_over_bound``), warned about, and passed to ``on_over_bound``.
+    ``windowed``: the graph's tasks read their own blocks (``operator.dask(source,
+    chunks=...)``), which a ``T > 1`` figure's bound then does not add again.  One observer per operator and cluster at a time.
     """
     name = operator if isinstance(operator, str) else operator.name
     return Observer(client, name, store=store, runs_dir=runs_dir, storage=storage, model=model,
