@@ -115,7 +115,6 @@ def plan_chunks(
     shape, halo, whole = geometry.shape, geometry.halo, geometry.whole_axes
     threads, workers, limit_bytes = worker_spec.threads_per_worker, worker_spec.workers, worker_spec.limit_bytes
     pause_fraction, baseline_bytes = worker_spec.pause_fraction, worker_spec.baseline_bytes
-    task_clock = time_terms.task_clock
     slots = workers * threads
     budget = math.floor(pause_fraction * limit_bytes)
     footprint = functools.partial(worker_footprint, threads_per_worker=threads, itemsize=geometry.itemsize,
@@ -141,40 +140,32 @@ def plan_chunks(
     bound = footprint(block, float(candidates.upper_peak[index]), **kept)
     mean = footprint(block, float(candidates.mean_peak[index]), **kept)
     return ChunkPlan(
-        operator=operator,
-        shape=shape,
-        chunks=chunk,
-        block=block,
-        halo=halo,
-        whole_axes=whole,
-        predicted_bytes=int(mean.total),
-        upper_bytes=int(bound.total),
-        limit_bytes=limit_bytes,
-        pause_fraction=float(pause_fraction),
-        confidence=float(confidence),
-        n_tasks=int(candidates.n_tasks[index]),
-        threads_per_worker=threads,
-        footprint=bound,
-        n_candidates=n_predicted,
-        slots=slots,
-        predicted_seconds=float(candidates.seconds[index]),
-        seconds_per_voxel=float(time_terms.seconds_per_voxel if task_clock is None
-                                else task_clock.seconds_per_voxel_at([math.prod(block)], [block])[0]),
-        block_clocked=task_clock is not None and bool(task_clock.clocked(block)[0]),
-        task_spread=None if task_clock is None or task_clock.spread_at(math.prod(block)) is None
-        else float(task_clock.spread_at(math.prod(block))),
-        task_clock=task_clock,
-        neighbour_chunks=int(candidates.neighbours[index]),
-        workers=workers,
-        itemsize=int(geometry.itemsize),
-        output_itemsize=int(geometry.output_itemsize),
-        min_chunk=geometry.min_chunk,
-        graph_task_seconds=float(time_terms.graph_task_seconds),
-        run_fixed_seconds=float(time_terms.run_fixed_seconds),
-        warnings=tuple(warnings),
-        baseline_source=str(worker_spec.baseline_source),
+        operator=operator, shape=shape, chunks=chunk, block=block, halo=halo, whole_axes=whole,
+        predicted_bytes=int(mean.total), upper_bytes=int(bound.total), limit_bytes=limit_bytes,
+        pause_fraction=float(pause_fraction), confidence=float(confidence), n_tasks=int(candidates.n_tasks[index]),
+        threads_per_worker=threads, footprint=bound, n_candidates=n_predicted, slots=slots,
+        predicted_seconds=float(candidates.seconds[index]), **_time_at_block(time_terms, block),
+        neighbour_chunks=int(candidates.neighbours[index]), workers=workers, itemsize=int(geometry.itemsize),
+        output_itemsize=int(geometry.output_itemsize), min_chunk=geometry.min_chunk,
+        graph_task_seconds=float(time_terms.graph_task_seconds), run_fixed_seconds=float(time_terms.run_fixed_seconds),
+        warnings=tuple(warnings), baseline_source=str(worker_spec.baseline_source),
         block_multiple=None if geometry.block_multiple is None else tuple(int(m) for m in geometry.block_multiple),
     )
+
+
+def _time_at_block(time_terms: TimeTerms, block) -> dict:
+    """A fused plan's time-model figures at its ``block``: the seconds per voxel (the learnt
+    clock's there, else ``time_terms``'), whether workers clocked that shape, the spread
+    (None: Graham's bound) and the clock itself."""
+    clock = time_terms.task_clock
+    if clock is None:
+        return dict(seconds_per_voxel=float(time_terms.seconds_per_voxel), block_clocked=False, task_spread=None,
+                    task_clock=None)
+    volume = math.prod(block)
+    spread = clock.spread_at(volume)
+    return dict(seconds_per_voxel=float(clock.seconds_per_voxel_at([volume], [block])[0]),
+                block_clocked=bool(clock.clocked(block)[0]), task_spread=None if spread is None else float(spread),
+                task_clock=clock)
 
 
 def _rank_on_own_bounds(c: Candidates, shape, whole, index: int, predict: Predictor, confidence, footprint,
