@@ -264,7 +264,7 @@ def _predict_rows(predict, c: Candidates, rows, confidence, footprint, takes_tas
                   ceiling_budget: int | None = None, slots: int | None = None) -> None:
     """Fill ``mean_peak``, ``upper_peak`` (>= mean), ``upper_total`` and ``exact`` of ``c`` at
     ``rows`` (:func:`_predict_blocks`); a non-finite prediction leaves the total at int64 max
-    (never fits).  With ``ceiling_budget`` (the predictor takes ``ceiling``), each row's
+    (never fits).  With ``ceiling_budget`` (the predictor declares ``ceiling``), each row's
     ceiling is the largest task peak ``P`` whose footprint fits it: the footprint is
     ``F(0) + T ceil(P)`` (:func:`worker_footprint`), so it fits iff ``P <= floor((budget -
     F(0)) / T)``; a row the predictor bounds above its ceiling gets the footprint of that
@@ -285,9 +285,9 @@ def _predict_rows(predict, c: Candidates, rows, confidence, footprint, takes_tas
 def _predict_blocks(predict, blocks, n_tasks, confidence, takes_tasks: bool,
                     ceiling=None, slots: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(mean, upper, exact)`` task peaks at ``blocks`` (``upper >= mean``, NaN as inf),
-    predicted in slices of ``PREDICT_BATCH_ROWS``; a predictor taking ``tasks``
+    predicted in slices of ``PREDICT_BATCH_ROWS``; a predictor declaring ``tasks``
     (``takes_tasks``) gets each row's count from ``n_tasks``, and given ``ceiling`` (``(m,)``)
-    it gets each row's; given ``slots`` a predictor taking ``cold`` gets ``min(tasks, slots)``.
+    it gets each row's; given ``slots`` a predictor declaring ``cold`` gets ``min(tasks, slots)``.
     ``exact`` is False where the predictor stopped short of a row (:class:`Predictor`): ``mean``
     inf and ``upper`` its bound there (a lower bound above the ceiling, or an upper bound at or
     below it)."""

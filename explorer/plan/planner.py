@@ -15,7 +15,7 @@ fraction of its memory limit).  Footprints are evaluated vectorised, never one s
 at a time: candidates whose footprint exceeds the budget even with ``peak = 0`` are
 dropped, a probe sub-grid (6 lengths per axis) is predicted, and then the rest fastest
 first, only until the rows are slower than the fastest fit so far (which cannot change
-the answer); a predictor that takes a ``ceiling`` (a composed pipeline's) may stop short
+the answer); a predictor that declares ``ceiling`` (a task model's) may stop short
 on a row it shows cannot fit (:class:`Predictor`).
 Among the candidates that fit the plan is, in order:
 
@@ -37,7 +37,7 @@ Among the candidates that fit the plan is, in order:
 The three stages are separate functions: :func:`chunk_candidates` (shapes, blocks, task
 counts, time model), :func:`evaluate_candidates` (predictions and footprints) and
 :func:`rank_candidates` (the keys above).  The time model's ``s`` and ``o`` come from
-the caller: learnt from the workers' clocks once a probe or a run has taught them
+the caller (:class:`TimeTerms`): learnt from the workers' clocks once a probe or a run has taught them
 (``explorer.plan.timing.TimingFit``: a :class:`TaskClock`), the defaults below before.
 
 Re-planning (:func:`replan`) is planning policy too: a running computation whose task
