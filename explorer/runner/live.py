@@ -320,7 +320,8 @@ def observe(client, operator, *, store=None, model=None, confidence: float = 0.9
     first of the run), each is compared with its bound (module docstring): tasks over it
     are counted (``tasks_over_bound``), warned about, and passed to ``on_over_bound``.
     ``windowed``: the graph's tasks read their own blocks (``operator.dask(source,
-    chunks=...)``), which a ``T > 1`` figure's bound then does not add again.  One observer per operator and cluster at a time.
+    chunks=...)``), which a ``T > 1`` figure's bound then does not add again.  One observer
+    per operator and cluster at a time.
     """
     name = operator if isinstance(operator, str) else operator.name
     return Observer(client, name, store=store, runs_dir=runs_dir, storage=storage, model=model,
