@@ -144,6 +144,8 @@ class ComposedModel:
             mean[rows], upper[rows] = self._composed(shapes[rows], per_stage, branch_order, seen)
         return mean, upper
 
+    predict_many.takes_ceiling = True  # the planner's Predictor protocol (explorer.plan.predictor)
+
     def _bounded_rows(self, shapes, per_stage: float, ceiling: np.ndarray):
         """``(rows, floor, seen)``: the members predicted one at a time on the blocks not yet
         shown above their ceiling, ``floor`` each block's lower bound of ``upper`` so far
