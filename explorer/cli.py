@@ -200,6 +200,9 @@ def _cmd_explore(argv: list[str]) -> int:
     parser.add_argument("--prior", choices=PRIORS, default=PRIORS[0],
                         help="a pipeline whose members all have models learns from their composed model as its "
                              "prior mean (composed, the default), or from scratch (none)")
+    parser.add_argument("--refresh", action="store_true",
+                        help="refit from the store and let the stop decide again, even when the saved model was "
+                             "made from exactly these profiles with these settings (then it is the answer at once)")
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
     args = parser.parse_args(argv)
 
@@ -225,7 +228,7 @@ def _cmd_explore(argv: list[str]) -> int:
                      memory_limit=args.memory_limit, memory_cap=args.memory_cap, runs_dir=args.runs_dir,
                      storage=args.storage, jobs=args.jobs, repeat=args.repeat, seed=args.seed, progress=progress,
                      on_start=started, probes=args.probes, probe_progress=probe_progress, prior=args.prior,
-                     report=True)
+                     report=True, refresh=args.refresh)
     if args.json:
         print(json.dumps(result.to_dict()))
         return 0 if result.model_path else EXIT_FAILURE
@@ -240,6 +243,9 @@ def _cmd_explore(argv: list[str]) -> int:
     unc = result.max_relative_uncertainty
     print(f"\n{result.operator}: {result.profiles} profiles in the store ({result.new_profiles} new), "
           f"{result.seconds:.1f} s ({result.operator_seconds:.1f} s inside the operator)")
+    if result.reused:
+        print("the saved model was made from exactly these profiles with these settings: reused as it is "
+              "(--refresh refits)")
     if result.prior:
         print(f"prior mean: {result.prior}")
     if unc is not None:

@@ -89,6 +89,8 @@ class ExploreResult:
     converged: bool | None = None
     #: The factor the saved model's bound is widened by (``MemoryModel.certified``).
     certified_factor: float | None = None
+    #: Whether the saved model was the answer as it stood (``explore``'s docstring, Paid once).
+    reused: bool = False
 
     def to_dict(self) -> dict:
         return {
@@ -108,6 +110,7 @@ class ExploreResult:
             "prior": self.prior,
             "converged": self.converged,
             "certified_factor": self.certified_factor,
+            "reused": self.reused,
         }
 
 
@@ -134,6 +137,7 @@ def explore(
     probes: int | None = None,
     probe_progress=None,
     prior: str = "composed",
+    refresh: bool = False,
 ) -> ExploreResult:
     """Explore ``operator``'s peak memory until the bound is tight or ``budget`` profiles exist,
     then probe it inside real Dask workers (``explorer.runner.probes``) and save its calibration.
@@ -161,6 +165,12 @@ def explore(
     ``prior``: ``"composed"`` (default) makes a pipeline whose members all have models learn
     from its composed model (``explorer.model.composed``) as the prior mean: only the departure
     from it is left to learn.  ``"none"``: the flat prior, as for one operator (from scratch).
+
+    Paid once: when the saved model was made by a loop with the same tolerance, confidence,
+    target memory and prior, in this environment, from exactly the profiles the store holds now,
+    and it converged (or the store already holds ``budget`` profiles), that model is the answer:
+    nothing is profiled or refitted (``reused`` in the result), only missing probes run.
+    ``refresh=True`` refits from the store and lets the stop decide again.
     """
     from explorer.model import torch_fit
 
@@ -175,10 +185,15 @@ def explore(
     if prior not in PRIORS:
         raise ValueError(f"prior must be one of {', '.join(PRIORS)}, got {prior!r}")
 
+    store = Store(runs_dir, storage)
+    settings = {"tolerance": tolerance, "confidence": confidence, "memory_limit_bytes": int(limit), "prior": prior}
+    saved = None if refresh else _reusable_model(op.name, runs_dir, store, settings, budget)
+    if saved is not None:
+        return _reused(op.name, saved, store, settings, started, probes=probes, probe_progress=probe_progress,
+                       runs_dir=runs_dir, storage=storage, seed=seed, report=report)
     # torch, gpytorch and botorch take seconds to import: do it while the first profiles run
     warm_up = threading.Thread(target=torch_fit.warm_up, daemon=True)
     warm_up.start()
-    store = Store(runs_dir, storage)
     core = ExplorationCore(op.name, memory_limit=limit, memory_cap=cap, confidence=confidence,
                            tolerance=tolerance, seed=seed,
                            prior_model=composed_prior(op, runs_dir) if prior == "composed" else None,
@@ -217,6 +232,8 @@ def explore(
         run_cost = operator_run_cost(records)
         if run_cost.fitted:  # the chunk planner's time model starts from the operator's own speed
             model.info["seconds_per_voxel"] = run_cost.seconds_per_voxel
+        model.info["explored_with"] = settings
+        model.info["profiles_digest"] = profiles_digest(records)
         model = save_model_unless_superseded(model, model_file)
         probe_result = _probe(op.name, model, probes, bool(steps), runs_dir, storage, confidence, probe_progress,
                               seed, limit)
@@ -245,6 +262,58 @@ def explore(
         converged=None if model is None else bool(model.info.get("converged")),
         certified_factor=None if model is None else model.hyperparameters["certified_factor"],
     )
+
+
+def profiles_digest(records) -> str:
+    """A digest of the isolated profiles ``records`` (shape, status, recorded bytes; in any
+    order): equal exactly when a store holds the same profiles."""
+    import hashlib
+
+    rows = sorted((tuple(int(n) for n in r.shape), str(r.status), None if r.peak_bytes is None else float(r.peak_bytes))
+                  for r in records)
+    return hashlib.sha256(repr(rows).encode()).hexdigest()[:16]
+
+
+def _reusable_model(operator: str, runs_dir, store: Store, settings: dict, budget: int):
+    """The saved model when it is the loop's answer as it stands (``explore``'s docstring, Paid
+    once), else None."""
+    from explorer.model.memory_model import MemoryModel
+
+    try:
+        saved = MemoryModel.load(paths.model_path(operator, runs_dir))
+    except Exception:  # none, or unreadable: the loop makes one
+        return None
+    info = saved.info
+    if info.get("explored_with") != settings or saved.stale_reasons():
+        return None
+    records = [r for r in store.records(operator) if r.source == SOURCE_PROFILE]
+    if info.get("profiles_digest") != profiles_digest(records):
+        return None
+    return saved if info.get("converged") or len(records) >= budget else None
+
+
+def _reused(operator: str, model, store: Store, settings: dict, started: float, *, probes, probe_progress,
+            runs_dir, storage, seed, report: bool) -> "ExploreResult":
+    """The result of an ``explore`` whose saved model is the answer: only missing probes run,
+    and the report is drawn only when asked and not there yet."""
+    records = [r for r in store.records(operator) if r.source == SOURCE_PROFILE]
+    limit, confidence = settings["memory_limit_bytes"], settings["confidence"]
+    probe_result = _probe(operator, model, probes, False, runs_dir, storage, confidence, probe_progress, seed, limit)
+    report_file = paths.report_path(operator, runs_dir)
+    if report and not report_file.exists():
+        from explorer.search.report import explore_report
+
+        explore_report(model, records, [], report_file, confidence=confidence, memory_limit=limit,
+                       tolerance=settings["tolerance"])
+    return ExploreResult(
+        operator=operator, profiles=len(records), new_profiles=0,
+        stopped_because=model.info.get("stopped_because") or "the saved model", seconds=time.perf_counter() - started,
+        operator_seconds=0.0, max_relative_uncertainty=model.info.get("half_width"),
+        tolerance=settings["tolerance"], confidence=confidence, memory_limit_bytes=limit,
+        model_path=str(paths.model_path(operator, runs_dir)), report_path=str(report_file) if report else None,
+        probes=probe_result, prior=model.info.get("prior"),
+        converged=bool(model.info.get("converged")),
+        certified_factor=model.hyperparameters["certified_factor"], reused=True)
 
 
 def _with_budget(stopped_because: str, budget: int, in_flight: int) -> str:

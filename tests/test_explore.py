@@ -68,6 +68,26 @@ def test_explore_ends_with_in_worker_probes_and_saves_the_calibration(explored):
     assert saved["environment"]["dask"] is not None
 
 
+def test_explore_again_on_the_same_profiles_and_settings_reuses_the_saved_model(explored, tmp_path):
+    """Paid once: nothing is profiled, refitted or saved, the probes are not run again; other
+    settings, or refresh, let the loop decide again."""
+    import shutil
+
+    runs = tmp_path / "runs"
+    shutil.copytree(explored[0], runs)
+    path = runs / OPERATOR / "model.npz"
+    before = path.read_bytes()
+    again = explore(OPERATOR, budget=9, tolerance=1e-6, memory_limit=LIMIT, runs_dir=runs)
+    assert again.reused and again.new_profiles == 0 and again.profiles == 9 and again.converged is False
+    assert path.read_bytes() == before and again.model_path == str(path)
+    assert "skipped" in again.probes and again.stopped_because == explored[1].stopped_because
+    other = explore(OPERATOR, budget=9, tolerance=0.5, memory_limit=LIMIT, runs_dir=runs, probes=0)
+    assert not other.reused and other.new_profiles == 0 and path.read_bytes() != before
+    refreshed = explore(OPERATOR, budget=9, tolerance=0.5, memory_limit=LIMIT, runs_dir=runs, probes=0, refresh=True)
+    assert not refreshed.reused
+    assert explore(OPERATOR, budget=9, tolerance=0.5, memory_limit=LIMIT, runs_dir=runs, probes=0).reused
+
+
 def test_model_predicts_a_fresh_profile(explored):
     """The fitted bound holds on a shape the loop never profiled."""
     from explorer.measure.profiling import profile
