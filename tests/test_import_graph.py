@@ -71,10 +71,11 @@ def test_the_size_check_finds_a_long_function_an_unnamed_one_and_a_stale_row(tmp
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "architecture.md").write_text(
         "## Known exceptions\n\n| where | size | why |\n|---|---|---|\n"
-        "| `explorer/big.py` `long` | 92 lines | a reason |\n| `explorer/gone.py` `old` | 99 lines | gone |\n")
+        "| `explorer/big.py` `long` | 91 lines | a reason |\n| `explorer/gone.py` `old` | 99 lines | gone |\n"
+        "| `explorer/big.py` `wide` | 8 parameters | said wrong |\n")
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "code_size.py"), str(tmp_path)],
                          capture_output=True, text=True)
     assert out.returncode == 1
-    assert "unnamed: explorer/big.py wide: 9 parameters" in out.stdout
+    assert "stale size: explorer/big.py wide: the row says '8 parameters', it is '9 parameters'" in out.stdout
     assert "stale row: explorer/gone.py old" in out.stdout
-    assert "unnamed: explorer/big.py long" not in out.stdout  # named, with its reason
+    assert "big.py long" not in out.stdout  # named, with its size and reason
