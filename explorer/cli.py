@@ -18,7 +18,7 @@ import sys
 import time
 
 from explorer.core import validate
-from explorer.cli_text import considered_text, print_probes, probe_progress
+from explorer.cli_text import considered_text, print_probes, print_timings, probe_progress
 from explorer.core.units import format_bytes, format_shape, parse_shape
 
 EXIT_USAGE = 2
@@ -203,6 +203,8 @@ def _cmd_explore(argv: list[str]) -> int:
     parser.add_argument("--refresh", action="store_true",
                         help="refit from the store and let the stop decide again, even when the saved model was "
                              "made from exactly these profiles with these settings (then it is the answer at once)")
+    parser.add_argument("--timings", action="store_true",
+                        help="print where the wall time went (store, fits, profiling, probes...; always in --json)")
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
     args = parser.parse_args(argv)
 
@@ -229,6 +231,8 @@ def _cmd_explore(argv: list[str]) -> int:
                      storage=args.storage, jobs=args.jobs, repeat=args.repeat, seed=args.seed, progress=progress,
                      on_start=started, probes=args.probes, probe_progress=probe_progress, prior=args.prior,
                      report=True, refresh=args.refresh)
+    if args.timings:
+        print_timings(result.timings, result.seconds)
     if args.json:
         print(json.dumps(result.to_dict()))
         return 0 if result.model_path else EXIT_FAILURE

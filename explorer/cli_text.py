@@ -62,3 +62,12 @@ def considered_text(plan) -> str:
                          f"bound {format_bytes(c['upper_bytes'])}"
                          + ("" if c.get("in_worker_calibrated", True) else " without in-worker calibration"))
     return "; ".join(parts)
+
+
+def print_timings(timings: dict, total_seconds: float) -> None:
+    """``explore --timings``: each section's seconds, entries and share of the wall time, to stderr
+    (nested sections are parts of their parent: ``ExploreResult.timings``)."""
+    print(f"\nwhere the {total_seconds:.1f} s went:", file=sys.stderr)
+    for name, t in timings.items():
+        share = t["seconds"] / total_seconds if total_seconds > 0 else 0.0
+        print(f"  {name:<38} {t['seconds']:>8.2f} s  {share:>6.1%}  ({t['count']}x)", file=sys.stderr)

@@ -30,6 +30,7 @@ import numpy as np
 
 import operators
 from explorer.core import paths, validate
+from explorer.core.timings import Timings
 from explorer.core.machine import default_memory_limit
 from explorer.measure.profiling import SessionProfiler, default_memory_cap
 from explorer.search.store import SOURCE_PROFILE, Record, Store
@@ -91,6 +92,10 @@ class ExploreResult:
     certified_factor: float | None = None
     #: Whether the saved model was the answer as it stood (``explore``'s docstring, Paid once).
     reused: bool = False
+    #: Where the wall time went: ``{section: {"seconds", "count"}}`` (``explorer.core.timings``;
+    #: ``ML-II fits`` and ``scale posteriors`` are parts of ``ask``, ``inside the operator`` of
+    #: ``profiling``, the torch import runs beside the profiles).
+    timings: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {
@@ -111,6 +116,7 @@ class ExploreResult:
             "converged": self.converged,
             "certified_factor": self.certified_factor,
             "reused": self.reused,
+            "timings": self.timings,
         }
 
 
@@ -185,39 +191,47 @@ def explore(
     if prior not in PRIORS:
         raise ValueError(f"prior must be one of {', '.join(PRIORS)}, got {prior!r}")
 
-    store = Store(runs_dir, storage)
+    timings = Timings()
+    with timings.section("store"):
+        store = Store(runs_dir, storage)
     settings = {"tolerance": tolerance, "confidence": confidence, "memory_limit_bytes": int(limit), "prior": prior}
     saved = None if refresh else _reusable_model(op.name, runs_dir, store, settings, budget)
     if saved is not None:
         return _reused(op.name, saved, store, settings, started, probes=probes, probe_progress=probe_progress,
-                       runs_dir=runs_dir, storage=storage, seed=seed, report=report)
+                       runs_dir=runs_dir, storage=storage, seed=seed, report=report, timings=timings)
     # torch, gpytorch and botorch take seconds to import: do it while the first profiles run
-    warm_up = threading.Thread(target=torch_fit.warm_up, daemon=True)
+    warm_up = threading.Thread(target=timings.section("torch import (beside the profiles)")(torch_fit.warm_up),
+                               daemon=True)
     warm_up.start()
-    core = ExplorationCore(op.name, memory_limit=limit, memory_cap=cap, confidence=confidence,
-                           tolerance=tolerance, seed=seed,
-                           prior_model=composed_prior(op, runs_dir) if prior == "composed" else None,
-                           noise_floor=member_noise_floor(op, runs_dir))
+    with timings.section("start (candidates, priors)"):
+        core = ExplorationCore(op.name, memory_limit=limit, memory_cap=cap, confidence=confidence,
+                               tolerance=tolerance, seed=seed,
+                               prior_model=composed_prior(op, runs_dir) if prior == "composed" else None,
+                               noise_floor=member_noise_floor(op, runs_dir), timings=timings)
     batches = _ProfileBatches(store, op.name, budget=budget, repeat=repeat, memory_cap=cap, jobs=jobs,
                               on_start=on_start, progress=progress)
     model, stopped_because = None, None
     try:
         # ask (design, then refit, stop or propose), profile, tell (the store), repeat
         while True:
-            records = batches.stored_profiles()
-            others = store.live_claims(op.name)
-            counted = store.profiles_and_claims(op.name)
+            with timings.section("store"):
+                records = batches.stored_profiles()
+                others = store.live_claims(op.name)
+                counted = store.profiles_and_claims(op.name)
             if model is not None:
                 batches.cost_model = profile_cost_model(records, repeat, batches.loop_overhead)
-            ask = core.ask(records, n=jobs, budget_left=budget - counted, pending=[c.shape for c in others],
-                           cost_model=batches.cost_model)
+            with timings.section("ask (fits, evidence, acquisition)"):
+                ask = core.ask(records, n=jobs, budget_left=budget - counted, pending=[c.shape for c in others],
+                               cost_model=batches.cost_model)
             if ask.model is not None:
                 model = ask.model
                 batches.metric = ask.half_width
             if ask.stopped_because:
                 stopped_because = _with_budget(ask.stopped_because, budget, in_flight=counted - len(records))
                 break
-            if not ask.shapes or not batches.run(ask.shapes, ask.purpose):
+            with timings.section("profiling (fork, IPC, operator)"):
+                claimed = bool(ask.shapes) and batches.run(ask.shapes, ask.purpose)
+            if not claimed:
                 time.sleep(CLAIM_POLL_SECONDS)  # others hold what we would profile: look again
     finally:
         batches.close()
@@ -225,7 +239,8 @@ def explore(
 
     records = batches.stored_profiles()  # the store's true count now, other processes' profiles included
     if model is not None:  # what the loop ended with, on everyone's profiles (cached when nothing new arrived)
-        model = core.conclude(records, stopped_because or "interrupted") or model
+        with timings.section("conclude (final fit, evidence)"):
+            model = core.conclude(records, stopped_because or "interrupted") or model
     model_file = report_file = probe_result = None
     if model is not None:
         model_file = paths.model_path(op.name, runs_dir)
@@ -234,14 +249,18 @@ def explore(
             model.info["seconds_per_voxel"] = run_cost.seconds_per_voxel
         model.info["explored_with"] = settings
         model.info["profiles_digest"] = profiles_digest(records)
-        model = save_model_unless_superseded(model, model_file)
-        probe_result = _probe(op.name, model, probes, bool(steps), runs_dir, storage, confidence, probe_progress,
-                              seed, limit)
+        with timings.section("save"):
+            model = save_model_unless_superseded(model, model_file)
+        with timings.section("in-worker probes"):
+            probe_result = _probe(op.name, model, probes, bool(steps), runs_dir, storage, confidence, probe_progress,
+                                  seed, limit)
         if report:
             from explorer.search.report import explore_report
 
-            report_file = explore_report(model, records, steps, paths.report_path(op.name, runs_dir),
-                                         confidence=confidence, memory_limit=limit, tolerance=tolerance)
+            with timings.section("report.png"):
+                report_file = explore_report(model, records, steps, paths.report_path(op.name, runs_dir),
+                                             confidence=confidence, memory_limit=limit, tolerance=tolerance)
+    timings.add("inside the operator", operator_seconds, len(steps))
     return ExploreResult(
         operator=op.name,
         profiles=len(records),
@@ -261,6 +280,7 @@ def explore(
         prior=core.prior.source if core.prior is not None else None,
         converged=None if model is None else bool(model.info.get("converged")),
         certified_factor=None if model is None else model.hyperparameters["certified_factor"],
+        timings=timings.to_dict(),
     )
 
 
@@ -293,18 +313,21 @@ def _reusable_model(operator: str, runs_dir, store: Store, settings: dict, budge
 
 
 def _reused(operator: str, model, store: Store, settings: dict, started: float, *, probes, probe_progress,
-            runs_dir, storage, seed, report: bool) -> "ExploreResult":
+            runs_dir, storage, seed, report: bool, timings: Timings) -> "ExploreResult":
     """The result of an ``explore`` whose saved model is the answer: only missing probes run,
     and the report is drawn only when asked and not there yet."""
     records = [r for r in store.records(operator) if r.source == SOURCE_PROFILE]
     limit, confidence = settings["memory_limit_bytes"], settings["confidence"]
-    probe_result = _probe(operator, model, probes, False, runs_dir, storage, confidence, probe_progress, seed, limit)
+    with timings.section("in-worker probes"):
+        probe_result = _probe(operator, model, probes, False, runs_dir, storage, confidence, probe_progress, seed,
+                              limit)
     report_file = paths.report_path(operator, runs_dir)
     if report and not report_file.exists():
         from explorer.search.report import explore_report
 
-        explore_report(model, records, [], report_file, confidence=confidence, memory_limit=limit,
-                       tolerance=settings["tolerance"])
+        with timings.section("report.png"):
+            explore_report(model, records, [], report_file, confidence=confidence, memory_limit=limit,
+                           tolerance=settings["tolerance"])
     return ExploreResult(
         operator=operator, profiles=len(records), new_profiles=0,
         stopped_because=model.info.get("stopped_because") or "the saved model", seconds=time.perf_counter() - started,
@@ -313,7 +336,7 @@ def _reused(operator: str, model, store: Store, settings: dict, started: float, 
         model_path=str(paths.model_path(operator, runs_dir)), report_path=str(report_file) if report else None,
         probes=probe_result, prior=model.info.get("prior"),
         converged=bool(model.info.get("converged")),
-        certified_factor=model.hyperparameters["certified_factor"], reused=True)
+        certified_factor=model.hyperparameters["certified_factor"], reused=True, timings=timings.to_dict())
 
 
 def _with_budget(stopped_because: str, budget: int, in_flight: int) -> str:

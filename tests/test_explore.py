@@ -36,6 +36,12 @@ def test_explore_profiles_persists_fits_and_reports(explored):
     assert len(records) == result.profiles and all(r.status == "ok" for r in records)
     assert len({r.shape for r in records}) == len(records)  # never the same shape twice
     assert os.path.getsize(result.report_path) > 10_000
+    timings = result.timings  # where the wall time went (explore --timings)
+    assert timings["profiling (fork, IPC, operator)"]["count"] == 9 and timings["ML-II fits"]["count"] >= 1
+    assert timings["inside the operator"]["seconds"] == pytest.approx(result.operator_seconds, abs=1e-3)
+    assert sum(t["seconds"] for name, t in timings.items() if name in (
+        "store", "start (candidates, priors)", "ask (fits, evidence, acquisition)", "profiling (fork, IPC, operator)",
+        "conclude (final fit, evidence)", "save", "in-worker probes", "report.png")) <= result.seconds
     model = load_model(OPERATOR, runs)
     assert model.n_observations == result.profiles
     # the planner's time model starts from the operator's own profiled speed: b of a + b V
@@ -80,6 +86,7 @@ def test_explore_again_on_the_same_profiles_and_settings_reuses_the_saved_model(
     again = explore(OPERATOR, budget=9, tolerance=1e-6, memory_limit=LIMIT, runs_dir=runs)
     assert again.reused and again.new_profiles == 0 and again.profiles == 9 and again.converged is False
     assert path.read_bytes() == before and again.model_path == str(path)
+    assert "ML-II fits" not in again.timings and "profiling (fork, IPC, operator)" not in again.timings
     assert "skipped" in again.probes and again.stopped_because == explored[1].stopped_because
     other = explore(OPERATOR, budget=9, tolerance=0.5, memory_limit=LIMIT, runs_dir=runs, probes=0)
     assert not other.reused and other.new_profiles == 0 and path.read_bytes() != before
@@ -138,11 +145,13 @@ def run_cli(*args, timeout=180):
 def test_cli_json_last_and_chunks(explored):
     runs, result, _ = explored
     out = run_cli(OPERATOR, "--budget", str(result.profiles), "--memory-limit", LIMIT, "--runs-dir", str(runs),
-                  "--json")
+                  "--json", "--timings")
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout.strip().splitlines()[-1])
-    for key in ("operator", "profiles", "stopped_because", "seconds", "max_relative_uncertainty", "probes"):
+    for key in ("operator", "profiles", "stopped_because", "seconds", "max_relative_uncertainty", "probes",
+                "reused", "timings"):
         assert key in data
+    assert "where the" in out.stderr and "ask (fits, evidence, acquisition)" in out.stderr
     assert data["profiles"] == len(Store(runs).records(OPERATOR, source="profile")) >= result.profiles
     assert data["stopped_because"].startswith("budget")
     assert "skipped" in data["probes"]  # nothing new profiled: the saved calibration still holds

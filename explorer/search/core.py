@@ -111,14 +111,17 @@ class ExplorationCore:
 
     def __init__(self, operator: str, *, memory_limit: int, memory_cap: int, confidence: float = 0.99,
                  tolerance: float = 0.05, seed: int = 0, prior_model=None,
-                 noise_floor: "RunNoiseFloor | None" = None):
+                 noise_floor: "RunNoiseFloor | None" = None, timings: "Timings | None" = None):
         """``prior_model``: a model that already predicts this operator's peak (a pipeline's
         composed model, ``explorer.model.composed``); its prediction over the target region becomes
         every fit's prior mean (``surrogate.MeanPrior``), so the loop learns only the departure
         from it, and profiles only there: its first design is :func:`region_design` of that
         region and its proposals are target shapes.  ``noise_floor``: the least single-run
         noise every fit may learn (:func:`member_noise_floor` for a pipeline), by default the
-        surrogate's own floors."""
+        surrogate's own floors.  ``timings``: where the fits' seconds are added (``ML-II fits``,
+        ``scale posteriors``; ``explorer.core.timings``), a fresh one by default."""
+        from explorer.core.timings import Timings
+
         from explorer.search import acquisition
         from explorer.model import basis
         from explorer.model import priors
@@ -131,6 +134,7 @@ class ExplorationCore:
         self.chunkable = acquisition.chunkable_mask(self.candidates, op.whole_axes)
         self.design = [tuple(int(n) for n in s) for s in acquisition.initial_design(
             N_INITIAL, max_input_bytes=self.memory_limit * INITIAL_INPUT_SHARE, seed=seed)]
+        self.timings = Timings() if timings is None else timings
         self._fits: dict[tuple, object] = {}
         self._calibrated: dict[tuple, object] = {}
         #: Shapes this core picked to validate a tight bound (``acquisition.validation_shapes``).
@@ -161,7 +165,9 @@ class ExplorationCore:
             return None
         key = self._key(records)
         if key not in self._calibrated:
-            self._calibrated[key] = model_fit.recalibrate(model, self.prequential(records))
+            prequential = self.prequential(records)
+            with self.timings.section("scale posteriors"):
+                self._calibrated[key] = model_fit.recalibrate(model, prequential)
         return self._calibrated[key]
 
     def prequential(self, records: list[Record]):
@@ -211,8 +217,9 @@ class ExplorationCore:
             floors = {} if self.noise_floor is None else {
                 "rel_noise_floor": max(priors.DEFAULT_REL_NOISE_FLOOR, self.noise_floor.relative_sd),
                 "abs_noise_floor_bytes": self.noise_floor.absolute_sd_bytes}
-            self._fits[key] = model_fit.fit(self.operator, shapes, values, noise, lower, halo=self.halo,
-                                            n_repeats=n_repeats, prior=self.prior, **floors)
+            with self.timings.section("ML-II fits"):
+                self._fits[key] = model_fit.fit(self.operator, shapes, values, noise, lower, halo=self.halo,
+                                                n_repeats=n_repeats, prior=self.prior, **floors)
         return self._fits[key]
 
     def evidence(self, records: list[Record]):
