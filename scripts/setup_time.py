@@ -82,16 +82,17 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"unknown command(s) {sorted(unknown)}: main, tests")
     load = os.getloadavg()
+    head = commit()  # what is cloned: HEAD when the script starts
     rows = []
     with tempfile.TemporaryDirectory(prefix="setup-time-") as tmp:
         work = args.keep or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         for name in wanted:
-            print(f"[{name}] running the README's command on a fresh clone of {commit()}...", file=sys.stderr)
+            print(f"[{name}] running the README's command on a fresh clone of {head}...", file=sys.stderr)
             rows.append(time_command(name, commands[name], work))
             print(f"[{name}] {rows[-1]['seconds']:.0f} s, exit {rows[-1]['status']}", file=sys.stderr)
     end = os.getloadavg()
-    print(f"`python scripts/setup_time.py {' '.join(sys.argv[1:])}` on a fresh clone of {commit()}, "
+    print(f"`python scripts/setup_time.py {' '.join(sys.argv[1:])}` on a fresh clone of {head}, "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n")
     print("| README command | wall seconds | exit | pytest |")
     print("|---|---:|---:|---|")
