@@ -195,9 +195,9 @@ def explore(
     with timings.section("store"):
         store = Store(runs_dir, storage)
     settings = {"tolerance": tolerance, "confidence": confidence, "memory_limit_bytes": int(limit), "prior": prior}
-    saved = None if refresh else _reusable_model(op.name, runs_dir, store, settings, budget)
-    if saved is not None:
-        return _reused(op.name, saved, store, settings, started, probes=probes, probe_progress=probe_progress,
+    reusable = None if refresh else _reusable_model(op.name, runs_dir, store, settings, budget)
+    if reusable is not None:
+        return _reused(op.name, *reusable, settings, started, probes=probes, probe_progress=probe_progress,
                        runs_dir=runs_dir, storage=storage, seed=seed, report=report, timings=timings)
     # torch, gpytorch and botorch take seconds to import: do it while the first profiles run
     warm_up = threading.Thread(target=timings.section("torch import (beside the profiles)")(torch_fit.warm_up),
@@ -295,8 +295,8 @@ def profiles_digest(records) -> str:
 
 
 def _reusable_model(operator: str, runs_dir, store: Store, settings: dict, budget: int):
-    """The saved model when it is the loop's answer as it stands (``explore``'s docstring, Paid
-    once), else None."""
+    """``(saved model, the store's profiles)`` when the saved model is the loop's answer as it
+    stands (``explore``'s docstring, Paid once), else None."""
     from explorer.model.memory_model import MemoryModel
 
     try:
@@ -309,14 +309,13 @@ def _reusable_model(operator: str, runs_dir, store: Store, settings: dict, budge
     records = [r for r in store.records(operator) if r.source == SOURCE_PROFILE]
     if info.get("profiles_digest") != profiles_digest(records):
         return None
-    return saved if info.get("converged") or len(records) >= budget else None
+    return (saved, records) if info.get("converged") or len(records) >= budget else None
 
 
-def _reused(operator: str, model, store: Store, settings: dict, started: float, *, probes, probe_progress,
+def _reused(operator: str, model, records, settings: dict, started: float, *, probes, probe_progress,
             runs_dir, storage, seed, report: bool, timings: Timings) -> "ExploreResult":
     """The result of an ``explore`` whose saved model is the answer: only missing probes run,
     and the report is drawn only when asked and not there yet."""
-    records = [r for r in store.records(operator) if r.source == SOURCE_PROFILE]
     limit, confidence = settings["memory_limit_bytes"], settings["confidence"]
     with timings.section("in-worker probes"):
         probe_result = _probe(operator, model, probes, False, runs_dir, storage, confidence, probe_progress, seed,

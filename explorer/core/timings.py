@@ -35,9 +35,6 @@ class Timings:
             self._seconds[name] = self._seconds.get(name, 0.0) + float(seconds)
             self._count[name] = self._count.get(name, 0) + int(count)
 
-    def seconds(self, name: str) -> float:
-        return self._seconds.get(name, 0.0)
-
     def to_dict(self) -> dict:
         """``{name: {"seconds": s, "count": n}}`` in the order the names first appeared."""
         with self._lock:

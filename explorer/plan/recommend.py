@@ -187,12 +187,12 @@ class _PlanRequest:
             given = self.baseline_given
             if isinstance(given, WorkerBaseline):
                 self.baseline = given
-            elif isinstance(given, str) and given != "local":
-                raise ValueError(f"baseline_bytes must be bytes, a WorkerBaseline or 'local', got {given!r}")
-            elif given is not None and given != "local":
-                self.baseline = WorkerBaseline(bytes=int(given), source="given")
-            else:
+            elif given is None or (isinstance(given, str) and given == "local"):
                 self.baseline = local_worker_baseline(self.operator, self.runs_dir)
+            elif isinstance(given, str):
+                raise ValueError(f"baseline_bytes must be bytes, a WorkerBaseline or 'local', got {given!r}")
+            else:
+                self.baseline = WorkerBaseline(bytes=int(given), source="given")
         return self.baseline
 
     def worker_spec(self) -> WorkerSpec:
