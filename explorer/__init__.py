@@ -15,6 +15,9 @@ were taken with (``docs/workers.md``); ``task_model`` and ``observe`` (``explore
 ``explorer.runner.live``) serve a user's own Dask code.  The errors a user catches:
 ``ModelNotFoundError``, ``ChunkPlanError``, ``RunError``.
 
+``operator`` is a name, a spec, a ``module:attr`` reference or an ``operators.Operator``
+(``operators.from_function`` makes one of a plain function).
+
 They are imported lazily so that ``import explorer`` stays cheap: the
 profiling child and ``recommend_chunks`` never import torch.
 """

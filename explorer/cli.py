@@ -11,6 +11,7 @@ Bad input ends with one line on stderr and a non-zero exit, never a traceback
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -18,7 +19,7 @@ import sys
 import time
 
 from explorer.core import validate
-from explorer.cli_text import considered_text, print_probes, print_timings, probe_progress
+from explorer.cli_text import considered_text, print_explore, print_probes, print_run, print_timings, probe_progress
 from explorer.core.units import format_bytes, format_shape, parse_shape
 
 EXIT_USAGE = 2
@@ -158,7 +159,11 @@ def _cmd_profile(argv: list[str]) -> int:
         if m.gpu and m.gpu.get("note"):
             print(f"gpu             {m.gpu['note']}")
     # ok and exceeded are measurements (exceeded: a lower bound); timeout and error are not
-    return 0 if m.status in ("ok", "exceeded") else EXIT_FAILURE
+    if m.status in ("ok", "exceeded"):
+        return 0
+    print(f"explore profile: {m.operator} at {format_shape(m.shape)} {m.status}" + (f": {m.error}" if m.error else ""),
+          file=sys.stderr)  # the failure is stderr's last line
+    return EXIT_FAILURE
 
 
 # -- explore OPERATOR ------------------------------------------------------
@@ -169,6 +174,28 @@ def _add_store_options(parser, *, storage: bool = False, storage_note: str = "")
         parser.add_argument("--storage", type=_storage_url, default=None,
                             help="an Optuna storage URL instead of the SQLite file: sqlite:///PATH, "
                                  f"postgresql://..., or journal:PATH{storage_note}")
+
+
+def _add_scheduler_options(parser, what: str) -> None:
+    parser.add_argument("--scheduler", default=None, help=f"address of an existing cluster, e.g. tcp://host:8786: {what}")
+    parser.add_argument("--connect-timeout", type=_positive_float, default=10.0,
+                        help="seconds to reach --scheduler (default 10)")
+
+
+@contextlib.contextmanager
+def _scheduler_client(args):
+    """A client of ``--scheduler`` (None without one), closed at the end; a cluster that cannot be used is one line."""
+    if not args.scheduler:
+        yield None
+        return
+    from explorer.runner.cluster import ClusterError, connect
+
+    try:
+        client = connect(args.scheduler, args.connect_timeout)
+    except ClusterError as exc:
+        raise CLIError(str(exc)) from None
+    with client:
+        yield client
 
 
 def _cmd_explore(argv: list[str]) -> int:
@@ -203,6 +230,7 @@ def _cmd_explore(argv: list[str]) -> int:
     parser.add_argument("--refresh", action="store_true",
                         help="refit from the store and let the stop decide again, even when the saved model was "
                              "made from exactly these profiles with these settings (then it is the answer at once)")
+    _add_scheduler_options(parser, "the in-worker probes run on its workers (default: a LocalCluster here)")
     parser.add_argument("--timings", action="store_true",
                         help="print where the wall time went (store, fits, profiling, probes...; always in --json)")
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
@@ -226,40 +254,18 @@ def _cmd_explore(argv: list[str]) -> int:
     Store(args.runs_dir, args.storage)  # a storage that cannot be opened is one line, before any other
     print(f"exploring {args.operator}: budget {args.budget} profiles, tolerance {args.tolerance:.1%}, "
           f"confidence {args.confidence:.0%}", file=sys.stderr, flush=True)
-    result = explore(args.operator, budget=args.budget, tolerance=args.tolerance, confidence=args.confidence,
-                     memory_limit=args.memory_limit, memory_cap=args.memory_cap, runs_dir=args.runs_dir,
-                     storage=args.storage, jobs=args.jobs, repeat=args.repeat, seed=args.seed, progress=progress,
-                     on_start=started, probes=args.probes, probe_progress=probe_progress, prior=args.prior,
-                     report=True, refresh=args.refresh)
+    with _scheduler_client(args) as client:
+        result = explore(args.operator, budget=args.budget, tolerance=args.tolerance, confidence=args.confidence,
+                         memory_limit=args.memory_limit, memory_cap=args.memory_cap, runs_dir=args.runs_dir,
+                         storage=args.storage, jobs=args.jobs, repeat=args.repeat, seed=args.seed,
+                         progress=progress, on_start=started, probes=args.probes, probe_progress=probe_progress,
+                         prior=args.prior, report=True, refresh=args.refresh, client=client)
     if args.timings:
         print_timings(result.timings, result.seconds)
     if args.json:
         print(json.dumps(result.to_dict()))
         return 0 if result.model_path else EXIT_FAILURE
-    print()
-    print(f"{'shape':>15} {'status':<9} {'peak_bytes':>11} {'bytes/voxel':>11} {'seconds':>8}")
-    for step in result.steps:
-        voxels = step.shape[0] * step.shape[1] * step.shape[2]
-        peak = format_bytes(step.peak_bytes) if step.peak_bytes is not None else "-"
-        per_voxel = f"{step.peak_bytes / voxels:.1f}" if step.peak_bytes is not None else "-"
-        secs = f"{step.seconds:.2f}" if step.seconds is not None else "-"
-        print(f"{format_shape(step.shape):>15} {step.status:<9} {peak:>11} {per_voxel:>11} {secs:>8}")
-    unc = result.max_relative_uncertainty
-    print(f"\n{result.operator}: {result.profiles} profiles in the store ({result.new_profiles} new), "
-          f"{result.seconds:.1f} s ({result.operator_seconds:.1f} s inside the operator)")
-    if result.reused:
-        print("the saved model was made from exactly these profiles with these settings: reused as it is "
-              "(--refresh refits)")
-    if result.prior:
-        print(f"prior mean: {result.prior}")
-    if unc is not None:
-        print(f"max relative half-width of the {result.confidence:.0%} bound over the target region: {unc:.1%}"
-              f" (widened x{result.certified_factor:.2f} by the evidence)")
-    print_probes(result.probes)
-    if result.model_path:
-        print(f"model:  {result.model_path}")
-    if result.report_path:
-        print(f"report: {result.report_path}")
+    print_explore(result)
     if not result.model_path:
         print(f"no model saved: {result.stopped_because}", file=sys.stderr)
         return EXIT_FAILURE
@@ -290,6 +296,7 @@ def _cmd_calibrate(argv: list[str]) -> int:
     parser.add_argument("--confidence", type=_confidence, default=0.99, help="in (0.5, 1) (0.99)")
     parser.add_argument("--seed", type=int, default=0)
     _add_store_options(parser, storage=True)
+    _add_scheduler_options(parser, "the probes run on its workers (default: a LocalCluster here)")
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
     args = parser.parse_args(argv)
     from explorer.search.store import Store
@@ -298,9 +305,10 @@ def _cmd_calibrate(argv: list[str]) -> int:
     Store(args.runs_dir, args.storage)  # a storage that cannot be opened is one line, before any cluster
     load_model(args.operator, runs_dir=args.runs_dir)  # no model (or member's): one line naming the command
     print(f"calibrating {args.operator} in Dask workers: {args.probes} probes", file=sys.stderr, flush=True)
-    result = calibrate_in_workers(args.operator, memory_limit=args.memory_limit, n=args.probes,
-                                  runs_dir=args.runs_dir, storage=args.storage, confidence=args.confidence,
-                                  progress=probe_progress, seed=args.seed).to_dict()
+    with _scheduler_client(args) as client:
+        result = calibrate_in_workers(args.operator, memory_limit=args.memory_limit, n=args.probes,
+                                      runs_dir=args.runs_dir, storage=args.storage, confidence=args.confidence,
+                                      progress=probe_progress, seed=args.seed, client=client).to_dict()
     if args.json:
         print(json.dumps(result))
     else:
@@ -392,12 +400,14 @@ def _chunks_option(text: str):
 
 def _cmd_run(argv: list[str]) -> int:
     parser = _Parser(prog="explore run",
-                     description="Run an operator on a SEG-Y volume on Dask with memory-safe chunks, "
+                     description="Run an operator on a SEG-Y or Zarr volume on Dask with memory-safe chunks, "
                                  "and learn from what the workers really used.")
     parser.add_argument("operator", type=_operator_name)
-    parser.add_argument("input", help="a SEG-Y file with regular 3D geometry")
+    parser.add_argument("input", help="a SEG-Y file with regular 3D geometry, or a 3D Zarr array (v2 or v3: "
+                                      "PATH.zarr, or GROUP.zarr:ARRAY)")
     parser.add_argument("--output", required=True,
-                        help="PATH.zarr or PATH.sgy (a SEG-Y output keeps the input's headers and geometry); "
+                        help="PATH.zarr or PATH.sgy (a SEG-Y output keeps a SEG-Y input's headers and geometry; a "
+                             "Zarr output carries a Zarr input's attributes and coordinates); "
                              "a fan-out writes PATH.zarr/<branch>, or PATH-<branch>.sgy per branch")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an existing output, if memory-explorer wrote it (never anything else)")
@@ -405,9 +415,7 @@ def _cmd_run(argv: list[str]) -> int:
                         help="per worker, like 2GiB (default: this machine's memory / workers)")
     parser.add_argument("--workers", type=_positive_int, default=2, help="LocalCluster workers (default 2)")
     parser.add_argument("--threads", type=_positive_int, default=1, help="threads per worker (default 1)")
-    parser.add_argument("--scheduler", default=None, help="address of an existing cluster, e.g. tcp://host:8786")
-    parser.add_argument("--connect-timeout", type=_positive_float, default=10.0,
-                        help="seconds to reach --scheduler (default 10)")
+    _add_scheduler_options(parser, "the run's workers (default: a LocalCluster of --workers here)")
     parser.add_argument("--chunks", type=_chunks_option, default="model",
                         help="model (default: explore's recommendation), auto (Dask's) or AxBxC")
     parser.add_argument("--confidence", type=_confidence, default=0.99, help="in (0.5, 1) (0.99)")
@@ -420,9 +428,6 @@ def _cmd_run(argv: list[str]) -> int:
     _add_store_options(parser, storage=True)
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
     args = parser.parse_args(argv)
-    if not os.path.exists(args.input):
-        raise CLIError(f"explore run: no such file: {args.input}")
-
     from explorer.runner.daskrun import run
 
     state = {"last": 0.0}
@@ -434,7 +439,7 @@ def _cmd_run(argv: list[str]) -> int:
             print(f"  {done}/{total} tasks ({done / max(total, 1):.0%})", file=sys.stderr, flush=True)
 
     result = run(args.operator, args.input, args.output, memory_limit=args.memory_limit, workers=args.workers,
-                 threads_per_worker=args.threads, scheduler=args.scheduler, chunks=args.chunks,
+                 threads=args.threads, scheduler=args.scheduler, chunks=args.chunks,
                  runs_dir=args.runs_dir, storage=args.storage, confidence=args.confidence, refine=args.refine,
                  progress=progress, connect_timeout=args.connect_timeout, overwrite=args.overwrite,
                  strategy=args.strategy, trials=args.trials, check=False)
@@ -447,34 +452,10 @@ def _cmd_run(argv: list[str]) -> int:
     if args.json:
         print(json.dumps(result.to_dict()))
     else:
-        print(f"status           {result.status}" + (f" ({result.error})" if result.error else ""))
-        for trial in result.trials:
-            measured = trial.get("measured_seconds_per_voxel")
-            print(f"trial            chunks {format_shape(trial['chunks'])}: block {format_shape(trial['block'])} "
-                  + (f"{measured * 1e9:.0f} ns/voxel on the workers" if measured else trial["status"])
-                  + (f" (by volume {trial['predicted_seconds_per_voxel'] * 1e9:.0f})"
-                     if trial.get("predicted_seconds_per_voxel") else "") + f", {trial['seconds']:.1f} s")
-        if result.chunks:
-            print(f"chunks           {format_shape(result.chunks)} ({result.chunks_source}, {result.n_tasks} tasks)")
-        if result.strategy and (result.plan or {}).get("considered"):
-            print(f"strategy         {result.strategy} (of {', '.join(result.plan['considered'])}, by the time model)")
-        elif result.strategy == "staged":
-            print("strategy         staged (asked)")
-        if result.seconds is not None:
-            print(f"seconds          {result.seconds:.1f}")
-        for branch, path in result.outputs.items():
-            print(f"output           {path}  ({branch})")
-        if result.worker_peak_bytes:
-            limit = result.memory_limit_bytes
-            peaks = ", ".join(format_bytes(p) + (f" ({p / limit:.0%})" if limit else "")
-                              for p in result.worker_peak_bytes)
-            print(f"worker peaks     {peaks} of {format_bytes(limit) if limit else '?'}")
-        print(f"workers lost     {result.workers_restarted}")
-        if result.refine:
-            over = "-" if result.tasks_over_bound is None else result.tasks_over_bound
-            print(f"observations     {result.observations_recorded} recorded, {over} over the bound")
-        if result.advice:
-            print(f"advice           {result.advice}")
+        print_run(result)
+    if result.status != "ok":  # the failure is stderr's last line, whatever went to stdout
+        print(f"explore run: {result.status}: {result.error}" + (f"; {result.advice}" if result.advice else ""),
+              file=sys.stderr)
     return 0 if result.status == "ok" else EXIT_FAILURE
 
 
@@ -533,14 +514,14 @@ USAGE = """usage: explore OPERATOR [options]                 learn an operator's
        explore operators                          list operators
        explore profile OPERATOR SHAPE             profile one shape in an isolated child
        explore chunks OPERATOR --shape S --memory-limit L   safe chunks for a volume
-       explore run OPERATOR INPUT.sgy --output PATH        production run on Dask
+       explore run OPERATOR INPUT --output PATH            production run on Dask (SEG-Y or Zarr)
        explore report OPERATOR                    profiles and production against the model
        explore calibrate OPERATOR                 in-worker probes of its model (a pipeline's composed one too)
 """
 
 
 def _dispatch(argv: list[str]) -> int:
-    from explorer.core.plugins import load_plugins
+    from operators.plugins import load_plugins
 
     if argv and argv[0] == "--version":
         from explorer import __version__

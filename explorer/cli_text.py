@@ -1,5 +1,5 @@
 """How the ``explore`` command reads results as text: probe progress, in-worker probes, the
-strategies a plan weighed (``explorer.cli`` prints them)."""
+strategies a plan weighed, an exploration's and a run's summary (``explorer.cli`` prints them)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ def print_probes(probes: dict | None) -> None:
         return
     for line in probes.get("warnings", []):
         print(f"warning: {line}", file=sys.stderr)
+    if probes.get("workers"):
+        print(f"in-worker probes ran on {', '.join(probes['workers'])} (scheduler {probes.get('scheduler')})")
     cal = probes.get("calibration")
     excess = (cal or {}).get("excess")
     if excess is None:
@@ -71,3 +73,63 @@ def print_timings(timings: dict, total_seconds: float) -> None:
     for name, t in timings.items():
         share = t["seconds"] / total_seconds if total_seconds > 0 else 0.0
         print(f"  {name:<38} {t['seconds']:>8.2f} s  {share:>6.1%}  ({t['count']}x)", file=sys.stderr)
+
+
+def print_explore(result) -> None:
+    """An ``ExploreResult`` as ``explore`` prints it: the profiles, the summary, the probes, the files."""
+    print()
+    print(f"{'shape':>15} {'status':<9} {'peak_bytes':>11} {'bytes/voxel':>11} {'seconds':>8}")
+    for step in result.steps:
+        voxels = step.shape[0] * step.shape[1] * step.shape[2]
+        peak = format_bytes(step.peak_bytes) if step.peak_bytes is not None else "-"
+        per_voxel = f"{step.peak_bytes / voxels:.1f}" if step.peak_bytes is not None else "-"
+        secs = f"{step.seconds:.2f}" if step.seconds is not None else "-"
+        print(f"{format_shape(step.shape):>15} {step.status:<9} {peak:>11} {per_voxel:>11} {secs:>8}")
+    unc = result.max_relative_uncertainty
+    print(f"\n{result.operator}: {result.profiles} profiles in the store ({result.new_profiles} new), "
+          f"{result.seconds:.1f} s ({result.operator_seconds:.1f} s inside the operator)")
+    if result.reused:
+        print("the saved model was made from exactly these profiles with these settings: reused as it is "
+              "(--refresh refits)")
+    if result.prior:
+        print(f"prior mean: {result.prior}")
+    if unc is not None:
+        print(f"max relative half-width of the {result.confidence:.0%} bound over the target region: {unc:.1%}"
+              f" (widened x{result.certified_factor:.2f} by the evidence)")
+    print_probes(result.probes)
+    if result.model_path:
+        print(f"model:  {result.model_path}")
+    if result.report_path:
+        print(f"report: {result.report_path}")
+
+
+def print_run(result) -> None:
+    """A ``RunResult`` as ``explore run`` prints it (stdout): status, trials, chunks, time, peaks."""
+    print(f"status           {result.status}" + (f" ({result.error})" if result.error else ""))
+    for trial in result.trials:
+        measured = trial.get("measured_seconds_per_voxel")
+        print(f"trial            chunks {format_shape(trial['chunks'])}: block {format_shape(trial['block'])} "
+              + (f"{measured * 1e9:.0f} ns/voxel on the workers" if measured else trial["status"])
+              + (f" (by volume {trial['predicted_seconds_per_voxel'] * 1e9:.0f})"
+                 if trial.get("predicted_seconds_per_voxel") else "") + f", {trial['seconds']:.1f} s")
+    if result.chunks:
+        print(f"chunks           {format_shape(result.chunks)} ({result.chunks_source}, {result.n_tasks} tasks)")
+    if result.strategy and (result.plan or {}).get("considered"):
+        print(f"strategy         {result.strategy} (of {', '.join(result.plan['considered'])}, by the time model)")
+    elif result.strategy == "staged":
+        print("strategy         staged (asked)")
+    if result.seconds is not None:
+        print(f"seconds          {result.seconds:.1f}")
+    for branch, path in result.outputs.items():
+        print(f"output           {path}  ({branch})")
+    if result.worker_peak_bytes:
+        limit = result.memory_limit_bytes
+        peaks = ", ".join(format_bytes(p) + (f" ({p / limit:.0%})" if limit else "")
+                          for p in result.worker_peak_bytes)
+        print(f"worker peaks     {peaks} of {format_bytes(limit) if limit else '?'}")
+    print(f"workers lost     {result.workers_restarted}")
+    if result.refine:
+        over = "-" if result.tasks_over_bound is None else result.tasks_over_bound
+        print(f"observations     {result.observations_recorded} recorded, {over} over the bound")
+    if result.advice:
+        print(f"advice           {result.advice}")

@@ -144,6 +144,7 @@ def explore(
     probe_progress=None,
     prior: str = "composed",
     refresh: bool = False,
+    client=None,
 ) -> ExploreResult:
     """Explore ``operator``'s peak memory until the bound is tight or ``budget`` profiles exist,
     then probe it inside real Dask workers (``explorer.runner.probes``) and save its calibration.
@@ -166,7 +167,9 @@ def explore(
     the model and the calibration under ``runs_dir`` (``$EXPLORER_RUNS`` or ``./runs`` when
     None), ``report.png`` there only with ``report=True`` (the CLI's ``explore`` asks for it);
     profiling servers (child processes) for the profiles and, when ``probes`` > 0, a Dask
-    LocalCluster for the in-worker probes.
+    LocalCluster for the in-worker probes, unless ``client`` (a ``distributed.Client``) names the
+    cluster whose workers the probes run on (their baseline, memory and environment are then
+    what the calibration describes; ``explorer.runner.probes.run_probes``).
 
     ``prior``: ``"composed"`` (default) makes a pipeline whose members all have models learn
     from its composed model (``explorer.model.composed``) as the prior mean: only the departure
@@ -198,7 +201,7 @@ def explore(
     reusable = None if refresh else _reusable_model(op.name, runs_dir, store, settings, budget)
     if reusable is not None:
         return _reused(op.name, *reusable, settings, started, probes=probes, probe_progress=probe_progress,
-                       runs_dir=runs_dir, storage=storage, seed=seed, report=report, timings=timings)
+                       runs_dir=runs_dir, storage=storage, seed=seed, report=report, timings=timings, client=client)
     # torch, gpytorch and botorch take seconds to import: do it while the first profiles run
     warm_up = threading.Thread(target=timings.section("torch import (beside the profiles)")(torch_fit.warm_up),
                                daemon=True)
@@ -253,7 +256,7 @@ def explore(
             model = save_model_unless_superseded(model, model_file)
         with timings.section("in-worker probes"):
             probe_result = _probe(op.name, model, probes, bool(steps), runs_dir, storage, confidence, probe_progress,
-                                  seed, limit)
+                                  seed, limit, client)
         if report:
             from explorer.search.report import explore_report
 
@@ -313,13 +316,13 @@ def _reusable_model(operator: str, runs_dir, store: Store, settings: dict, budge
 
 
 def _reused(operator: str, model, records, settings: dict, started: float, *, probes, probe_progress,
-            runs_dir, storage, seed, report: bool, timings: Timings) -> "ExploreResult":
+            runs_dir, storage, seed, report: bool, timings: Timings, client=None) -> "ExploreResult":
     """The result of an ``explore`` whose saved model is the answer: only missing probes run,
     and the report is drawn only when asked and not there yet."""
     limit, confidence = settings["memory_limit_bytes"], settings["confidence"]
     with timings.section("in-worker probes"):
         probe_result = _probe(operator, model, probes, False, runs_dir, storage, confidence, probe_progress, seed,
-                              limit)
+                              limit, client)
     report_file = paths.report_path(operator, runs_dir)
     if report and not report_file.exists():
         from explorer.search.report import explore_report
@@ -472,7 +475,7 @@ def save_model_unless_superseded(model, path):
 
 
 def _probe(operator, model, probes, profiled_new, runs_dir, storage, confidence, progress, seed,
-           memory_limit=None) -> dict | None:
+           memory_limit=None, client=None) -> dict | None:
     """Run the in-worker probes unless told not to or already done for this model and environment."""
     from explorer.runner import probes as probing
     from explorer.plan.calibration import CalibrationFileError, load_calibration
@@ -488,4 +491,4 @@ def _probe(operator, model, probes, profiled_new, runs_dir, storage, confidence,
         if saved is not None and not saved.stale and saved.n_probe_groups >= n:
             return {"skipped": f"the calibration already holds {saved.n_probe_groups} probes of this environment"}
     return probing.run_probes(operator, model, n=n, runs_dir=runs_dir, storage=storage, confidence=confidence,
-                              progress=progress, seed=seed, memory_limit=memory_limit).to_dict()
+                              progress=progress, seed=seed, memory_limit=memory_limit, client=client).to_dict()

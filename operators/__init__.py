@@ -4,6 +4,7 @@ Knows nothing about ``explorer``.
 """
 
 from operators.base import RESERVED_NAMES, Operator, SpecError, names, register, reserve_names, windowed_map
+from operators.functional import from_function
 from operators.pipeline import get
 from operators import seismic as _seismic  # noqa: F401  (registers the operators)
 from operators import unet as _unet  # noqa: F401  (registers unet3d; torch is imported by its first run)
@@ -15,6 +16,7 @@ __all__ = [
     "RESERVED_NAMES",
     "SegyGeometryError",
     "SpecError",
+    "from_function",
     "get",
     "names",
     "read_segy",

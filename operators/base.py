@@ -262,6 +262,16 @@ def reserve_names(names, why: str = "a CLI subcommand") -> None:
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
+def check_name(name) -> None:
+    """``ValueError`` (one line) unless ``name`` may name an operator: letters, digits and
+    underscores, not starting with a digit, and not a CLI subcommand."""
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ValueError(f"operator name {name!r} must be letters, digits and underscores, not starting with a "
+                         "digit (it names the operator's directory under the runs directory)")
+    if name in RESERVED_NAMES:
+        raise ValueError(f"operator name {name!r} is reserved for a CLI subcommand")
+
+
 def register(cls: type[Operator]) -> type[Operator]:
     """Class decorator adding an operator to the registry under ``cls.name``.
 
@@ -271,11 +281,7 @@ def register(cls: type[Operator]) -> type[Operator]:
     the one registered (a notebook cell or a script run again); another class under a taken
     name is an error."""
     name = cls.name
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise ValueError(f"operator name {name!r} must be letters, digits and underscores, not starting with a "
-                         "digit (it names the operator's directory under the runs directory)")
-    if name in RESERVED_NAMES:
-        raise ValueError(f"operator name {name!r} is reserved for a CLI subcommand")
+    check_name(name)
     existing = _REGISTRY.get(name)
     if existing is not None and existing is not cls and (
             (existing.__module__, existing.__qualname__) != (cls.__module__, cls.__qualname__)):

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from operators.base import _REGISTRY, Operator, Shape, SpecError, alike, call_name, registered
+from operators.base import _REGISTRY, Operator, Shape, SpecError, alike, call_name, register, registered
 
 __all__ = ["STRATEGIES", "Call", "Pipeline", "SpecError", "build", "call_name", "canonical", "parse",
            "parse_shape_value"]
@@ -153,21 +153,47 @@ def canonical(spec: str) -> str:
 def build(spec: str) -> Operator:
     """The operator of a spec: one member when it has one stage of one call, else a
     :class:`Pipeline`.  ``KeyError`` for an unknown operator, :class:`SpecError` otherwise."""
-    stages = [[registered(call.name).from_parameters(dict(call.params)) for call in stage] for stage in parse(spec)]
+    stages = [[_member(call) for call in stage] for stage in parse(spec)]
     if len(stages) == 1 and len(stages[0]) == 1:
         return stages[0][0]
     return Pipeline(stages)
 
 
-def get(spec: str) -> Operator:
+def _member(call: Call) -> Operator:
+    """The operator of one call: a registered name (a plug-in's loaded on a miss) or a
+    ``module:attr`` reference (``operators.plugins.resolve``), with its parameters."""
+    from operators import plugins
+
+    if plugins.is_reference(call.name):
+        op = plugins.resolve(call.name)
+        return op if not call.params else type(op).from_parameters(dict(call.params))
+    try:
+        cls = registered(call.name)
+    except KeyError:
+        plugins.load_plugins()  # a plug-in's operator looked up before anything loaded them
+        cls = registered(call.name)
+    return cls.from_parameters(dict(call.params))
+
+
+def get(spec) -> Operator:
     """The operator a spec names: a registered name, an operator with parameters
-    (``gaussian(sigma=4)``) or a pipeline (``gaussian,gst3d``; ``operators.pipeline``).
+    (``gaussian(sigma=4)``), a pipeline (``gaussian,gst3d``; ``operators.pipeline``), a
+    ``module:attr`` reference (``operators.plugins``), or an ``Operator`` (an instance is
+    returned as it is, its class registered; a subclass is instantiated).
 
     ``KeyError`` naming the known operators for an unknown one; :class:`SpecError` (a
-    ``ValueError``) naming the fault for a malformed spec."""
+    ``ValueError``) naming the fault for a malformed spec; ``operators.plugins.PluginError``
+    for a reference or plug-in that cannot be loaded."""
+    if isinstance(spec, Operator) or (isinstance(spec, type) and issubclass(spec, Operator)):
+        op = spec if isinstance(spec, Operator) else spec()
+        for member in getattr(op, "members", None) or (op,):  # a pipeline's members, or the operator
+            register(type(member))
+        return op
     cls = _REGISTRY.get(spec) if isinstance(spec, str) else None
     if cls is not None:
         return cls()
+    if not isinstance(spec, str):
+        raise SpecError(f"an operator is a name, a spec string or an Operator, not {type(spec).__name__}")
     return build(spec)
 
 

@@ -18,8 +18,10 @@ that every trace sits where the trace index formula puts it.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import segyio
@@ -340,6 +342,7 @@ def write_segy(
     try:
         _write(partial, data, spec, shape, dt, iline_start, xline_start, slab_bytes)
         os.replace(partial, path)
+        mark_written(path)
     finally:
         if os.path.exists(partial):
             os.remove(partial)
@@ -374,13 +377,21 @@ def _write(path, data, spec, shape, dt, iline_start, xline_start, slab_bytes):
 
 # --------------------------------------------------------------------------- same survey out
 
-#: What :func:`write_segy` and :func:`write_segy_like` write into the textual header, so
-#: that a file this project wrote is recognisable as such (:func:`written_by_explorer`).
+#: What :func:`write_segy_like` writes into the textual header's last blank line, with the
+#: history of the file (what made it, from what): a processing-history line, as processing
+#: systems add.  Not the evidence of ownership (a user's file may copy our headers): that is
+#: :func:`mark_written`'s token.
 HISTORY_MARK = "memory-explorer:"
 
 _TEXT_BYTES, _BINARY_BYTES, _TRACE_HEADER_BYTES = 3200, 400, 240
 _FORMAT_OFFSET, _SAMPLES_OFFSET, _EXT_TEXT_OFFSET = 3224, 3220, 3504  # in the file (0-based)
 _TRACE_SAMPLES_OFFSET = 114  # in a trace header (bytes 115-116)
+#: The ownership token: binary-header bytes 3401-3440, in the range 3301-3500 that SEG-Y revisions 1
+#: and 2 leave unassigned (rev 2 assigns 3261-3300).
+_TOKEN_OFFSET, _TOKEN_PREFIX = 3400, b"memory-explorer "
+_TOKEN_DIGITS = 24
+#: Blocks of the traces the token's digest reads (evenly spaced; the whole file when smaller).
+_DIGEST_BLOCKS, _DIGEST_BLOCK_BYTES = 64, 4096
 
 
 def _text_lines(text: bytes) -> tuple[list[bytes], str]:
@@ -389,25 +400,54 @@ def _text_lines(text: bytes) -> tuple[list[bytes], str]:
     return [text[k:k + 80] for k in range(0, _TEXT_BYTES, 80)], "cp037" if ebcdic else "ascii"
 
 
+def _token(path) -> bytes:
+    """The ownership token of the file at ``path`` as it is: a digest of its size and of
+    :data:`_DIGEST_BLOCKS` evenly spaced blocks of what follows its textual and binary headers
+    (trace headers and samples), so a file with our headers over other traces has another."""
+    import hashlib
+
+    size = os.path.getsize(path)
+    digest = hashlib.sha256(str(size).encode())
+    start = _TEXT_BYTES + _BINARY_BYTES
+    span = max(0, size - start)
+    with open(path, "rb") as fh:
+        for k in range(_DIGEST_BLOCKS):
+            fh.seek(start + (span * k) // _DIGEST_BLOCKS)
+            digest.update(fh.read(_DIGEST_BLOCK_BYTES))
+    return _TOKEN_PREFIX + digest.hexdigest()[:_TOKEN_DIGITS].encode()
+
+
+def mark_written(path) -> None:
+    """Write the ownership token of the complete file at ``path`` into its binary header's
+    unassigned bytes (:data:`_TOKEN_OFFSET`): every textual line and every assigned field stay
+    as they are, and nothing is written beside the file."""
+    token = _token(path)
+    with open(path, "r+b") as fh:
+        fh.seek(_TOKEN_OFFSET)
+        fh.write(token)
+
+
 def written_by_explorer(path) -> bool:
-    """Whether the SEG-Y at ``path`` carries this project's history line (it wrote the file)."""
+    """Whether this tool wrote the SEG-Y at ``path`` and its traces are as it wrote them: its
+    binary header holds the token of its own traces (:func:`mark_written`).  A user's file whose
+    headers were copied from an output, or an output whose traces changed since, is not."""
     try:
         with open(path, "rb") as fh:
-            text = fh.read(_TEXT_BYTES)
+            fh.seek(_TOKEN_OFFSET)
+            held = fh.read(len(_TOKEN_PREFIX) + _TOKEN_DIGITS)
+        return held.startswith(_TOKEN_PREFIX) and held == _token(path)
     except OSError:
         return False
-    if len(text) < _TEXT_BYTES:
-        return False
-    return any(HISTORY_MARK in line.decode(codec, "replace")
-               for line in _text_lines(text)[0] for codec in ("ascii", "cp037"))
 
 
-def _with_history(text: bytes, history: str) -> bytes:
-    """``text`` with ``history`` in its last blank line (line 40 when none is blank),
-    in the header's own encoding: a processing-history line, as processing systems add."""
+def _with_history(text: bytes, history: str) -> bytes | None:
+    """``text`` with ``history`` in its last blank line, in the header's own encoding; None when
+    no line is blank (every line of the input's is kept: no history line then)."""
     lines, codec = _text_lines(text)
     blank = [n for n, line in enumerate(lines) if not line.decode(codec, "replace")[4:].strip(" \x00")]
-    at = blank[-1] if blank else len(lines) - 1
+    if not blank:
+        return None
+    at = blank[-1]
     line = f"C{at + 1:2d} {HISTORY_MARK} {history}"[:80].ljust(80)
     lines[at] = line.encode(codec, "replace")
     return b"".join(lines)
@@ -431,7 +471,7 @@ def _layout(path: str, geometry: SegyGeometry) -> tuple[int, int, int]:
     return header, traces, itemsize
 
 
-def write_segy_like(path, data, like, *, history: str = "", slab_bytes: int = 256 * 2**20) -> None:
+def write_segy_like(path, data, like, *, history: str = "", slab_bytes: int = 256 * 2**20) -> bool:
     """Write ``data`` (inline, crossline, samples) as a SEG-Y on the survey of the SEG-Y ``like``.
 
     The output is ``like`` byte for byte except what the data changes: the textual and
@@ -441,8 +481,9 @@ def write_segy_like(path, data, like, *, history: str = "", slab_bytes: int = 25
     in the binary header) in the input's byte order, each trace where the input's trace
     at that (inline, crossline) position is.  A trace count of samples other than the
     input's is written to the binary header and every trace header.  ``history`` goes
-    into the textual header's last blank line after :data:`HISTORY_MARK` (so
-    :func:`written_by_explorer` knows the file).  A Dask array is computed a slab of
+    into the textual header's last blank line after :data:`HISTORY_MARK`; with no blank line
+    every textual line stays the input's and no history is written (returns False, else
+    True).  The file is recorded as this tool's (:func:`mark_written`).  A Dask array is computed a slab of
     inlines at a time (at most ``slab_bytes`` of float32), and the file is written under
     a temporary name and renamed when complete.
     """
@@ -459,7 +500,9 @@ def write_segy_like(path, data, like, *, history: str = "", slab_bytes: int = 25
                        dtype=np.dtype([("header", "V240"), ("data", f"V{geometry.shape[2] * itemsize}")]))
     with open(like, "rb") as fh:
         head = bytearray(fh.read(header_bytes))
-    head[:_TEXT_BYTES] = _with_history(bytes(head[:_TEXT_BYTES]), history)
+    text = _with_history(bytes(head[:_TEXT_BYTES]), history)
+    if text is not None:
+        head[:_TEXT_BYTES] = text
     head[_FORMAT_OFFSET:_FORMAT_OFFSET + 2] = (5).to_bytes(2, geometry.endian)
     if ns != geometry.shape[2]:
         head[_SAMPLES_OFFSET:_SAMPLES_OFFSET + 2] = ns.to_bytes(2, geometry.endian)
@@ -487,7 +530,9 @@ def write_segy_like(path, data, like, *, history: str = "", slab_bytes: int = 25
         out.flush()
         del out
         os.replace(partial, path)
+        mark_written(path)
     finally:
         del source
         if os.path.exists(partial):
             os.remove(partial)
+    return text is not None

@@ -180,7 +180,7 @@ def child_run(kind: str, source: str, output: str) -> dict:
     if kind == "dynamic":
         dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None})
         explorer.measure.workersetup.prepare_workers = lambda client, threshold=None: {}
-    r = run("gst3d", source, output, chunks=RUN_CHUNKS, memory_limit=RUN_LIMIT, workers=2, threads_per_worker=1,
+    r = run("gst3d", source, output, chunks=RUN_CHUNKS, memory_limit=RUN_LIMIT, workers=2, threads=1,
             refine=False, trials=False, overwrite=True, check=False)
     # The worker processes are this process's children, joined when the cluster closed.
     children = resource.getrusage(resource.RUSAGE_CHILDREN)

@@ -41,6 +41,19 @@ def setup(scratch: Path) -> None:
     gst = scratch / "runs-cal" / "gst3d"
     gst.mkdir(parents=True)
     (gst / "calibration.json").write_text("{not json")
+    import zarr
+
+    zarr.save_array(str(scratch / "flat.zarr"), np.zeros((20, 30), dtype=np.float32))
+    zarr.save_array(str(scratch / "gathers.zarr"), np.zeros((4, 5, 6, 7), dtype=np.float32))
+    survey = zarr.open_group(str(scratch / "survey.zarr"), mode="w")
+    survey.create_array("amplitude", data=np.zeros((20, 30, 40), dtype=np.float32))
+    os.mkfifo(scratch / "pipe.sgy")
+    (scratch / "userops.py").write_text(
+        "import operators\n\n"
+        "def broken(block):\n"
+        "    raise RuntimeError('this attribute needs a velocity model')\n\n"
+        "broken_op = operators.from_function(broken, name='broken_op')\n"
+        "not_an_op = len\n")
 
 
 CASES = [
@@ -82,6 +95,17 @@ CASES = [
     ("--scheduler with nothing listening", ["run", "gst3d", "in.sgy", "--output", "o.zarr", "--scheduler",
                                             "tcp://127.0.0.1:9", "--connect-timeout", "2", *RUN], {}),
     ("--budget 0", ["gst3d", "--budget", "0"], {}),
+    ("input is a 2D Zarr array", ["run", "gst3d", "flat.zarr", "--output", "o.zarr", *RUN], {}),
+    ("input is a 4D Zarr array", ["run", "gst3d", "gathers.zarr", "--output", "o.zarr", *RUN], {}),
+    ("input names a missing Zarr array", ["run", "gst3d", "survey.zarr:velocity", "--output", "o.zarr", *RUN], {}),
+    ("--output inside the Zarr input", ["run", "gst3d", "survey.zarr", "--output", "survey.zarr/dip.zarr", *RUN],
+     {}),
+    ("SEG-Y output from a Zarr input", ["run", "gst3d", "survey.zarr", "--output", "dip.sgy", *RUN], {}),
+    ("input is a FIFO", ["run", "gst3d", "pipe.sgy", "--output", "o.zarr", *RUN], {}),
+    ("module:attr that does not exist", ["userops:no_such_op", "--budget", "2"], {}),
+    ("module:attr that is not an operator", ["userops:not_an_op", "--budget", "2"], {}),
+    ("a function that fails on the synthetic volume", ["profile", "userops:broken_op", "20x20x20"], {}),
+    ("... explored", ["userops:broken_op", "--budget", "2", "--probes", "0"], {}),
     ("calibrate a pipeline whose members have no model", ["calibrate", "envelope,gaussian", "--runs-dir",
                                                           "empty-runs"], {}),
     ("calibrate --probes 0", ["calibrate", "gst3d", "--probes", "0"], {}),

@@ -9,7 +9,7 @@ auto chunks kill workers.
     python scripts/bench_chunks.py --refit RUNS.json [RUNS.json ...]
 
 Every run is ``explorer.runner.daskrun.run(op, <input>.sgy, <tmp>/out.zarr, workers=2,
-threads_per_worker=1, memory_limit=L, allowed_failures=1, stall_seconds=60)`` on its own
+threads=1, memory_limit=L, allowed_failures=1, stall_seconds=60)`` on its own
 fresh ``LocalCluster``, with ``refine=False`` unless said otherwise.  Per scenario
 (operator, cube volume, per-worker limit ``L``):
 
@@ -255,7 +255,7 @@ class Method:
 def one_run(tag: str, op: str, source: Path, out: Path, limit: int, chunks, *, refine: bool,
             runs_dir: Path) -> Run:
     load = os.getloadavg()[0]
-    r = run(op, source, out, chunks=chunks, workers=WORKERS, threads_per_worker=THREADS, memory_limit=limit,
+    r = run(op, source, out, chunks=chunks, workers=WORKERS, threads=THREADS, memory_limit=limit,
             refine=refine, runs_dir=runs_dir, allowed_failures=1, stall_seconds=STALL_SECONDS, overwrite=True, check=False)
     one = Run(r, load)
     seconds = f"{r.seconds:.1f} s" if r.seconds is not None else "—"

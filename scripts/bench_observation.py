@@ -45,7 +45,7 @@ def measure(operator: str, source, out, *, chunks, runs_dir, repeat: int = 3, wo
         for refine in ((False, True) if rep % 2 == 0 else (True, False)):
             load = os.getloadavg()[0]
             before = os.times()
-            r = run(operator, source, out, chunks=chunks, workers=workers, threads_per_worker=1,
+            r = run(operator, source, out, chunks=chunks, workers=workers, threads=1,
                     memory_limit=memory_limit, refine=refine, runs_dir=runs_dir, overwrite=True, check=False)
             after = os.times()
             assert r.status == "ok", r.error

@@ -189,7 +189,7 @@ def measured(arm: Arm, result, error, round_index=None) -> None:
 
 def one_run(spec, source, work: Path, limit, args, **kwargs):
     out = work / f"out-{time.monotonic_ns()}.zarr"
-    return run(spec, source, out, memory_limit=limit, workers=args.workers, threads_per_worker=args.threads,
+    return run(spec, source, out, memory_limit=limit, workers=args.workers, threads=args.threads,
                runs_dir=args.cache, refine=False, replan=False, **kwargs, check=False)
 
 
@@ -288,7 +288,7 @@ def chained(spec, source, work: Path, limit, args, reference) -> Arm:
             for member in stage:
                 out = work / (f"{member.name}-{index}.zarr" if last else f"stage-{index}.sgy")
                 r = run(member.name, current, out, memory_limit=limit, workers=args.workers,
-                        threads_per_worker=args.threads, runs_dir=args.cache, refine=False, replan=False,
+                        threads=args.threads, runs_dir=args.cache, refine=False, replan=False,
                         overwrite=True, check=False)
                 seconds += r.seconds or 0.0
                 hwm = max([hwm] + [h for h in r.worker_hwm_bytes if h] + list(r.worker_peak_bytes))

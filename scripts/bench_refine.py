@@ -16,7 +16,7 @@ Defaults: gst3d on 256^3 at 768 MiB per worker, where the isolated plan has 8 ta
    isolated profiles, then in-worker probes), explored there first if absent, then copied
    into a fresh runs directory (no production observation).
 2. **Successive runs**: ``--runs`` times ``explorer.runner.daskrun.run(op, input, out.zarr,
-   chunks="model", refine=True, workers=2, threads_per_worker=1, memory_limit=L,
+   chunks="model", refine=True, workers=2, threads=1, memory_limit=L,
    allowed_failures=1)`` into that directory, each on a fresh ``LocalCluster`` (default
    ``replan=True``: a run may restart once with a recalibrated plan; the row says so).
    Per run: the chunks and tasks, ``observations_recorded``, ``tasks_over_bound`` (against
@@ -147,7 +147,7 @@ def main() -> None:
     loads = []
     for i in range(1, args.runs + 1):
         loads.append(os.getloadavg()[0])
-        r = run(op.name, source, out, chunks="model", refine=True, workers=WORKERS, threads_per_worker=THREADS,
+        r = run(op.name, source, out, chunks="model", refine=True, workers=WORKERS, threads=THREADS,
                 memory_limit=limit, runs_dir=runs_dir, allowed_failures=1, confidence=CONFIDENCE, overwrite=True, check=False)
         results.append(r)
         bounds.append(fixed_block_bound(op, plan0, runs_dir, baseline))

@@ -56,7 +56,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join([str(HERE), *filter(None, os.environ.
 import operators  # noqa: E402
 from explorer.search import acquisition  # noqa: E402
 from explorer.exploration import explore  # noqa: E402
-from explorer.core.plugins import load_plugins  # noqa: E402
+from operators.plugins import load_plugins  # noqa: E402
 from explorer.measure.profiling import OK, Profiler, default_memory_cap  # noqa: E402
 from explorer.core.atomic import atomic_write_text  # noqa: E402
 from explorer.core.units import format_bytes, format_shape, parse_size  # noqa: E402

@@ -72,7 +72,7 @@ def main() -> None:
     try:
         for name in args.sequence:
             out = work / f"out-{time.monotonic_ns()}.zarr"
-            r = run(args.spec, source, out, memory_limit=args.memory_limit, workers=2, threads_per_worker=1,
+            r = run(args.spec, source, out, memory_limit=args.memory_limit, workers=2, threads=1,
                     runs_dir=args.cache, refine=False, replan=False, trials=False, **plans[name], check=False)
             shutil.rmtree(out, ignore_errors=True)
             if r.status != "ok":

@@ -26,6 +26,7 @@ MODULE_TIERS = {
     "test_core_files": "integration",
     "test_daskrun": "integration",
     "test_environment": "unit",
+    "test_functional": "integration",
     "test_explore": "integration",
     "test_golden": "integration",
     "test_import_graph": "integration",

@@ -71,7 +71,7 @@ def n_blocks(shape, chunks):
 def test_explicit_chunks_on_its_own_local_cluster_write_a_segy_equal_to_numpy(segy, expected, tmp_path):
     progress = []
     out = tmp_path / "out.sgy"
-    r = run(OPERATOR, segy, out, chunks="24x20x36", workers=2, threads_per_worker=1, memory_limit="1GiB",
+    r = run(OPERATOR, segy, out, chunks="24x20x36", workers=2, threads=1, memory_limit="1GiB",
             runs_dir=tmp_path / "runs", progress=lambda done, total: progress.append((done, total)))
     assert r.status == "ok", r.error
     assert r.chunks == [24, 20, 36] and r.chunks_source == "explicit"
@@ -232,16 +232,16 @@ def test_model_chunks_follow_recommend_chunks_with_the_clusters_baseline(cluster
 
 def test_bad_input_ends_as_one_line_errors(cluster, segy, tmp_path):
     cases = [
-        dict(operator="no_such_operator", input_path=segy, output_path=tmp_path / "o.zarr"),
-        dict(operator=OPERATOR, input_path=tmp_path / "missing.sgy", output_path=tmp_path / "o.zarr"),
-        dict(operator=OPERATOR, input_path=segy, output_path=tmp_path / "o.txt"),
-        dict(operator=OPERATOR, input_path=segy, output_path=tmp_path / "o.zarr", chunks="12xx3"),
-        dict(operator=OPERATOR, input_path=segy, output_path=tmp_path / "o.zarr", chunks="model",
+        dict(operator="no_such_operator", input=segy, output=tmp_path / "o.zarr"),
+        dict(operator=OPERATOR, input=tmp_path / "missing.sgy", output=tmp_path / "o.zarr"),
+        dict(operator=OPERATOR, input=segy, output=tmp_path / "o.txt"),
+        dict(operator=OPERATOR, input=segy, output=tmp_path / "o.zarr", chunks="12xx3"),
+        dict(operator=OPERATOR, input=segy, output=tmp_path / "o.zarr", chunks="model",
              runs_dir=tmp_path / "empty-runs"),
     ]
     for case in cases:
         case = dict(case)
-        args = case.pop("operator"), case.pop("input_path"), case.pop("output_path")
+        args = case.pop("operator"), case.pop("input"), case.pop("output")
         r = run(*args, scheduler=cluster.scheduler_address, check=False, **case)
         assert r.status == "error", case
         assert r.error and "\n" not in r.error and "Traceback" not in r.error

@@ -220,7 +220,7 @@ def test_cli_run_then_report_learn_from_production(explored, tmp_path):
 
 
 @pytest.mark.parametrize("args, fragment", [
-    (["run", OPERATOR, "/no/such/file.sgy", "--output", "x.zarr"], "no such file"),
+    (["run", OPERATOR, "/no/such/file.sgy", "--output", "x.zarr"], "does not exist"),
     (["run", OPERATOR, "tests/data/xtgeo_ex1_missing_traces_75x71x26_unknownprov.segy", "--output", "x.zarr",
       "--chunks", "auto"], "no regular 3D grid"),
     (["run", OPERATOR, "in.sgy", "--output", "x.zarr", "--chunks", "10x10"], "has 2 axes"),

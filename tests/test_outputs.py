@@ -83,6 +83,42 @@ def test_overwrite_replaces_only_what_this_tool_wrote(small, tmp_path):
     assert [p.name for p in tmp_path.iterdir() if p.name != "runs"] == ["o.zarr"]  # nothing partial or replaced
 
 
+def test_overwrite_never_removes_a_file_of_yours_put_inside_an_output(small, tmp_path):
+    out = tmp_path / "o.zarr"
+    assert explore(*run_args(small, out)).returncode == 0
+    (out / "notes.txt").write_text("mine")
+    one_line(explore(*run_args(small, out, "--overwrite")), "memory-explorer did not write (notes.txt)")
+    assert (out / "notes.txt").read_text() == "mine" and written_by_explorer(out)
+
+
+def test_a_file_whose_headers_were_copied_from_an_output_is_yours_not_ours(small, tmp_path):
+    """The ownership record is of the file this tool wrote, not of its headers: a user's file
+    made from an output's headers (marker line included) is not replaced by --overwrite."""
+    out = tmp_path / "o.sgy"
+    assert explore(*run_args(small, out)).returncode == 0 and written_by_explorer(out)
+    yours = tmp_path / "yours.sgy"
+    ours = out.read_bytes()
+    traces = np.frombuffer(ours[3600:], dtype=np.uint8)
+    yours.write_bytes(ours[:3600] + traces[::-1].tobytes())  # our headers (token too) over traces of yours
+    assert not written_by_explorer(yours)
+    one_line(explore(*run_args(small, yours, "--overwrite")), "was not written by memory-explorer")
+    changed = tmp_path / "o.sgy"
+    with open(changed, "r+b") as fh:  # an output the user edited since: theirs now
+        fh.seek(3600 + 240)
+        fh.write(b"\0\0\0\0")
+    assert not written_by_explorer(changed)
+
+
+def test_every_textual_line_of_the_input_is_kept_when_none_is_blank(tmp_path):
+    full = tmp_path / "full.sgy"
+    operators.write_segy(full, operators.synthetic_volume((6, 5, 8), seed=1))
+    with open(full, "r+b") as fh:
+        fh.write(b"".join(f"C{n + 1:2d} LINE OF THE SURVEY'S OWN HISTORY {n}".ljust(80).encode() for n in range(40)))
+    before = text_lines(full)
+    assert write_segy_like(tmp_path / "o.sgy", np.zeros((6, 5, 8), np.float32), full, history="x") is False
+    assert text_lines(tmp_path / "o.sgy") == before and written_by_explorer(tmp_path / "o.sgy")
+
+
 def test_check_output_and_put_in_place_rules(tmp_path):
     with pytest.raises(OutputError, match="must end in .zarr, .sgy or .segy"):
         check_output(tmp_path / "x.npy")
@@ -203,6 +239,31 @@ def test_an_interrupted_run_leaves_no_partial_output_and_no_worker_traceback(tmp
         time.sleep(0.05)
     assert not _group_alive(p.pid), "a process of the interrupted run outlived it"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.sgy"], list(tmp_path.iterdir())
+
+
+def test_a_partial_output_left_by_kill_9_is_removed_by_the_next_run_and_said(tmp_path):
+    """kill -9 leaves the run's hidden partial output: the next run of that output removes it
+    (its process gone, its content ours), says so, and leaves everything else alone."""
+    source = tmp_path / "in.sgy"
+    operators.write_segy(source, operators.synthetic_volume((32, 32, 32), seed=0))
+    command = ["run", "test_slow", "in.sgy", "--output", "out.zarr", "--chunks", "8x8x32", "--no-refine",
+               "--memory-limit", "1GiB"]
+    env = {**os.environ, "EXPLORER_PLUGINS": "harness.plugin_ops", "EXPLORER_TEST_SLOW_SECONDS": "1"}
+    p = subprocess.Popen([sys.executable, "-m", "explorer.cli", *command], cwd=tmp_path, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True, env=env)
+    while not glob.glob(str(tmp_path / ".out.zarr.partial-*" / "c")) and p.poll() is None:
+        time.sleep(0.05)
+    os.killpg(p.pid, signal.SIGKILL)
+    p.communicate(timeout=60)
+    left = glob.glob(str(tmp_path / ".out.zarr.partial-*"))
+    assert len(left) == 1, "kill -9 left no partial output to clean"
+    (tmp_path / ".out.zarr.partial-yours").mkdir()  # not of this tool's naming: never touched
+    env["EXPLORER_TEST_SLOW_SECONDS"] = "0"
+    again = subprocess.run([sys.executable, "-m", "explorer.cli", *command], cwd=tmp_path, capture_output=True,
+                           text=True, env=env, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert f"removed {os.path.basename(left[0])} beside out.zarr" in again.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".out.zarr.partial-yours", "in.sgy", "out.zarr"]
 
 
 def test_make_volume_replaces_only_its_own_files(tmp_path):

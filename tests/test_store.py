@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -82,7 +83,8 @@ def test_sigkill_mid_write_loses_nothing_finished_and_leaves_nothing_half_writte
 
 # --------------------------------------------------------------------------- claims
 
-from explorer.search.store import BUDGET_SPENT, DUPLICATE_CLAIM, OVER_BUDGET, TAKEN, Entry, StorageError, claim_verdict, is_live_claim
+from explorer.search.store import (BUDGET_SPENT, DUPLICATE_CLAIM, OVER_BUDGET, TAKEN, Entry, StorageError, claim_verdict,
+                                   is_live_claim, store_problem)
 
 
 def test_a_claim_is_no_record_until_finished_and_the_profile_replaces_it(tmp_path):
@@ -192,3 +194,30 @@ def test_bad_storage_urls_are_one_line_naming_the_url_and_the_accepted_forms(tmp
 def test_an_in_memory_store_is_refused_it_would_lose_every_profile_at_exit(tmp_path, url):
     with pytest.raises(StorageError, match="in-memory SQLite store would lose every measurement"):
         Store(tmp_path, url)
+
+
+def test_a_broken_store_file_is_said_for_what_it_is_not_as_a_url_the_user_never_typed(tmp_path):
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    (corrupt / "studies.sqlite3").write_text("not a database")
+    with pytest.raises(StorageError) as info:
+        Store(corrupt)
+    message = str(info.value)
+    assert "is not a readable SQLite database" in message and "sqlite:///PATH" not in message
+    assert (corrupt / "studies.sqlite3").read_text() == "not a database"  # the user's file untouched
+    unwritable = tmp_path / "unwritable"
+    (unwritable / "studies.sqlite3").mkdir(parents=True)  # where the store's file should be: a directory
+    with pytest.raises(StorageError, match="cannot be written") as info:
+        Store(unwritable)
+    assert "sqlite:///PATH" not in str(info.value)
+
+
+@pytest.mark.unit
+def test_sqlites_own_words_name_the_stores_problem():
+    local = Path("/data/runs/studies.sqlite3")
+    url = f"sqlite:///{local}"
+    assert "is locked by another process" in str(store_problem(url, local, "(sqlite3.OperationalError) database is locked"))
+    assert "cannot be written" in str(store_problem(url, local, "attempt to write a readonly database"))
+    assert "not a readable SQLite" in str(store_problem(url, local, "database disk image is malformed"))
+    other = str(store_problem(url, local, "some driver error"))
+    assert "some driver error" in other and "sqlite:///PATH" in other  # nothing recognised: the URL forms

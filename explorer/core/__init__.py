@@ -1,2 +1,2 @@
 """Shared leaves every wing may import: units, paths, validation, the environment stamp,
-operator plugins, this machine's defaults.  They import nothing from the wings."""
+this machine's defaults.  They import nothing from the wings."""

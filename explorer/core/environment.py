@@ -110,10 +110,9 @@ def environment_stamp(operator=None) -> dict:
     return stamp
 
 
-@functools.lru_cache(maxsize=1024)
 def _spec_code(spec: str) -> tuple[str, str]:
-    """A spec's operator name and code version, parsed once per spec (a name is registered
-    once and a module's digest is read once: neither changes in a process)."""
+    """A spec's operator name and code version, read at each call: a function operator defined
+    again under its name has another version (a module's digest is read once: ``_module_digest``)."""
     import operators
 
     operator = operators.get(spec)

@@ -18,12 +18,17 @@ __all__ = ["MAX_DIM", "MAX_SIZE_BYTES", "MAX_VOXELS", "confidence", "fraction", 
 
 def operator(spec) -> str:
     """The canonical name of an operator spec (``operators.pipeline``): an operator, one
-    with parameters (``gaussian(sigma=4)``), or a pipeline (``gaussian,gst3d``), with
+    with parameters (``gaussian(sigma=4)``), a pipeline (``gaussian,gst3d``), a ``module:attr``
+    reference or an ``Operator`` (registered here under its name), with
     default parameters dropped and parameters sorted, so that one operator has one study
     and one model.  ``KeyError`` for an unknown operator, ``operators.SpecError`` (a
     ``ValueError``) naming the fault of a malformed spec."""
+    import operators
+
+    if isinstance(spec, operators.Operator) or (isinstance(spec, type) and issubclass(spec, operators.Operator)):
+        return operators.get(spec).name  # registered in this process, under its name
     if not isinstance(spec, str):
-        raise ValueError(f"operator must be a name or a spec string, not {type(spec).__name__}")
+        raise ValueError(f"operator must be a name, a spec string or an Operator, not {type(spec).__name__}")
     return _canonical_name(spec)
 
 

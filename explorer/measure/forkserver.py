@@ -13,6 +13,7 @@ turns a crash into ``error`` with the child's last error line.
 
 from __future__ import annotations
 
+import base64
 import faulthandler
 import gc
 import json
@@ -31,7 +32,8 @@ import scipy.signal  # noqa: F401
 
 import operators
 from explorer.measure.highwater import PeakMeter, fix_mmap_threshold, read_status, release_free_heap
-from explorer.core.plugins import load_plugins
+from operators.plugins import load_plugins
+from operators.portable import install
 
 OK, EXCEEDED, TIMEOUT, ERROR = "ok", "exceeded", "timeout", "error"
 
@@ -214,6 +216,8 @@ def serve(stdin, stdout) -> None:
         if request.get("cmd") == "exit":
             break
         try:
+            if request.get("operators"):  # operators sent by the caller (operators.portable), before the fork
+                install([base64.b64decode(text) for text in request["operators"]])
             x = None  # drop this loop's reference before the cache builds a new volume
             x = cache.get(request["shape"], request.get("dtype", "float32"), int(request.get("seed", 0)))
             started = time.perf_counter()

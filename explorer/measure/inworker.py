@@ -202,7 +202,7 @@ def warm_worker(operator: str, readable: tuple[str, ...] = (), writable: tuple[s
 
         import operators
         from explorer.core.environment import environment_stamp
-        from explorer.core.plugins import load_plugins
+        from operators.plugins import load_plugins
 
         load_plugins()
         op = operators.get(operator)
@@ -251,7 +251,7 @@ class ObservationPlugin(WorkerPlugin):
     def setup(self, worker):
         from explorer.core.environment import environment_digest
         from explorer.core.environment import environment_stamp
-        from explorer.core.plugins import load_plugins
+        from operators.plugins import load_plugins
 
         self.worker = worker
         self.supported = is_supported()

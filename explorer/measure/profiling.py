@@ -14,6 +14,7 @@ in ``error``).
 from __future__ import annotations
 
 import atexit
+import base64
 import json
 import os
 import statistics
@@ -28,7 +29,8 @@ from pathlib import Path
 import psutil
 
 import operators
-from explorer.core.plugins import load_plugins
+from operators.plugins import load_plugins
+from operators.portable import payloads
 from explorer.core.units import parse_shape, parse_size
 
 OK, EXCEEDED, TIMEOUT, ERROR = "ok", "exceeded", "timeout", "error"
@@ -223,6 +225,9 @@ class Profiler:
             "timeout_seconds": timeout,
             "gpu": self.gpu,
         }
+        sent = payloads(op)  # an operator the server cannot find by name (operators.portable)
+        if sent:
+            request["operators"] = [base64.b64encode(data).decode("ascii") for data in sent]
         self.start()  # server start-up is not part of any profile's overhead
         started = time.perf_counter()
         runs: list[dict] = []

@@ -29,6 +29,11 @@ set by ``mallopt`` or the environment turns the dynamic threshold off, which lea
 (``distributed.nanny.pre-spawn-environ``), so a default nanny-run worker already behaves
 as pinned; a worker without a nanny, or with that variable unset in the config, does not.
 The plugin makes the setting hold whatever the cluster's configuration.
+
+:func:`prepare_workers` also sends the workers the operators they cannot find by name
+(:class:`OperatorsPlugin`: a function operator, a class from ``__main__`` or a ``module:attr``
+reference; ``operators.portable``), so that a lookup by name on a worker (a probe's warm-up,
+the live observer) finds what the caller defined.
 """
 
 from __future__ import annotations
@@ -40,11 +45,13 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from explorer.measure.highwater import MMAP_THRESHOLD_BYTES, fix_mmap_threshold, release_free_heap
 
-__all__ = ["ENVIRONMENT_VARIABLE", "PLUGIN_NAME", "AllocatorPlugin", "allocator_pinned", "dask_setup",
+__all__ = ["ENVIRONMENT_VARIABLE", "OPERATORS_PLUGIN_NAME", "PLUGIN_NAME", "AllocatorPlugin", "OperatorsPlugin", "allocator_pinned", "dask_setup",
            "mmap_threshold_pinned", "pin_mmap_threshold", "prepare_workers"]
 
 #: The name the plugin is registered under (one per scheduler).
 PLUGIN_NAME = "explorer-allocator"
+#: The name of :class:`OperatorsPlugin` (registered again when the caller's operators change).
+OPERATORS_PLUGIN_NAME = "explorer-operators"
 #: glibc's environment variable for the same setting, read once at a process's start.
 ENVIRONMENT_VARIABLE = "MALLOC_MMAP_THRESHOLD_"
 
@@ -136,8 +143,26 @@ class AllocatorPlugin(WorkerPlugin):
         pin_mmap_threshold(self.threshold)
 
 
+class OperatorsPlugin(WorkerPlugin):
+    """Registers the caller's operators in each worker (``operators.portable.install``), now and
+    in every worker that joins later; ``setup`` raises (the registration fails, one line) when
+    one cannot be loaded on a worker."""
+
+    name = OPERATORS_PLUGIN_NAME
+
+    def __init__(self, pickles: list[bytes]):
+        self.pickles = list(pickles)
+
+    def setup(self, worker) -> None:
+        from operators.portable import install
+
+        install(self.pickles)
+
+
 def prepare_workers(client, threshold: int = MMAP_THRESHOLD_BYTES) -> dict[str, bool]:
-    """Register :class:`AllocatorPlugin` on ``client``'s cluster; per worker, whether it took.
+    """Register :class:`AllocatorPlugin` on ``client``'s cluster, and :class:`OperatorsPlugin`
+    when this process has operators the workers cannot find by name; per worker, whether the
+    allocator setting took.
 
     Idempotent: the plugin is registered under :data:`PLUGIN_NAME` once per scheduler, and
     every worker that joins later (a restarted one too) gets it from the scheduler.  Returns
@@ -149,6 +174,11 @@ def prepare_workers(client, threshold: int = MMAP_THRESHOLD_BYTES) -> dict[str, 
     if threshold <= 0:
         raise ValueError(f"threshold must be a positive number of bytes, got {threshold}")
     client.register_plugin(AllocatorPlugin(threshold), name=PLUGIN_NAME)
+    from operators.portable import payloads
+
+    sent = payloads()
+    if sent:
+        client.register_plugin(OperatorsPlugin(sent), name=OPERATORS_PLUGIN_NAME)
     replies = client.run(mmap_threshold_pinned)
     return {address: bool(pinned) for address, pinned in replies.items()}
 

@@ -23,7 +23,7 @@ def load_saved_model(operator: str, runs_dir=None, *, stacklevel: int = 3) -> Me
     and ``ModelFileError`` naming the file and the command that rebuilds it when the file is
     not a readable model.  A model learnt in another environment (library versions,
     operator code, machine: ``explorer.core.environment``) is returned with a
-    ``StaleModelWarning`` on first load (``stacklevel`` as ``warnings.warn``'s, from the
+    ``StaleModelWarning`` when it first reads so (``stacklevel`` as ``warnings.warn``'s, from the
     caller); ``model.stale`` keeps the differences.
     """
     from explorer.core import validate
@@ -38,15 +38,20 @@ def load_saved_model(operator: str, runs_dir=None, *, stacklevel: int = 3) -> Me
             reason = " ".join(str(exc).split()) or type(exc).__name__
             raise ModelFileError(f"{path} is not a readable model ({reason[:160]}): "
                                  f"run `{paths.explore_command(operator)}` to rebuild it") from None
-        from explorer.core.environment import warn_stale
-
-        model.stale = model.stale_reasons()
-        warn_stale(f"{operator}'s model ({path})", model.stale, f"explore {operator}", stacklevel=stacklevel + 2)
         return model
 
     try:
-        return _CACHE.get(path, load)
+        model = _CACHE.get(path, load)
     except FileNotFoundError:
         where = path.parent.parent
         raise ModelNotFoundError(
             f"no explored model for {operator!r} in {where}/ — run: {paths.explore_command(operator)}") from None
+    # Read at every load, not cached with the file: the operator's code may change in this
+    # process (a function operator defined again), and then the same file is stale.
+    from explorer.core.environment import warn_stale
+
+    stale = model.stale_reasons()
+    if stale != model.stale:
+        model.stale = stale
+        warn_stale(f"{operator}'s model ({path})", stale, f"explore {operator}", stacklevel=stacklevel)
+    return model

@@ -15,6 +15,26 @@ if TYPE_CHECKING:
     from explorer.runner.context import RunContext
 
 
+class ClusterError(ValueError):
+    """A cluster that cannot be used: one line (the address, why, what to check)."""
+
+
+def connect(address: str, timeout: float = 10.0):
+    """A ``distributed.Client`` of the scheduler at ``address`` that has workers, or
+    :class:`ClusterError` in one line (nothing listening within ``timeout`` seconds, no worker)."""
+    from distributed import Client
+
+    try:
+        client = Client(address, timeout=f"{timeout:g}s")
+    except Exception as exc:
+        raise ClusterError(f"cannot connect to scheduler {address} within {timeout:g} s ({_one_line(exc)}): "
+                           f"is a scheduler running there?") from None
+    if not client.scheduler_info(n_workers=-1).get("workers"):
+        client.close()
+        raise ClusterError(f"scheduler {address} has no workers")
+    return client
+
+
 def _connect(ctx: RunContext) -> None:
     """Join the cluster at ``scheduler``, or start a LocalCluster; the workers' limit and threads."""
     import dask
@@ -23,13 +43,10 @@ def _connect(ctx: RunContext) -> None:
     result = ctx.result
     if ctx.scheduler:
         try:
-            ctx.client = Client(ctx.scheduler, timeout=f"{ctx.connect_timeout:g}s")
-        except Exception as exc:
-            raise _RunError(ERROR, f"cannot connect to scheduler {ctx.scheduler} within {ctx.connect_timeout:g} s "
-                                   f"({_one_line(exc)}): is a scheduler running there?") from None
+            ctx.client = connect(ctx.scheduler, ctx.connect_timeout)
+        except ClusterError as exc:
+            raise _RunError(FAILED if "has no workers" in str(exc) else ERROR, str(exc)) from None
         info = ctx.client.scheduler_info(n_workers=-1).get("workers", {})
-        if not info:
-            raise _RunError(FAILED, f"scheduler {ctx.scheduler} has no workers")
         limits = [int(w.get("memory_limit") or 0) for w in info.values()]
         ctx.threads = max(int(w.get("nthreads") or 1) for w in info.values())
         if all(limits):
@@ -75,7 +92,7 @@ def _measure_workers(ctx: RunContext) -> None:
     out_dir = os.path.dirname(os.path.abspath(ctx.output)) or "."
     try:
         ctx.baseline = measure_worker_baseline(ctx.client, ctx.operator.name,
-                                               readable=(os.path.abspath(ctx.input),), writable=(out_dir,))
+                                               readable=(os.path.abspath(ctx.run_input.path),), writable=(out_dir,))
     except WorkerError as exc:
         lost = "was lost" in str(exc)
         raise _RunError(FAILED if lost else ERROR, str(exc),

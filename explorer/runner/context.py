@@ -150,6 +150,8 @@ class RunContext:
     kind: str = ""
     shape: tuple = ()
     geometry: object = None
+    #: The opened input (``explorer.runner.inputs.RunInput``).
+    run_input: object = None
     partials: list = field(default_factory=list)
     limit: int = 0
     cluster: object = None

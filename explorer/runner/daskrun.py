@@ -116,7 +116,8 @@ import os
 import time
 
 from explorer.runner.live import MAX_OVER_BOUND_WARNINGS
-from explorer.runner.outputs import OutputError, branch_outputs, check_output, output_kind, partial_path, remove_own
+from explorer.runner.outputs import (OutputError, branch_outputs, check_output, clean_leftovers, output_kind, partial_path,
+                                     remove_own)
 from explorer.core.units import format_bytes, format_shape, parse_shape
 from explorer.runner.cluster import _connect, _measure_workers
 from explorer.runner.context import (
@@ -148,13 +149,13 @@ __all__ = [
 
 
 def run(
-    operator: str,
-    input_path,
-    output_path,
+    operator,
+    input,
+    output,
     *,
     memory_limit=None,
     workers: int = 2,
-    threads_per_worker: int = 1,
+    threads: int = 1,
     scheduler: str | None = None,
     client=None,
     chunks="model",
@@ -176,10 +177,12 @@ def run(
     trials: bool = True,
     check: bool = True,
 ) -> RunResult:
-    """Run ``operator`` on the SEG-Y at ``input_path`` into ``output_path`` on Dask.
+    """Run ``operator`` (a name, a spec or an ``Operator``) on ``input`` into ``output`` on Dask.
 
+    ``input``: a SEG-Y file or a 3D Zarr array (``explorer.runner.inputs``); ``output``: a
+    ``.zarr``, or a ``.sgy``/``.segy`` on a SEG-Y input's survey.
     ``memory_limit`` (bytes or ``"2GiB"``, per worker; default total RAM / ``workers``),
-    ``workers`` and ``threads_per_worker`` shape the ``LocalCluster`` started here
+    ``workers`` and ``threads`` (per worker) shape the ``LocalCluster`` started here
     unless ``scheduler`` (an address, reached within ``connect_timeout`` seconds) names
     an existing cluster.  ``chunks``: ``"model"``, ``"auto"``, ``"AxBxC"`` or a tuple.
     ``progress(done, total)`` is called (from this thread) whenever more operator tasks
@@ -209,10 +212,10 @@ def run(
             raise ValueError("give scheduler or client, not both")
         scheduler = client.scheduler.address
     wall_started = time.perf_counter()
-    result = RunResult(operator=str(operator), input=os.fspath(input_path), output=os.fspath(output_path),
+    result = RunResult(operator=str(getattr(operator, "name", operator)), input=os.fspath(input), output=os.fspath(output),
                        status=OK, refine=bool(refine), scheduler=scheduler)
     ctx = RunContext(operator=operator, input=result.input, output=result.output, result=result,
-                     workers=int(workers), threads=int(threads_per_worker), scheduler=scheduler,
+                     workers=int(workers), threads=int(threads), scheduler=scheduler,
                      chunks_request="model" if chunks is None else chunks, runs_dir=runs_dir, storage=storage,
                      confidence=float(confidence), refine=bool(refine), replan=bool(replan), progress=progress,
                      allowed_failures=int(allowed_failures), stall_seconds=float(stall_seconds),
@@ -245,31 +248,41 @@ def run(
 def _prepare(ctx: RunContext, memory_limit) -> None:
     """The operator, the output kind, the volume's shape; the store starts opening."""
     import operators
-    from explorer.core.plugins import load_plugins
-    from operators.segy import SegyGeometryError, segy_geometry
+    from operators.plugins import load_plugins
+    from explorer.runner.inputs import InputError, open_input
 
     load_plugins()
     try:
         ctx.operator = operators.get(ctx.operator)
     except (KeyError, operators.SpecError) as exc:
         raise _RunError(ERROR, exc.args[0]) from None
+    try:
+        ctx.run_input = open_input(ctx.input)
+    except InputError as exc:
+        raise _RunError(ERROR, str(exc)) from None
     branches = getattr(ctx.operator, "branches", ())
+    from explorer.core.paths import runs_dir as resolved_runs_dir
+
+    protected = (ctx.run_input.path, resolved_runs_dir(ctx.runs_dir))
     try:
         if branches and output_kind(ctx.output) == "segy":  # one file per branch, each checked
             ctx.kind = "segy"
             ctx.result.outputs = branch_outputs(ctx.output, branches)
             for path in ctx.result.outputs.values():
-                check_output(path, overwrite=ctx.overwrite, input_path=ctx.input)
+                check_output(path, overwrite=ctx.overwrite, input_path=ctx.run_input.path, protected=protected)
         else:
-            ctx.kind = check_output(ctx.output, overwrite=ctx.overwrite, input_path=ctx.input)
+            ctx.kind = check_output(ctx.output, overwrite=ctx.overwrite, input_path=ctx.run_input.path,
+                                    protected=protected)
             ctx.result.outputs = branch_outputs(ctx.output, branches) if branches else {}
     except OutputError as exc:
         raise _RunError(ERROR, str(exc)) from None
-    try:
-        ctx.geometry = segy_geometry(ctx.input)
-    except (SegyGeometryError, OSError) as exc:
-        raise _RunError(ERROR, str(exc) if isinstance(exc, SegyGeometryError) else _one_line(exc)) from None
-    ctx.shape = tuple(ctx.geometry.shape)
+    for path in {ctx.output, *ctx.result.outputs.values()}:  # what a killed run of them left behind
+        ctx.result.warnings.extend(clean_leftovers(path))
+    if ctx.kind == "segy" and ctx.run_input.kind != "segy":
+        raise _RunError(ERROR, f"--output {ctx.output}: a SEG-Y output is written on the input's survey, and "
+                               f"{ctx.input} is not SEG-Y: write a .zarr output")
+    ctx.geometry = ctx.run_input.geometry
+    ctx.shape = tuple(ctx.run_input.shape)
     ctx.result.shape = list(ctx.shape)
     # The store (Optuna, SQLite: ~0.9 s of CPU to import and open) opens while the
     # cluster starts, so that no observation waits for it during the computation.
@@ -313,7 +326,7 @@ def _choose_chunks(ctx: RunContext) -> None:
         result.warnings.extend(ctx.plan.warnings)
         chunk = tuple(ctx.plan.chunks)
     elif isinstance(request, str) and request == "auto":
-        chunk = tuple(int(c[0]) for c in operators.read_segy(ctx.input, chunks="auto").chunks)
+        chunk = _auto_chunks(ctx)
         result.chunks_source = "auto"
     else:
         chunk = tuple(int(c) for c in request)
@@ -327,8 +340,20 @@ def _choose_chunks(ctx: RunContext) -> None:
     else:  # explicit or auto chunks: nothing to weigh the strategies by
         result.strategy = "staged" if ctx.strategy == "staged" and staged_possible else "fused"
     ctx.chunk = _whole(op, ctx.shape, chunk)
+    if result.chunks_source == "explicit" and result.strategy == "fused":
+        # A chunk shorter than the halo is merged with its neighbour (as dask's overlap does):
+        # the run's chunks are then the merged ones, and the summary says so.
+        layout, depth = op.windowed_layout(ctx.shape, ctx.chunk)
+        merged = tuple(int(layout[a][0]) if depth.get(a) else ctx.chunk[a] for a in range(3))
+        short = [a for a in range(3) if merged[a] != ctx.chunk[a]]
+        ctx.chunk = merged
+    else:
+        short = []
     if ctx.chunk != chunk and result.chunks_source == "explicit":
         reasons = []
+        if short:
+            reasons.append(f"a chunk shorter than {op.name}'s halo {format_shape(op.halo)} on axes {short} is merged "
+                           f"with its neighbour")
         whole = [axis for axis in op.whole_axes if chunk[axis] != ctx.shape[axis]]
         if whole:
             reasons.append(f"{op.name} needs axes {whole} whole")
@@ -352,6 +377,19 @@ def _choose_chunks(ctx: RunContext) -> None:
         ctx.model = None
         result.warnings.append(f"tasks not checked against a bound: {exc}")
     result.chunks = list(ctx.chunk)
+
+
+def _auto_chunks(ctx: RunContext) -> tuple:
+    """Dask's ``chunks="auto"`` as a user reading the input would get it (by bytes only)."""
+    import dask.array as da
+
+    import operators
+
+    if ctx.run_input.kind == "segy":
+        array = operators.read_segy(ctx.input, chunks="auto")
+    else:
+        array = da.from_array(ctx.run_input.source(), chunks="auto")
+    return tuple(int(c[0]) for c in array.chunks)
 
 
 def _in_plan_order(ctx: RunContext, plan):

@@ -79,10 +79,19 @@ class ProbeResult:
     baseline_bytes: int | None = None
     seconds: float = 0.0
     warnings: list = field(default_factory=list)
+    #: Where the probes ran: the scheduler's address (a LocalCluster's when none was given).
+    scheduler: str | None = None
+
+    @property
+    def workers(self) -> list[str]:
+        """The addresses of the workers the probes' tasks ran on, in order of first sight."""
+        return list(dict.fromkeys(address for r in self.runs for address in (r.workers or [])))
 
     def to_dict(self) -> dict:
         cal = self.calibration
         return {
+            "scheduler": self.scheduler,
+            "workers": self.workers,
             "blocks": [list(b) for b in self.blocks],
             "runs": [{"block": list(b), "grid": g, "status": r.status, "n_tasks": r.n_tasks, "seconds": r.seconds,
                       "error": r.error} for b, g, r in zip(self.blocks, self.grids, self.runs)],
@@ -235,7 +244,8 @@ def _branch_order(model, block, confidence: float):
 
 
 def run_probes(operator: str, model, *, n: int = DEFAULT_PROBES, runs_dir=None, storage=None,
-               confidence: float = 0.99, progress=None, seed: int = 0, memory_limit=None) -> ProbeResult:
+               confidence: float = 0.99, progress=None, seed: int = 0, memory_limit=None,
+               client=None) -> ProbeResult:
     """Run the in-worker probes of ``operator`` (module docstring), fit and save the calibration.
 
     ``model``: the freshly fitted isolated ``MemoryModel``, or a pipeline's composed model
@@ -243,8 +253,13 @@ def run_probes(operator: str, model, *, n: int = DEFAULT_PROBES, runs_dir=None, 
     plans would at each probe block): it sizes the probes, and the excess is against its
     mean.  ``memory_limit``: the target worker memory (explore's), which sets the plan-scale
     probe; None probes only up to the isolated profiles' reach.
-    ``progress(index, total, block, run_result)`` after each.
+    ``progress(index, total, block, run_result)`` after each.  ``client``: a
+    ``distributed.Client`` of the cluster to probe (its workers' baseline, memory and
+    environment: the calibration describes them; the probe volumes are written under the
+    system's temporary directory, which its workers must read); None starts a LocalCluster of
+    :data:`PROBE_WORKERS` workers here and saves its baseline as this machine's.
     """
+    import contextlib
     import time
 
     from distributed import Client
@@ -264,14 +279,17 @@ def run_probes(operator: str, model, *, n: int = DEFAULT_PROBES, runs_dir=None, 
     tmp = Path(tempfile.mkdtemp(prefix=f"explorer-probes-{operator}-"))
     environment = None
     try:
-        with local_cluster(PROBE_WORKERS) as cluster:
-            # The idle, warmed workers before any task: this machine's baseline, saved; the
-            # workers first get the profiling server's allocator setting (explorer.measure.workersetup).
-            with Client(cluster) as client:
-                prepare_workers(client)
-                baseline = measure_worker_baseline(client, operator)
-            baseline.source = "local"
-            save_worker_baseline(operator, baseline, runs_dir)
+        with (local_cluster(PROBE_WORKERS) if client is None else contextlib.nullcontext()) as cluster:
+            # The idle, warmed workers before any task (their baseline; this machine's is saved);
+            # the workers first get the profiling server's allocator setting (explorer.measure.workersetup).
+            address = cluster.scheduler_address if cluster is not None else client.scheduler.address
+            result.scheduler = address
+            with (Client(cluster) if cluster is not None else contextlib.nullcontext(client)) as connected:
+                prepare_workers(connected)
+                baseline = measure_worker_baseline(connected, operator)
+            if cluster is not None:
+                baseline.source = "local"
+                save_worker_baseline(operator, baseline, runs_dir)
             result.baseline_bytes, environment = baseline.bytes, baseline.environment
             plan_edge = None if memory_limit is None else plan_scale_edge(op, model, int(memory_limit),
                                                                          baseline.bytes, confidence)
@@ -285,7 +303,7 @@ def run_probes(operator: str, model, *, n: int = DEFAULT_PROBES, runs_dir=None, 
                 volume, chunks = grid_volume(block, op.halo, op.whole_axes, (per_axis,) * 3)
                 source = tmp / f"probe-{index}.sgy"
                 operators.write_segy(source, operators.synthetic_volume(volume, seed=seed + index))
-                r = run(operator, source, tmp / f"probe-{index}.zarr", scheduler=cluster.scheduler_address,
+                r = run(operator, source, tmp / f"probe-{index}.zarr", scheduler=address,
                         chunks=chunks, runs_dir=runs_dir, storage=storage, confidence=confidence, replan=False,
                         calibrate=False, source="probe", context={"probe": index, "grid": per_axis},
                         branch_order=_branch_order(model, block, confidence), check=False)
@@ -305,7 +323,8 @@ def run_probes(operator: str, model, *, n: int = DEFAULT_PROBES, runs_dir=None, 
 
 
 def calibrate_in_workers(operator: str, *, memory_limit=None, n: int = DEFAULT_PROBES, runs_dir=None,
-                         storage=None, confidence: float = 0.99, progress=None, seed: int = 0) -> ProbeResult:
+                         storage=None, confidence: float = 0.99, progress=None, seed: int = 0,
+                         client=None) -> ProbeResult:
     """The in-worker probes of ``operator``'s saved model, alone: ``explore calibrate SPEC``.
 
     For a pipeline with no profile of its own this is the model composed from its members'
@@ -313,8 +332,9 @@ def calibrate_in_workers(operator: str, *, memory_limit=None, n: int = DEFAULT_P
     probes do for an explored model, so its plans get their in-worker term (and ``auto`` can
     weigh them, ``explorer.plan.recommend.choose_strategy``) without any isolated profile of the
     pipeline.  ``memory_limit``: the target worker memory that sets the plan-scale probe
-    (default ``explorer.core.machine.default_memory_limit()``).  Raises ``ModelNotFoundError``
-    naming the ``explore`` command(s) when there is no model to probe.
+    (default ``explorer.core.machine.default_memory_limit()``).  ``client``: the cluster to probe
+    (:func:`run_probes`).  Raises ``ModelNotFoundError`` naming the ``explore`` command(s) when
+    there is no model to probe.
     """
     from explorer.core import validate
     from explorer.core.machine import default_memory_limit
@@ -326,4 +346,4 @@ def calibrate_in_workers(operator: str, *, memory_limit=None, n: int = DEFAULT_P
     confidence = validate.confidence(confidence)
     model = load_model(operator, runs_dir=runs_dir)
     return run_probes(operator, model, n=n, runs_dir=runs_dir, storage=storage, confidence=confidence,
-                      progress=progress, seed=seed, memory_limit=limit)
+                      progress=progress, seed=seed, memory_limit=limit, client=client)

@@ -55,10 +55,8 @@ def _store(ctx: RunContext, partial: Path, interrupt: _Interrupt):
     import zarr
     from distributed import KilledWorker, as_completed, futures_of
 
-    import operators
-
-    # Every block is one windowed read of the file: no chunk is kept for a neighbour's halo.
-    x = operators.segy_volume(ctx.input)
+    # Every block is one windowed read of the input: no chunk is kept for a neighbour's halo.
+    x = ctx.run_input.source()
     if ctx.result.strategy == "staged":
         y = ctx.operator.dask(x, strategy="staged", chunks=ctx.chunk)
     else:
@@ -126,15 +124,18 @@ def _store(ctx: RunContext, partial: Path, interrupt: _Interrupt):
 
 def _output_attributes(ctx: RunContext) -> dict:
     """What a Zarr output records of its making, and the input's survey geometry (so that
-    ``operators.write_segy_like(path, array, like=attrs["input"])`` puts it back on it)."""
+    ``operators.write_segy_like(path, array, like=attrs["input"])`` puts it back on it), or a
+    Zarr input's attributes and coordinates."""
     from explorer import __version__
 
+    made = {"writer": f"memory-explorer {__version__}", "operator": ctx.operator.name,
+            "input": os.path.abspath(ctx.run_input.path)}
     g = ctx.geometry
-    return {"writer": f"memory-explorer {__version__}", "operator": ctx.operator.name,
-            "input": os.path.abspath(ctx.input),
-            "geometry": {"inlines": list(g.inlines), "crosslines": list(g.crosslines),
-                         "sample_interval_us": g.sample_interval_us, "first_sample_ms": g.first_sample_ms,
-                         "sorting": g.sorting, "input_sample_format": g.sample_format}}
+    if g is None:  # a Zarr input: its attributes and coordinates (explorer.runner.inputs)
+        return {**made, **ctx.run_input.attributes}
+    return {**made, "geometry": {"inlines": list(g.inlines), "crosslines": list(g.crosslines),
+                                 "sample_interval_us": g.sample_interval_us, "first_sample_ms": g.first_sample_ms,
+                                 "sorting": g.sorting, "input_sample_format": g.sample_format}}
 
 
 def _write_output(ctx: RunContext, partial: Path) -> None:
@@ -153,8 +154,11 @@ def _write_output(ctx: RunContext, partial: Path) -> None:
         for path, (array_path, what) in pieces.items():
             segy = partial_path(path)
             ctx.partials.append(segy)
-            write_segy_like(segy, zarr.open_array(str(array_path), mode="r"), like=ctx.input,
-                            history=f"{what} of {os.path.basename(ctx.input)}")
+            kept_history = write_segy_like(segy, zarr.open_array(str(array_path), mode="r"), like=ctx.input,
+                                           history=f"{what} of {os.path.basename(ctx.input)}")
+            if not kept_history and not written:
+                ctx.result.warnings.append(f"{os.path.basename(ctx.input)}'s textual header has no blank line: "
+                                           f"every line of it is kept, and the output has no history line")
             written.append((segy, path))
         for segy, path in written:  # all written before any is put in place
             put_in_place(segy, path, overwrite=ctx.overwrite)

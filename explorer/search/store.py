@@ -113,8 +113,13 @@ def environment(dtype: str = "float32") -> dict[str, str]:
 
 
 def study_name(operator: str, dtype: str = "float32") -> str:
+    """The study of ``operator``'s profiles: its key (a function operator's carries its code's
+    digest: ``operators.functional.study_key``) and what else its memory depends on."""
+    import operators
+    from operators.functional import study_key
+
     env = environment(dtype)
-    return f"{operator}:{env['dtype']}:numpy-{env['numpy']}:scipy-{env['scipy']}:py{env['python']}"
+    return f"{study_key(operators.get(operator))}:{env['dtype']}:numpy-{env['numpy']}:scipy-{env['scipy']}:py{env['python']}"
 
 
 def default_storage_url(runs_dir=None) -> str:
@@ -135,8 +140,33 @@ def _display_url(url: str) -> str:
 
 
 def storage_error(url: str, reason: str) -> StorageError:
+    """A URL the user typed that names no storage: the reason and the accepted forms."""
     reason = (reason.strip().splitlines() or [""])[0]
     return StorageError(f"cannot open storage {_display_url(url)!r}: {reason}; expected {STORAGE_FORMS}")
+
+
+#: What SQLite says, and what it means for the store's file (``store_problem``).
+_SQLITE_PROBLEMS = (
+    (("file is not a database", "database disk image is malformed", "file is encrypted"),
+     "is not a readable SQLite database (corrupt, or another kind of file): move it aside (nothing in it is "
+     "deleted) and run again, or choose another --runs-dir"),
+    (("database is locked", "database table is locked"),
+     "is locked by another process that kept it for over a minute: wait for that process, or stop it"),
+    (("readonly database", "unable to open database file", "permission denied", "read-only file system"),
+     "cannot be written (read-only, or its directory is not writable or not a directory): give it write "
+     "permission, or choose another --runs-dir"),
+)
+
+
+def store_problem(url: str, local: Path | None, text: str) -> StorageError:
+    """A storage that could not be opened, said for what it is: the store's file corrupt, locked or
+    read-only (SQLite's messages), else the error with the accepted URL forms."""
+    lower = text.lower()
+    if local is not None:
+        for needles, meaning in _SQLITE_PROBLEMS:
+            if any(needle in lower for needle in needles):
+                return StorageError(f"the store {local} {meaning}")
+    return storage_error(url, text)
 
 
 def local_file(url: str) -> Path | None:
@@ -233,7 +263,7 @@ def _open_storage(url: str):
         raise
     except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.OptunaError, ImportError, OSError, ValueError) as exc:
         cause = f" ({exc.__cause__})" if exc.__cause__ is not None else ""
-        raise storage_error(url, (str(exc) or type(exc).__name__) + cause) from None
+        raise store_problem(url, local, (str(exc) or type(exc).__name__) + cause) from None
 
 
 # -- records and claims --------------------------------------------------------
