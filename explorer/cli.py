@@ -267,7 +267,7 @@ def _cmd_explore(argv: list[str]) -> int:
         return 0 if result.model_path else EXIT_FAILURE
     print_explore(result)
     if not result.model_path:
-        print(f"no model saved: {result.stopped_because}", file=sys.stderr)
+        print(f"explore: no model saved: {result.stopped_because}", file=sys.stderr)
         return EXIT_FAILURE
     if result.converged:
         print(result.stopped_because)
@@ -400,14 +400,15 @@ def _chunks_option(text: str):
 
 def _cmd_run(argv: list[str]) -> int:
     parser = _Parser(prog="explore run",
-                     description="Run an operator on a SEG-Y or Zarr volume on Dask with memory-safe chunks, "
+                     description="Run an operator on a SEG-Y, Zarr or MDIO volume on Dask with memory-safe chunks, "
                                  "and learn from what the workers really used.")
     parser.add_argument("operator", type=_operator_name)
-    parser.add_argument("input", help="a SEG-Y file with regular 3D geometry, or a 3D Zarr array (v2 or v3: "
-                                      "PATH.zarr, or GROUP.zarr:ARRAY)")
+    parser.add_argument("input", help="a SEG-Y file with regular 3D geometry, a 3D Zarr array (v2 or v3: "
+                                      "PATH.zarr, or GROUP.zarr:ARRAY) or an MDIO v1 survey (PATH.mdio[:VARIABLE])")
     parser.add_argument("--output", required=True,
-                        help="PATH.zarr or PATH.sgy (a SEG-Y output keeps a SEG-Y input's headers and geometry; a "
-                             "Zarr output carries a Zarr input's attributes and coordinates); "
+                        help="PATH.zarr, PATH.sgy or PATH.mdio (a SEG-Y output keeps a SEG-Y input's headers and "
+                             "geometry; an MDIO output is an MDIO input's dataset with the result added; a Zarr output "
+                             "carries the input's attributes and coordinates); "
                              "a fan-out writes PATH.zarr/<branch>, or PATH-<branch>.sgy per branch")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an existing output, if memory-explorer wrote it (never anything else)")
@@ -514,7 +515,7 @@ USAGE = """usage: explore OPERATOR [options]                 learn an operator's
        explore operators                          list operators
        explore profile OPERATOR SHAPE             profile one shape in an isolated child
        explore chunks OPERATOR --shape S --memory-limit L   safe chunks for a volume
-       explore run OPERATOR INPUT --output PATH            production run on Dask (SEG-Y or Zarr)
+       explore run OPERATOR INPUT --output PATH            production run on Dask (SEG-Y, Zarr, MDIO)
        explore report OPERATOR                    profiles and production against the model
        explore calibrate OPERATOR                 in-worker probes of its model (a pipeline's composed one too)
 """

@@ -48,6 +48,10 @@ def setup(scratch: Path) -> None:
     survey = zarr.open_group(str(scratch / "survey.zarr"), mode="w")
     survey.create_array("amplitude", data=np.zeros((20, 30, 40), dtype=np.float32))
     os.mkfifo(scratch / "pipe.sgy")
+    turned = zarr.open_group(str(scratch / "turned.mdio"), mode="w")
+    turned.attrs["attributes"] = {"defaultVariableName": "amplitude"}
+    turned.create_array("amplitude", data=np.zeros((40, 20, 30), dtype=np.float32),
+                        dimension_names=("time", "inline", "crossline"))
     (scratch / "userops.py").write_text(
         "import operators\n\n"
         "def broken(block):\n"
@@ -102,6 +106,8 @@ CASES = [
      {}),
     ("SEG-Y output from a Zarr input", ["run", "gst3d", "survey.zarr", "--output", "dip.sgy", *RUN], {}),
     ("input is a FIFO", ["run", "gst3d", "pipe.sgy", "--output", "o.zarr", *RUN], {}),
+    ("MDIO input whose dims are out of order", ["run", "gst3d", "turned.mdio", "--output", "o.mdio", *RUN], {}),
+    ("MDIO output from a SEG-Y input", ["run", "gst3d", "in.sgy", "--output", "o.mdio", *RUN], {}),
     ("module:attr that does not exist", ["userops:no_such_op", "--budget", "2"], {}),
     ("module:attr that is not an operator", ["userops:not_an_op", "--budget", "2"], {}),
     ("a function that fails on the synthetic volume", ["profile", "userops:broken_op", "20x20x20"], {}),

@@ -27,6 +27,7 @@ MODULE_TIERS = {
     "test_daskrun": "integration",
     "test_environment": "unit",
     "test_functional": "integration",
+    "test_mdio": "integration",
     "test_explore": "integration",
     "test_golden": "integration",
     "test_import_graph": "integration",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import math
 from concurrent.futures import ThreadPoolExecutor
 
@@ -366,3 +367,25 @@ def test_every_task_and_worker_stays_under_the_plans_bound(threads, tmp_path, pr
     tried = [rec for rec in Store(runs).records(OPERATOR, source="probe") if "trial" in rec.context]
     assert {tuple(rec.shape) for rec in tried} == {tuple(t["block"]) for t in r.trials}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.sgy", "out.zarr", "runs"]  # trial files removed
+
+
+def test_probes_run_on_the_users_cluster_and_measure_its_workers(tmp_path):
+    """``client=``: the in-worker probes run on a `dask scheduler` + `dask worker` cluster whose
+    preload holds 200 MiB; the result names its scheduler and workers, and the baseline carries
+    the preload (the whole explore-then-run on such a cluster: ``scripts/cluster_probes.py``)."""
+    from distributed import Client
+
+    from explorer.measure.worker_baseline import baseline_path
+    from explorer.runner.probes import run_probes
+    from harness.cluster import user_cluster
+    from harness.models import fitted_gst3d_model
+
+    env = {**os.environ, "EXPLORER_TEST_PRELOAD_MIB": "200"}
+    with user_cluster(workers=1, memory_limit="1GiB", preload=("harness.heavy_preload",), env=env) as address:
+        with Client(address) as client:
+            cluster_workers = set(client.scheduler_info(n_workers=-1)["workers"])
+            result = run_probes(OPERATOR, fitted_gst3d_model(), n=1, runs_dir=tmp_path / "runs", client=client)
+    assert [r.status for r in result.runs] == ["ok", "ok"]
+    assert result.scheduler == address and set(result.workers) == cluster_workers
+    assert result.baseline_bytes > 200 * 2**20
+    assert not baseline_path(OPERATOR, tmp_path / "runs").exists()  # a cluster's baseline is not this machine's

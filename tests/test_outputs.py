@@ -120,7 +120,7 @@ def test_every_textual_line_of_the_input_is_kept_when_none_is_blank(tmp_path):
 
 
 def test_check_output_and_put_in_place_rules(tmp_path):
-    with pytest.raises(OutputError, match="must end in .zarr, .sgy or .segy"):
+    with pytest.raises(OutputError, match="must end in .zarr, .sgy, .segy or .mdio"):
         check_output(tmp_path / "x.npy")
     with pytest.raises(OutputError, match="does not exist"):
         check_output(tmp_path / "nowhere" / "x.zarr")

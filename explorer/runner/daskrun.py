@@ -1,8 +1,8 @@
-"""Production runs: an operator's Dask form on a SEG-Y volume, on a real Dask cluster.
+"""Production runs: an operator's Dask form on a SEG-Y, Zarr or MDIO volume, on a real Dask cluster.
 
-``run("gst3d", "in.sgy", "out.zarr", memory_limit="2GiB", workers=2)`` reads the SEG-Y
-lazily (each task reads its own traces), applies the operator's Dask form, writes the
-output (``.zarr``, or ``.sgy``/``.segy``), and returns a :class:`RunResult`: the chunks
+``run("gst3d", "in.sgy", "out.zarr", memory_limit="2GiB", workers=2)`` reads the input
+lazily (each task reads its own window: ``explorer.runner.inputs``), applies the operator's
+Dask form, writes the output (``.zarr``, ``.sgy``/``.segy`` or ``.mdio``), and returns a :class:`RunResult`: the chunks
 used, the time taken, each worker's peak memory, workers lost, the status, and advice
 when a worker was lost to memory.
 
@@ -30,7 +30,9 @@ complete; its attributes carry the operator, the input and the input's survey ge
 ``.sgy``/``.segy``: the same partial array, then ``operators.write_segy_like`` writes it on
 the input's survey (every header copied, IEEE float32 samples) in this process a slab of
 inlines at a time (at most 256 MiB), so the operator runs in parallel and only the
-conversion is sequential.
+conversion is sequential.  ``.mdio``: the MDIO input's dataset copied without its volume
+variable into the partial group, the tasks storing into a new variable named after the
+operator (``explorer.runner.writing``).
 
 Chunks.  ``"model"`` (default): ``explorer.plan.recommend.recommend_chunks`` for the workers'
 memory limit, threads and measured baseline.  ``"auto"``: Dask's, sized by input bytes
@@ -179,8 +181,9 @@ def run(
 ) -> RunResult:
     """Run ``operator`` (a name, a spec or an ``Operator``) on ``input`` into ``output`` on Dask.
 
-    ``input``: a SEG-Y file or a 3D Zarr array (``explorer.runner.inputs``); ``output``: a
-    ``.zarr``, or a ``.sgy``/``.segy`` on a SEG-Y input's survey.
+    ``input``: a SEG-Y file, a 3D Zarr array or an MDIO v1 survey (``explorer.runner.inputs``);
+    ``output``: a ``.zarr``, a ``.sgy``/``.segy`` on a SEG-Y input's survey, or a ``.mdio`` from an
+    MDIO input (its dataset with the result added).
     ``memory_limit`` (bytes or ``"2GiB"``, per worker; default total RAM / ``workers``),
     ``workers`` and ``threads`` (per worker) shape the ``LocalCluster`` started here
     unless ``scheduler`` (an address, reached within ``connect_timeout`` seconds) names
@@ -278,9 +281,11 @@ def _prepare(ctx: RunContext, memory_limit) -> None:
         raise _RunError(ERROR, str(exc)) from None
     for path in {ctx.output, *ctx.result.outputs.values()}:  # what a killed run of them left behind
         ctx.result.warnings.extend(clean_leftovers(path))
-    if ctx.kind == "segy" and ctx.run_input.kind != "segy":
-        raise _RunError(ERROR, f"--output {ctx.output}: a SEG-Y output is written on the input's survey, and "
-                               f"{ctx.input} is not SEG-Y: write a .zarr output")
+    if ctx.kind in ("segy", "mdio") and ctx.run_input.kind != ctx.kind:
+        what = {"segy": "a SEG-Y output is written on the input's survey", "mdio": "an MDIO output is the input's "
+                "dataset (coordinates, headers, trace mask) with the result added"}[ctx.kind]
+        raise _RunError(ERROR, f"--output {ctx.output}: {what}, and {ctx.input} is not "
+                               f"{ {'segy': 'SEG-Y', 'mdio': 'MDIO'}[ctx.kind]}: write a .zarr output")
     ctx.geometry = ctx.run_input.geometry
     ctx.shape = tuple(ctx.run_input.shape)
     ctx.result.shape = list(ctx.shape)

@@ -3,6 +3,11 @@
 * ``.sgy`` / ``.segy``: a post-stack 3D SEG-Y (``operators.segy``): each task reads its own
   traces (``operators.segy_volume``); the survey's geometry goes with it, so a SEG-Y output
   is written on the input's survey.
+* An MDIO v1 dataset (``.mdio``, TGS's seismic format on Zarr v3, ``multidimio``): its default
+  variable (the group's ``attributes.defaultVariableName``, ``amplitude``), or
+  ``survey.mdio:VARIABLE``; its dims must be (inline, crossline, samples) in that order.  An MDIO
+  output is the input's dataset (coordinates, headers, trace mask) with the result as a variable
+  named after the operator, the amplitudes left out.
 * A Zarr array, v2 or v3 (a directory; ``.zarr`` is customary): ``store.zarr`` holding one
   array, ``group.zarr:path/to/array``, or a group holding exactly one 3D array.  Each task
   reads its window of the array (zarr arrays slice like NumPy).  A Zarr output carries the
@@ -23,9 +28,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["Float32Source", "InputError", "RunInput", "SEGY_SUFFIXES", "open_input"]
+__all__ = ["Float32Source", "InputError", "MDIO_SUFFIXES", "RunInput", "SEGY_SUFFIXES", "open_input"]
 
 SEGY_SUFFIXES = (".sgy", ".segy")
+MDIO_SUFFIXES = (".mdio",)
 #: The largest coordinate array copied into a Zarr output's attributes (values).
 MAX_COORDINATE_VALUES = 1 << 16
 
@@ -36,8 +42,9 @@ class InputError(ValueError):
 
 @dataclass(frozen=True)
 class RunInput:
-    """An opened input: ``kind`` ``"segy"`` or ``"zarr"``, the volume's ``shape`` and ``dtype``,
-    ``path`` (the file or the Zarr store on disk), and for Zarr the array's path in its store."""
+    """An opened input: ``kind`` ``"segy"``, ``"zarr"`` or ``"mdio"``, the volume's ``shape`` and
+    ``dtype``, ``path`` (the file or the store on disk), for Zarr and MDIO the array's path in its
+    store (an MDIO dataset's variable) and ``dims`` (its dimension names, when named)."""
 
     text: str
     kind: str
@@ -47,6 +54,7 @@ class RunInput:
     geometry: object = None
     array_path: str = ""
     attributes: dict = field(default_factory=dict)
+    dims: tuple = ()
 
     def source(self):
         """What the tasks read windows from: a SEG-Y reader, or the Zarr array (as float32)."""
@@ -95,6 +103,8 @@ def open_input(text) -> RunInput:
         if not stat.S_ISREG(mode):
             raise InputError(f"input {text} is not a regular file (a SEG-Y input must be one)")
         return _segy(text, path)
+    if stat.S_ISDIR(mode) and path.lower().rstrip("/").endswith(MDIO_SUFFIXES):
+        return _mdio(text, path, array_path)
     if stat.S_ISDIR(mode):
         return _zarr(text, path, array_path)
     if not stat.S_ISREG(mode):
@@ -141,6 +151,24 @@ def _zarr(text: str, path: str, array_path: str) -> RunInput:
         raise InputError(f"input {text} is empty (shape {tuple(node.shape)})")
     return RunInput(text=text, kind="zarr", path=path, shape=tuple(int(n) for n in node.shape),
                     dtype=str(node.dtype), array_path=array_path, attributes=_carried(path, array_path, node))
+
+
+def _mdio(text: str, path: str, variable: str) -> RunInput:
+    """An MDIO v1 dataset's variable (its default one unless named) with dims (inline, crossline, samples)."""
+    import zarr
+
+    try:
+        group = zarr.open_group(path, mode="r")
+    except Exception as exc:
+        raise InputError(f"input {text} is not an MDIO dataset (a Zarr v3 group): {type(exc).__name__}") from None
+    variable = variable or (group.attrs.get("attributes") or {}).get("defaultVariableName") or "amplitude"
+    found = _zarr(text, path, variable)
+    dims = tuple(found.attributes.get("input_dims") or ())
+    if dims[:2] != ("inline", "crossline"):
+        raise InputError(f"input {text}: variable {variable!r} has dims {dims or 'without names'}: a volume's are "
+                         f"(inline, crossline, samples), in that order")
+    return RunInput(text=text, kind="mdio", path=path, shape=found.shape, dtype=found.dtype, array_path=variable,
+                    attributes=found.attributes, dims=dims)
 
 
 def _carried(path: str, array_path: str, array) -> dict:

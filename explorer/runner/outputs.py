@@ -10,9 +10,9 @@ already is refused unless ``overwrite`` is given, and even then only an output t
 tool wrote is replaced:
 
 * a Zarr output carries the root attribute :data:`ZARR_MARK` (with the operator, the
-  input and its survey geometry, so the result can be written to SEG-Y later) and lists
-  every entry it wrote in its :data:`MANIFEST`: ``--overwrite`` replaces it only when nothing
-  else is inside (a user's file put there is never removed);
+  input and its survey geometry, so the result can be written to SEG-Y later) with the count
+  and digest of the entries it wrote (:func:`write_manifest`): ``--overwrite`` replaces it only
+  when it holds exactly those (a user's file put inside is never removed);
 * a SEG-Y output carries an ownership token in its binary header's unassigned bytes, a
   digest of its own traces (``operators.segy.mark_written``), so a user's file whose headers
   were copied from an output, or an output whose traces changed since, is not this tool's.
@@ -36,6 +36,7 @@ ZARR_MARK = "memory_explorer"
 
 ZARR_SUFFIXES = (".zarr",)
 SEGY_SUFFIXES = (".sgy", ".segy")
+MDIO_SUFFIXES = (".mdio",)
 
 
 class OutputError(ValueError):
@@ -43,37 +44,15 @@ class OutputError(ValueError):
 
 
 def output_kind(path) -> str:
-    """``"zarr"`` or ``"segy"`` from the output's suffix."""
+    """``"zarr"``, ``"segy"`` or ``"mdio"`` from the output's suffix."""
     lower = os.fspath(path).lower().rstrip("/")
     if lower.endswith(ZARR_SUFFIXES):
         return "zarr"
     if lower.endswith(SEGY_SUFFIXES):
         return "segy"
-    raise OutputError(f"output {os.fspath(path)!r} must end in .zarr, .sgy or .segy")
-
-
-#: The file inside a Zarr output listing every entry this tool wrote there (relative paths).
-MANIFEST = ".memory-explorer-manifest.json"
-
-
-def _entries(root: Path) -> set[str]:
-    return {os.path.relpath(os.path.join(d, n), root) for d, dirs, files in os.walk(root) for n in dirs + files}
-
-
-def write_manifest(root) -> None:
-    """List every entry of the Zarr output at ``root`` (complete, before it is put in place) in its :data:`MANIFEST`."""
-    root = Path(root)
-    (root / MANIFEST).write_text(json.dumps(sorted(_entries(root))))
-
-
-def foreign_entries(root) -> list[str]:
-    """The entries inside the Zarr output ``root`` that its :data:`MANIFEST` does not list (all, without one)."""
-    root = Path(root)
-    try:
-        listed = set(json.loads((root / MANIFEST).read_text()))
-    except (OSError, ValueError):
-        listed = set()
-    return sorted(_entries(root) - listed - {MANIFEST})
+    if lower.endswith(MDIO_SUFFIXES):
+        return "mdio"
+    raise OutputError(f"output {os.fspath(path)!r} must end in .zarr, .sgy, .segy or .mdio")
 
 
 def _zarr_marked(path: Path) -> bool:
@@ -89,13 +68,58 @@ def _zarr_marked(path: Path) -> bool:
     return False
 
 
+def _entries(root: Path) -> list[str]:
+    return sorted(os.path.relpath(os.path.join(d, n), root) for d, dirs, files in os.walk(root) for n in dirs + files)
+
+
+def _entries_digest(entries: list[str]) -> str:
+    import hashlib
+
+    return hashlib.sha256("\n".join(entries).encode()).hexdigest()
+
+
+def write_manifest(root) -> None:
+    """Record in the complete Zarr output at ``root`` (before it is put in place) what it holds:
+    the count and digest of its entries, in its :data:`ZARR_MARK` attribute (nothing beside
+    or inside it that Zarr does not know)."""
+    import zarr
+
+    node = zarr.open(str(root), mode="r+")
+    entries = _entries(Path(root))
+    mark = dict(node.attrs.get(ZARR_MARK) or {})
+    mark["entries"] = {"count": len(entries), "sha256": _entries_digest(entries)}
+    node.attrs[ZARR_MARK] = mark
+
+
+def foreign_entries(root) -> list[str]:
+    """What the Zarr output ``root`` holds beyond what this tool wrote (:func:`write_manifest`):
+    none when its entries are those recorded, else the entries Zarr would not have written
+    (a file that is not ``zarr.json`` nor a chunk under ``c/``), or all of them."""
+    import zarr
+
+    root = Path(root)
+    try:
+        recorded = dict(zarr.open(str(root), mode="r").attrs.get(ZARR_MARK) or {}).get("entries") or {}
+    except Exception:
+        recorded = {}
+    entries = _entries(root)
+    if recorded.get("sha256") == _entries_digest(entries):
+        return []
+
+    def zarrs(entry: str) -> bool:
+        parts = Path(entry).parts
+        return parts[-1] == "zarr.json" or "c" in parts or (root / entry).is_dir()
+
+    return [e for e in entries if not zarrs(e)] or entries
+
+
 def written_by_explorer(path) -> bool:
     """Whether the output at ``path`` is one this tool wrote (module docstring)."""
     path = Path(path)
     if path.is_symlink():
         return False
     if path.is_dir():
-        return (path / MANIFEST).is_file() and _zarr_marked(path)
+        return _zarr_marked(path)
     from operators.segy import written_by_explorer as segy_written
 
     return path.is_file() and segy_written(path)
@@ -146,7 +170,7 @@ def branch_outputs(output, branches) -> dict:
     with an array per branch (``out.zarr/<branch>``); a SEG-Y output is one file per
     branch beside it, ``<stem>-<branch><suffix>`` (each on the input's survey)."""
     out = Path(output)
-    if output_kind(output) == "zarr":
+    if output_kind(output) in ("zarr", "mdio"):  # an MDIO output: one variable per branch
         return {b: os.fspath(out / b) for b in branches}
     return {b: os.fspath(out.with_name(f"{out.stem}-{b}{out.suffix}")) for b in branches}
 
@@ -216,12 +240,14 @@ def remove_own(path) -> None:
 def put_in_place(partial, output, *, overwrite: bool = False) -> None:
     """Rename the complete ``partial`` to ``output``, replacing an old output only as
     :func:`check_output` allows (checked again: the path may have changed meanwhile).  A Zarr
-    output gets its :data:`MANIFEST` first."""
+    output records its entries first (:func:`write_manifest`)."""
     out = Path(output)
+    replacing = out.exists() or out.is_symlink()
+    if replacing:
+        check_output(out, overwrite=overwrite)
     if Path(partial).is_dir():
         write_manifest(partial)
-    if out.exists() or out.is_symlink():
-        check_output(out, overwrite=overwrite)
+    if replacing:
         aside = partial_path(out, "replaced")
         os.replace(out, aside)
         try:

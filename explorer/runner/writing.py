@@ -5,6 +5,7 @@ its attributes, and the Zarr target a task writes its chunk to.
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -69,7 +70,9 @@ def _store(ctx: RunContext, partial: Path, interrupt: _Interrupt):
     ctx.result.n_tasks = int(np.prod(first.numblocks))
     attributes = _output_attributes(ctx)
     targets = []
-    if None in arrays:
+    if ctx.kind == "mdio":
+        targets = _mdio_targets(ctx, partial, arrays, attributes)
+    elif None in arrays:
         target = zarr.create_array(store=str(partial), shape=first.shape, chunks=tuple(c[0] for c in first.chunks),
                                    dtype=first.dtype)
         target.attrs[ZARR_MARK] = attributes
@@ -120,6 +123,39 @@ def _store(ctx: RunContext, partial: Path, interrupt: _Interrupt):
         if unfinished:
             ctx.client.cancel(unfinished)
         del persisted, futures, unfinished
+
+
+def variable_name(name: str) -> str:
+    """A dataset variable's name for an operator or branch (``gaussian(sigma=4)`` -> ``gaussian_sigma_4``)."""
+    return re.sub(r"\W+", "_", name).strip("_") or "result"
+
+
+def _mdio_targets(ctx: RunContext, partial: Path, arrays: dict, attributes: dict) -> list:
+    """An MDIO output in the making: the input dataset copied without its volume variable (its
+    coordinates, headers and trace mask byte for byte), the result as one variable per output
+    (named after the operator, or each branch) on the input variable's dims, coordinates and
+    fill value.  The targets the tasks store into."""
+    import shutil
+
+    import zarr
+
+    source = ctx.run_input
+    shutil.copytree(source.path, partial, ignore=lambda folder, names: (
+        [source.array_path] if os.path.samefile(folder, source.path) else []))
+    group = zarr.open_group(str(partial), mode="r+")
+    original = zarr.open_array(source.path, mode="r", path=source.array_path)
+    carried = {k: v for k, v in dict(original.attrs).items() if k in ("coordinates", "_FillValue", "long_name")}
+    targets, names = [], {}
+    for branch, a in arrays.items():
+        name = variable_name(branch or ctx.operator.name)
+        names[branch] = name
+        group.create_array(name, shape=a.shape, chunks=tuple(c[0] for c in a.chunks), dtype=a.dtype,
+                           fill_value=np.nan, dimension_names=source.dims, attributes=carried, overwrite=True)
+        targets.append(ZarrTarget(partial / name, a.shape, a.dtype))
+    meta = dict(group.attrs.get("attributes") or {})
+    meta["defaultVariableName"] = names[next(iter(arrays))]
+    group.attrs.update({"attributes": meta, ZARR_MARK: {**attributes, "variables": list(names.values())}})
+    return targets
 
 
 def _output_attributes(ctx: RunContext) -> dict:

@@ -421,7 +421,7 @@ def _too_few(records: list[Record], needed: int) -> str:
     failed = [r for r in profiles if r.status not in (OK, EXCEEDED)]
     volumes = len({int(np.prod(r.shape)) for r in ok})
     text = (f"too few successful profiles to fit a model: {len(ok)} ok ({volumes} distinct volumes), "
-            f"a model needs {needed} of distinct volumes")
+            f"a model needs {needed} distinct volumes")
     if failed:
         errors = sorted({r.error or r.status for r in failed})
         text += f"; {len(failed)} failed ({'; '.join(str(e) for e in errors[:2])})"
