@@ -427,6 +427,9 @@ def _cmd_run(argv: list[str]) -> int:
                              "and the block of its compact neighbour, and plan again (default: on)")
     _add_strategy_option(parser)
     _add_store_options(parser, storage=True)
+    parser.add_argument("--timings", action="store_true",
+                        help="print where the wall time went (cluster, baseline, plan, trials, compute...; always "
+                             "in --json)")
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
     args = parser.parse_args(argv)
     from explorer.runner.daskrun import run
@@ -450,6 +453,8 @@ def _cmd_run(argv: list[str]) -> int:
         raise CLIError(f"explore run: {result.error}")
     for line in result.warnings:
         print(f"warning: {line}", file=sys.stderr)
+    if args.timings and result.wall_seconds:
+        print_timings(result.timings, result.wall_seconds)
     if args.json:
         print(json.dumps(result.to_dict()))
     else:

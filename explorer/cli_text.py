@@ -106,6 +106,8 @@ def print_explore(result) -> None:
 def print_run(result) -> None:
     """A ``RunResult`` as ``explore run`` prints it (stdout): status, trials, chunks, time, peaks."""
     print(f"status           {result.status}" + (f" ({result.error})" if result.error else ""))
+    if result.trials_skipped:
+        print(f"trials           none: {result.trials_skipped}")
     for trial in result.trials:
         measured = trial.get("measured_seconds_per_voxel")
         print(f"trial            chunks {format_shape(trial['chunks'])}: block {format_shape(trial['block'])} "

@@ -331,7 +331,7 @@ def test_a_task_over_the_bound_early_restarts_the_run_with_the_recalibrated_plan
 
 @pytest.mark.skipif(not is_supported(), reason="needs Linux /proc/self/clear_refs")
 @pytest.mark.parametrize("threads", [1, 2, 4])
-def test_every_task_and_worker_stays_under_the_plans_bound(threads, tmp_path, probed_runs):
+def test_every_task_and_worker_stays_under_the_plans_bound(threads, tmp_path, probed_runs, monkeypatch):
     """Two workers x 1, 2 or 4 threads x 1 GiB on a 160^3 volume, chunks from the model with
     its in-worker calibration (real probes) and the cluster's measured baseline, on the first
     production run: every task's measured peak is under its bound (exact with one thread; the
@@ -344,6 +344,9 @@ def test_every_task_and_worker_stays_under_the_plans_bound(threads, tmp_path, pr
     source = tmp_path / "in.sgy"
     shape = (160, 160, 160)
     operators.write_segy(source, operators.synthetic_volume(shape, seed=5))
+    # The run is seconds long: its trials would not repay themselves (TRIAL_SHARE); let them run
+    # anyway, as they do before a long run, to see what they do.
+    monkeypatch.setattr("explorer.runner.trials.TRIAL_SHARE", 1e9)
     with local_cluster(2, threads_per_worker=threads, memory_limit="1GiB") as c:
         r = run(OPERATOR, source, tmp_path / "out.zarr", scheduler=c.scheduler_address, runs_dir=runs)
     assert r.status == "ok", r.error
@@ -389,3 +392,15 @@ def test_probes_run_on_the_users_cluster_and_measure_its_workers(tmp_path):
     assert result.scheduler == address and set(result.workers) == cluster_workers
     assert result.baseline_bytes > 200 * 2**20
     assert not baseline_path(OPERATOR, tmp_path / "runs").exists()  # a cluster's baseline is not this machine's
+
+
+@pytest.mark.unit
+def test_trials_run_only_when_they_may_repay_themselves():
+    from explorer.runner.context import TRIAL_SHARE
+    from explorer.runner.trials import skipped_because
+
+    assert skipped_because(1.0, 100.0) is None  # 1% of the run: worth trying the candidates
+    assert skipped_because(TRIAL_SHARE * 100.0, 100.0) is None
+    why = skipped_because(6.0, 2.5)  # issue 36's case: 11 s of trials before 2.5 s of computing
+    assert why and "6.0 s" in why and "2.5 s" in why and "untried" in why
+    assert skipped_because(6.0, None) is None  # no predicted time: nothing to weigh, the trials run

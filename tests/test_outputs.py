@@ -241,6 +241,25 @@ def test_an_interrupted_run_leaves_no_partial_output_and_no_worker_traceback(tmp
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.sgy"], list(tmp_path.iterdir())
 
 
+def test_ctrl_c_during_the_in_worker_probes_is_one_line(tmp_path):
+    """A Ctrl-C reaches the probes' LocalCluster too: its workers leave it to `explore`, which
+    ends in one line (before, each of the two workers and nannies printed a traceback)."""
+    from explorer.core import paths
+    from harness.models import fitted_gst3d_model
+
+    fitted_gst3d_model().save(paths.model_path("gst3d", tmp_path / "runs"))
+    p = subprocess.Popen([sys.executable, "-m", "explorer.cli", "calibrate", "gst3d", "--runs-dir",
+                          str(tmp_path / "runs")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True, preexec_fn=_default_sigint)
+    while not glob.glob(str(tmp_path / "runs" / "gst3d" / "worker_baseline*")) and p.poll() is None:
+        time.sleep(0.05)  # the probes' cluster is up: its baseline is saved before the first probe
+    time.sleep(0.5)
+    os.killpg(p.pid, signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 130 and "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert err.strip().splitlines()[-1].startswith("explore: interrupted")
+
+
 def test_a_partial_output_left_by_kill_9_is_removed_by_the_next_run_and_said(tmp_path):
     """kill -9 leaves the run's hidden partial output: the next run of that output removes it
     (its process gone, its content ours), says so, and leaves everything else alone."""

@@ -61,8 +61,7 @@ def _connect(ctx: RunContext) -> None:
     else:
         ctx.limit = ctx.requested_limit or _default_memory_limit(ctx.workers)
         with dask.config.set({"distributed.scheduler.allowed-failures": ctx.allowed_failures}):
-            ctx.cluster = local_cluster(ctx.workers, threads_per_worker=ctx.threads, memory_limit=ctx.limit,
-                                        preload=["explorer.measure.inworker"])  # workers leave Ctrl-C to this process
+            ctx.cluster = local_cluster(ctx.workers, threads_per_worker=ctx.threads, memory_limit=ctx.limit)
         ctx.client = Client(ctx.cluster)
         result.n_workers, ctx.cluster_kind = ctx.workers, "LocalCluster"
     result.threads_per_worker = ctx.threads

@@ -18,6 +18,11 @@ OK, FAILED, ERROR = "ok", "failed", "error"
 #: Trials a run may make before it starts (module docstring, Trials): a cost control, not a
 #: safety term (a trial runs tasks of a block whose plan's bound fits the workers).
 MAX_TRIALS = 4
+#: Trials run only when they may repay themselves: their predicted seconds at most this share
+#: of the run's predicted seconds (``explorer.runner.trials.trial_cost``).  A plan chosen by a
+#: trial saves at most the difference between two candidates' run times, a fraction of the run
+#: (2.03 against 2.60 s, 22%, in the slip issue 36 measured); a cost control, not a safety term.
+TRIAL_SHARE = 0.1
 #: Seconds between two samples of the workers' memory metrics (and stall checks).
 SAMPLE_SECONDS = 0.2
 #: Output suffixes.
@@ -81,6 +86,11 @@ class RunResult:
     strategy: str | None = None
     #: The plan's blocks tried on the workers before the run (module docstring, Trials).
     trials: list[dict] = field(default_factory=list)
+    #: Why no trial ran although the plan's blocks were untimed (their cost against the run's), or None.
+    trials_skipped: str | None = None
+    #: Where the wall time went: ``{section: {"seconds", "count"}}`` (``explorer.core.timings``;
+    #: ``trials`` is part of ``chunks``, ``records and calibration`` of ``compute and write``).
+    timings: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         out = dict(self.__dict__)
@@ -152,6 +162,8 @@ class RunContext:
     geometry: object = None
     #: The opened input (``explorer.runner.inputs.RunInput``).
     run_input: object = None
+    #: Where the wall time goes (``explorer.core.timings.Timings``): ``result.timings`` at the end.
+    timings: object = None
     partials: list = field(default_factory=list)
     limit: int = 0
     cluster: object = None

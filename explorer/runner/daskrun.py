@@ -104,6 +104,9 @@ untimed when the trials are spent, the fastest predicted plan among those the tr
 runs instead (a warning says so).  A plan whose blocks the workers have run costs no trial, so
 a shape is tried once per environment; but a run whose trials are spent leaves the candidates it
 did not time to the next run, whose plan, made on the refitted clock, can then move to one of them.
+Trials run only when they may repay themselves: their predicted seconds
+(``explorer.runner.trials.trial_cost``) at most :data:`explorer.runner.context.TRIAL_SHARE` (10%)
+of the run's predicted seconds; otherwise the plan runs untried and ``trials_skipped`` says why.
 
 Re-planning (``replan=True``, ``chunks="model"`` only, at most once): when a task exceeds
 its bound, a re-planning thread recalibrates from the observations so far and asks
@@ -120,6 +123,7 @@ import time
 from explorer.runner.live import MAX_OVER_BOUND_WARNINGS
 from explorer.runner.outputs import (OutputError, branch_outputs, check_output, clean_leftovers, output_kind, partial_path,
                                      remove_own)
+from explorer.core.timings import Timings
 from explorer.core.units import format_bytes, format_shape, parse_shape
 from explorer.runner.cluster import _connect, _measure_workers
 from explorer.runner.context import (
@@ -225,12 +229,18 @@ def run(
                      connect_timeout=float(connect_timeout), source=source, context=dict(context or {}),
                      calibrate=bool(calibrate), overwrite=bool(overwrite), strategy=strategy, trials=bool(trials),
                      branch_order=None if branch_order is None else tuple(branch_order))
+    timings = ctx.timings = Timings()
     try:
-        _prepare(ctx, memory_limit)
-        _connect(ctx)
-        _measure_workers(ctx)
-        _choose_chunks(ctx)
-        _compute(ctx)
+        with timings.section("prepare (input, output, store)"):
+            _prepare(ctx, memory_limit)
+        with timings.section("cluster (start or connect, worker set-up)"):
+            _connect(ctx)
+        with timings.section("workers (warm-up, baseline)"):
+            _measure_workers(ctx)
+        with timings.section("chunks (plan, trials)"):
+            _choose_chunks(ctx)
+        with timings.section("compute and write"):
+            _compute(ctx)
     except _RunError as exc:
         result.status, result.error = exc.status, str(exc)
         result.advice = result.advice or exc.advice
@@ -239,10 +249,12 @@ def run(
             raise
         result.status, result.error = ERROR, _one_line(exc)
     finally:
-        _close_quietly(ctx.client, ctx.cluster)
+        with timings.section("close"):
+            _close_quietly(ctx.client, ctx.cluster)
         for path in ctx.partials:  # again: a task still running at the end may have written into one
             remove_own(path)
     result.wall_seconds = time.perf_counter() - wall_started
+    result.timings = timings.to_dict()
     if check and result.status != OK:
         raise RunError(result)
     return result
@@ -324,7 +336,8 @@ def _choose_chunks(ctx: RunContext) -> None:
     if isinstance(request, str) and request == "model":
         try:
             ctx.plan = _recommend(ctx)
-            _try_blocks(ctx, run)
+            with ctx.timings.section("trials"):
+                _try_blocks(ctx, run)
         except (ChunkPlanError, ModelNotFoundError, ModelFileError, CalibrationFileError) as exc:
             raise _RunError(ERROR, str(exc)) from None
         result.plan, result.chunks_source = ctx.plan.to_dict(), "model"
@@ -443,7 +456,8 @@ def _compute(ctx: RunContext) -> None:
             replanner.stop()
         for path in partials:
             remove_own(path)
-        _finish(ctx)
+        with ctx.timings.section("records and calibration"):
+            _finish(ctx)
 
 
 def _start_observing(ctx: RunContext, interrupt: _Interrupt):

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from explorer.core.units import format_shape
 from explorer.runner.cluster import _measure_workers
-from explorer.runner.context import MAX_TRIALS, _recommend
+from explorer.runner.context import MAX_TRIALS, TRIAL_SHARE, _recommend
 
 if TYPE_CHECKING:
     from explorer.runner.context import RunContext
@@ -57,6 +57,10 @@ def _try_blocks(ctx: RunContext, run) -> None:
     if not (ctx.trials and ctx.threads == 1 and ctx.plan.slots > 1 and not ctx.plan.block_clocked
             and _trial_jobs(ctx, ctx.plan)):
         return  # the clock times tasks alone in one-thread workers (calibration.fit_timing): so do trials
+    jobs = [job for plan in _trial_plans(ctx) for job in _trial_jobs(ctx, plan)]
+    ctx.result.trials_skipped = skipped_because(trial_cost(ctx, jobs), ctx.plan.predicted_seconds)
+    if ctx.result.trials_skipped:
+        return
     out_dir = os.path.dirname(os.path.abspath(ctx.output)) or "."
     tmp = Path(tempfile.mkdtemp(prefix=".explorer-trial-", dir=out_dir))  # the workers can write there
     try:
@@ -76,6 +80,34 @@ def _try_blocks(ctx: RunContext, run) -> None:
             ctx.plan = _recommend(ctx)
             if not ctx.plan.block_clocked:
                 _timed_plan_instead(ctx)
+
+
+def skipped_because(cost: float, run_seconds: float | None, share: float | None = None) -> str | None:
+    """Why trials of predicted ``cost`` seconds should not run before a run of ``run_seconds``
+    (``cost > share * run_seconds``, ``share`` :data:`TRIAL_SHARE` by default), or None."""
+    share = TRIAL_SHARE if share is None else share
+    if run_seconds is None or cost <= share * run_seconds:
+        return None
+    return (f"the trials would take about {cost:.1f} s, more than {share:.0%} of the run's predicted "
+            f"{run_seconds:.1f} s: the plan runs untried")
+
+
+def trial_cost(ctx: RunContext, jobs: list) -> float:
+    """Predicted seconds of the first trials (up to :data:`MAX_TRIALS`): per trial, its tasks'
+    voxels times the block's seconds per voxel over the slots that run them at once, plus the
+    plan's fixed seconds of a run (a trial is a run).
+
+    ``sum_j (n_j prod(block_j) spv_j / min(slots, n_j) + run_fixed)``."""
+    import operators
+
+    total = 0.0
+    for job in list({(j.operator, j.block): j for j in jobs}.values())[:MAX_TRIALS]:
+        op = operators.get(job.operator)
+        volume, chunks = _trial_volume(op, job.block, job.plan.slots)
+        n_tasks = math.prod(-(-v // c) for v, c in zip(volume, chunks))
+        per_task = math.prod(job.block) * (job.predicted_seconds_per_voxel or job.plan.seconds_per_voxel or 0.0)
+        total += n_tasks * per_task / max(1, min(job.plan.slots, n_tasks)) + float(job.plan.run_fixed_seconds)
+    return total
 
 
 def _timed_plan_instead(ctx: RunContext) -> None:

@@ -1,0 +1,90 @@
+"""Where a user's first commands spend their wall time (issue 36): ``explore gst3d --budget 30``
+from an empty store, the same command again on its converged store, and ``explore run gst3d`` on
+a 240^3 SEG-Y at 1.5 GiB per worker (2 workers), twice (the second on the first's trials).
+
+Each command runs as a user runs it (a fresh ``explore`` process) with ``--json``; its
+``timings`` (``explorer.core.timings``: nested sections are parts of their parent) and its wall
+seconds are reported.  Markdown to stdout (``scripts/results/bench_timings.md``).
+
+    python scripts/bench_timings.py [--repeat 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from harness.machine import machine_line
+
+
+def timed(*args) -> tuple[float, dict]:
+    started = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "explorer.cli", *map(str, args), "--json"], capture_output=True,
+                         text=True, timeout=3600)
+    wall = time.perf_counter() - started
+    if out.returncode != 0:
+        raise SystemExit(f"explore {' '.join(map(str, args))} failed: {out.stderr.strip().splitlines()[-1:]}")
+    return wall, json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def table(rows: list[tuple[str, float, dict]]) -> None:
+    names = list(dict.fromkeys(name for _, _, t in rows for name in t))
+    print("| section | " + " | ".join(label for label, _, _ in rows) + " |")
+    print("|---|" + "---:|" * len(rows))
+    print("| **wall (process)** | " + " | ".join(f"**{wall:.1f} s**" for _, wall, _ in rows) + " |")
+    for name in names:
+        cells = [f"{t[name]['seconds']:.1f} s ({t[name]['count']}x)" if name in t else "-" for _, _, t in rows]
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=1, help="from-empty explorations (medians reported)")
+    args = parser.parse_args()
+    import operators
+
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    scratch = Path(tempfile.mkdtemp(prefix="bench-timings-"))
+    survey = scratch / "demo.sgy"
+    operators.write_segy(survey, operators.synthetic_volume((240, 240, 240), seed=0))
+    empties, explore_rows = [], []
+    for k in range(args.repeat):
+        runs = scratch / f"runs-{k}"
+        wall, result = timed("gst3d", "--budget", "30", "--runs-dir", runs)
+        empties.append((wall, result))
+    runs = scratch / "runs-0"
+    again_wall, again = timed("gst3d", "--budget", "30", "--runs-dir", runs)
+    explore_rows.append(("explore gst3d, empty store", empties[0][0], empties[0][1]["timings"]))
+    explore_rows.append(("again, converged store", again_wall, again["timings"]))
+    run_rows = []
+    for k in range(2):
+        wall, r = timed("run", "gst3d", survey, "--output", scratch / "dip.zarr", "--memory-limit", "1.5GiB",
+                        "--runs-dir", runs, "--overwrite")
+        run_rows.append((f"explore run gst3d, {'first' if k == 0 else 'second'}", wall, r["timings"]))
+        if r.get("trials_skipped"):
+            print(f"<!-- run {k + 1}: trials skipped: {r['trials_skipped']} -->")
+    print(f"`python scripts/bench_timings.py --repeat {args.repeat}`, {started}. Machine: {machine_line()}.\n")
+    first = empties[0][1]
+    inside = first["timings"].get("inside the operator", {}).get("seconds", 0.0)
+    probes = first["timings"].get("in-worker probes", {}).get("seconds", 0.0)
+    isolated = empties[0][0] - probes
+    walls = [w for w, _ in empties]
+    print(f"`explore gst3d --budget 30` from an empty store: {statistics.median(walls):.1f} s wall"
+          + (f" (median of {len(walls)}: {', '.join(f'{w:.1f}' for w in walls)})" if len(walls) > 1 else "")
+          + f"; {first['profiles']} profiles, converged: {first['converged']}; the isolated loop (all but the "
+          f"in-worker probes) {isolated:.1f} s, of which {inside:.1f} s inside the operator "
+          f"({inside / isolated:.0%}); the probes {probes:.1f} s. On its converged store: {again_wall:.1f} s "
+          f"(reused: {again['reused']}).\n")
+    table(explore_rows)
+    print()
+    table(run_rows)
+
+
+if __name__ == "__main__":
+    main()
