@@ -561,6 +561,7 @@ def main(argv: list[str] | None = None) -> int:
         print(str(exc), file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # one Ctrl-C is enough: the shutdown's cleanup must finish
         print("explore: interrupted; no partial output left behind, every finished measurement is in the store",
               file=sys.stderr)
         return 130

@@ -129,7 +129,7 @@ def print_run(result) -> None:
         peaks = ", ".join(format_bytes(p) + (f" ({p / limit:.0%})" if limit else "")
                           for p in result.worker_peak_bytes)
         print(f"worker peaks     {peaks} of {format_bytes(limit) if limit else '?'}")
-    print(f"workers lost     {result.workers_restarted}")
+    print(f"workers lost     {max(result.workers_restarted, result.memory_kills)}")
     if result.refine:
         over = "-" if result.tasks_over_bound is None else result.tasks_over_bound
         print(f"observations     {result.observations_recorded} recorded, {over} over the bound")

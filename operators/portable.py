@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 
-from operators.base import _REGISTRY, Operator, register
+from operators.base import Operator, register
 
 __all__ = ["install", "payloads"]
 
@@ -28,18 +28,15 @@ def _travels(cls: type) -> bool:
     return issubclass(cls, FunctionOperator) or not cls.__module__.startswith("operators.")
 
 
-def payloads(spec=None) -> list[bytes]:
-    """Pickles of the operators ``spec`` uses (every registered one when None) that another
+def payloads(spec) -> list[bytes]:
+    """Pickles of the operators ``spec`` (a name, a spec or an ``Operator``) uses that another
     process cannot find by name; empty for the package's own and its plug-ins'."""
     import cloudpickle
 
     import operators
 
-    if spec is None:
-        classes = list(_REGISTRY.values())
-    else:
-        op = operators.get(spec)
-        classes = [type(m) for m in (getattr(op, "members", None) or (op,))]
+    op = operators.get(spec)
+    classes = [type(m) for m in (getattr(op, "members", None) or (op,))]
     from operators.plugins import loaded_modules
 
     plugins = loaded_modules()

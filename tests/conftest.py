@@ -30,6 +30,7 @@ MODULE_TIERS = {
     "test_mdio": "integration",
     "test_explore": "integration",
     "test_golden": "integration",
+    "test_inputs": "integration",
     "test_import_graph": "integration",
     "test_live": "integration",
     "test_operators": "unit",

@@ -299,3 +299,26 @@ def test_a_plugin_operator_named_like_a_subcommand_is_one_line(tmp_path):
                           env=env, timeout=120)
     assert proc.returncode != 0
     assert "'calibrate'" in proc.stderr and "reserved" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_a_failed_profile_says_so_on_stderrs_last_line(tmp_path):
+    """It used to print its failure on stdout only, stderr ending on the progress line."""
+    (tmp_path / "userops.py").write_text(
+        "import operators\n\ndef broken(block):\n    raise RuntimeError('needs a velocity model')\n\n"
+        "broken_op = operators.from_function(broken, name='broken_op')\n")
+    out = subprocess.run([sys.executable, "-m", "explorer.cli", "profile", "userops:broken_op", "12x12x12"],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines()[-1] == ("explore profile: broken_op at 12x12x12 error: RuntimeError: "
+                                                   "needs a velocity model")
+
+
+def test_a_plugins_operator_is_found_from_python_without_the_cli(tmp_path):
+    """`explorer.load_model("my_op")` with EXPLORER_PLUGINS set raised KeyError: only the CLI
+    loaded plug-ins.  A lookup that misses now loads them."""
+    code = ("import explorer\ntry:\n    explorer.load_model('test_allocates', runs_dir=%r)\n"
+            "except explorer.ModelNotFoundError as exc:\n    print('no model yet:', exc)\n") % str(tmp_path)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "EXPLORER_PLUGINS": "harness.plugin_ops"})
+    assert out.returncode == 0 and out.stdout.startswith("no model yet:") and "explore test_allocates" in out.stdout, \
+        out.stderr

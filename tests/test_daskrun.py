@@ -404,3 +404,14 @@ def test_trials_run_only_when_they_may_repay_themselves():
     why = skipped_because(6.0, 2.5)  # issue 36's case: 11 s of trials before 2.5 s of computing
     assert why and "6.0 s" in why and "2.5 s" in why and "untried" in why
     assert skipped_because(6.0, None) is None  # no predicted time: nothing to weigh, the trials run
+
+
+def test_explicit_chunks_merged_by_the_halo_are_the_chunks_reported(tmp_path, segy, cluster):
+    """`--chunks 1x1x1` ran 8x8x8 and printed 1x1x1: a chunk shorter than the halo is merged
+    with its neighbour (as Dask's overlap does), and the result says what ran."""
+    r = run(OPERATOR, segy, tmp_path / "out.zarr", chunks=(2, 40, 36), scheduler=cluster.scheduler_address,
+            refine=False, trials=False)
+    halo = operators.get(OPERATOR).halo[0]
+    assert r.status == "ok" and r.chunks[0] >= halo and r.chunks[1:] == [40, 36]
+    assert any(w.startswith(f"chunks 2x40x36 become {r.chunks[0]}x40x36") and "merged" in w for w in r.warnings)
+

@@ -68,7 +68,9 @@ def measure_worker_baseline(client, operator: str, *, readable=(), writable=()) 
     module missing there) or reach a path.
     """
     from explorer.measure.inworker import warm_worker
+    from explorer.measure.workersetup import send_operators
 
+    send_operators(client, operator)  # an operator of the caller's the workers cannot import
     try:
         replies = client.run(warm_worker, operator, tuple(map(str, readable)), tuple(map(str, writable)))
     except Exception as exc:  # a worker died (killed above its memory limit) or vanished meanwhile
@@ -199,7 +201,7 @@ def local_worker_baseline(operator: str, runs_dir=None, *, measure: bool = True)
     from explorer.measure.workersetup import prepare_workers
 
     with local_cluster(1) as cluster, Client(cluster) as client:
-        prepare_workers(client)  # the worker the plans describe: the profiling server's allocator
+        prepare_workers(client, operator)  # the worker the plans describe: the profiling server's allocator
         baseline = measure_worker_baseline(client, operator)
     baseline.source = "local"
     save_worker_baseline(operator, baseline, runs_dir)

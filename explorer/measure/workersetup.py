@@ -30,10 +30,10 @@ set by ``mallopt`` or the environment turns the dynamic threshold off, which lea
 as pinned; a worker without a nanny, or with that variable unset in the config, does not.
 The plugin makes the setting hold whatever the cluster's configuration.
 
-:func:`prepare_workers` also sends the workers the operators they cannot find by name
-(:class:`OperatorsPlugin`: a function operator, a class from ``__main__`` or a ``module:attr``
-reference; ``operators.portable``), so that a lookup by name on a worker (a probe's warm-up,
-the live observer) finds what the caller defined.
+:func:`prepare_workers` (given the operator) also sends the workers what they cannot find by
+name (:func:`send_operators`, :class:`OperatorsPlugin`: a function operator, a class from
+``__main__`` or a ``module:attr`` reference; ``operators.portable``), so that a lookup by name on
+a worker (a probe's warm-up, the live observer) finds what the caller defined.
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from explorer.measure.highwater import MMAP_THRESHOLD_BYTES, fix_mmap_threshold, release_free_heap
 
-__all__ = ["ENVIRONMENT_VARIABLE", "OPERATORS_PLUGIN_NAME", "PLUGIN_NAME", "AllocatorPlugin", "OperatorsPlugin", "allocator_pinned", "dask_setup",
+__all__ = ["ENVIRONMENT_VARIABLE", "OPERATORS_PLUGIN_NAME", "PLUGIN_NAME", "AllocatorPlugin", "OperatorsPlugin",
+           "send_operators", "allocator_pinned", "dask_setup",
            "mmap_threshold_pinned", "pin_mmap_threshold", "prepare_workers"]
 
 #: The name the plugin is registered under (one per scheduler).
@@ -159,10 +160,20 @@ class OperatorsPlugin(WorkerPlugin):
         install(self.pickles)
 
 
-def prepare_workers(client, threshold: int = MMAP_THRESHOLD_BYTES) -> dict[str, bool]:
-    """Register :class:`AllocatorPlugin` on ``client``'s cluster, and :class:`OperatorsPlugin`
-    when this process has operators the workers cannot find by name; per worker, whether the
-    allocator setting took.
+def send_operators(client, operator) -> None:
+    """Register :class:`OperatorsPlugin` on ``client``'s cluster with what ``operator`` (a name,
+    a spec or an ``Operator``) uses that its workers cannot find by name (``operators.portable``:
+    a function operator, a class from ``__main__`` or a ``module:attr``); nothing otherwise."""
+    from operators.portable import payloads
+
+    sent = payloads(operator)
+    if sent:
+        client.register_plugin(OperatorsPlugin(sent), name=OPERATORS_PLUGIN_NAME)
+
+
+def prepare_workers(client, operator=None, threshold: int = MMAP_THRESHOLD_BYTES) -> dict[str, bool]:
+    """Register :class:`AllocatorPlugin` on ``client``'s cluster and, for ``operator`` (when
+    given), :func:`send_operators`; per worker, whether the allocator setting took.
 
     Idempotent: the plugin is registered under :data:`PLUGIN_NAME` once per scheduler, and
     every worker that joins later (a restarted one too) gets it from the scheduler.  Returns
@@ -174,11 +185,8 @@ def prepare_workers(client, threshold: int = MMAP_THRESHOLD_BYTES) -> dict[str, 
     if threshold <= 0:
         raise ValueError(f"threshold must be a positive number of bytes, got {threshold}")
     client.register_plugin(AllocatorPlugin(threshold), name=PLUGIN_NAME)
-    from operators.portable import payloads
-
-    sent = payloads()
-    if sent:
-        client.register_plugin(OperatorsPlugin(sent), name=OPERATORS_PLUGIN_NAME)
+    if operator is not None:
+        send_operators(client, operator)
     replies = client.run(mmap_threshold_pinned)
     return {address: bool(pinned) for address, pinned in replies.items()}
 

@@ -75,7 +75,7 @@ def _prepare_workers(ctx: RunContext) -> None:
     from explorer.measure.workersetup import prepare_workers, unpinned_warning
 
     try:
-        pinned = prepare_workers(ctx.client)
+        pinned = prepare_workers(ctx.client, ctx.operator)
     except Exception as exc:  # the workers cannot import explorer, or one vanished meanwhile
         raise _RunError(ERROR, f"cannot set up the workers' allocator ({_one_line(exc)}): the workers need "
                                f"memory-explorer installed") from None

@@ -285,7 +285,7 @@ def run_probes(operator: str, model, *, n: int = DEFAULT_PROBES, runs_dir=None, 
             address = cluster.scheduler_address if cluster is not None else client.scheduler.address
             result.scheduler = address
             with (Client(cluster) if cluster is not None else contextlib.nullcontext(client)) as connected:
-                prepare_workers(connected)
+                prepare_workers(connected, operator)
                 baseline = measure_worker_baseline(connected, operator)
             if cluster is not None:
                 baseline.source = "local"
