@@ -125,9 +125,9 @@ def test_an_entry_point_package_is_found_and_run_on_workers_with_nothing_set(tmp
     assert listed.returncode == 0 and "demo_scale" in listed.stdout and "demo_shift" in listed.stdout, listed.stderr
     volume = operators.synthetic_volume((24, 20, 30), seed=5)
     operators.write_segy(tmp_path / "in.sgy", volume)
-    for name, expected in (("demo_scale", volume * 3.0), ("demo_shift", volume + 1.0)):
-        out = _explore("run", name, str(tmp_path / "in.sgy"), "--output", str(tmp_path / f"{name}.zarr"), "--chunks",
-                       "12x10x30", "--workers", "1", "--memory-limit", "512MiB", "--no-refine", "--no-trials",
-                       env=env, cwd=tmp_path)
-        assert out.returncode == 0, out.stderr
-        np.testing.assert_allclose(zarr.open_array(str(tmp_path / f"{name}.zarr"), mode="r")[:], expected, rtol=1e-6)
+    # both, as one pipeline: the function operator and the class, on the workers of one run
+    out = _explore("run", "demo_scale,demo_shift", str(tmp_path / "in.sgy"), "--output", str(tmp_path / "o.zarr"),
+                   "--chunks", "12x10x30", "--workers", "1", "--memory-limit", "512MiB", "--no-refine", "--no-trials",
+                   env=env, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    np.testing.assert_allclose(zarr.open_array(str(tmp_path / "o.zarr"), mode="r")[:], volume * 3.0 + 1.0, rtol=1e-6)
