@@ -216,15 +216,12 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_an_interrupted_run_leaves_no_partial_output_and_no_worker_traceback(tmp_path, sig):
-    """A Ctrl-C reaches the whole process group (the workers too), a SIGTERM the run's
-    process: one line, exit 130, no partial array left though tasks were writing into it."""
-    source = tmp_path / "in.sgy"
-    operators.write_segy(source, operators.synthetic_volume((64, 64, 64), seed=0))
-    # 64 tasks of 1 s on 2 workers: the signal, sent once the first block is written, finds the
-    # run 31 s from its end at least (a run is interrupted at its first write, whatever its length).
-    command = ["run", "test_slow", "in.sgy", "--output", "out.zarr", "--chunks", "8x8x64", "--no-refine",
+def _slow_run_writing(tmp_path, edge: int):
+    """``explore run`` of 1-s tasks (``harness.plugin_ops``'s test_slow) on an ``edge``^3 volume in
+    8x8 columns, in a session of its own, once its first block is in the partial output:
+    ``(process, command, environment)``."""
+    operators.write_segy(tmp_path / "in.sgy", operators.synthetic_volume((edge,) * 3, seed=0))
+    command = ["run", "test_slow", "in.sgy", "--output", "out.zarr", "--chunks", f"8x8x{edge}", "--no-refine",
                "--memory-limit", "1GiB"]
     env = {**os.environ, "EXPLORER_PLUGINS": "harness.plugin_ops", "EXPLORER_TEST_SLOW_SECONDS": "1"}
     p = subprocess.Popen([sys.executable, "-m", "explorer.cli", *command], cwd=tmp_path, stdout=subprocess.PIPE,
@@ -232,6 +229,16 @@ def test_an_interrupted_run_leaves_no_partial_output_and_no_worker_traceback(tmp
                          preexec_fn=_default_sigint)
     while not glob.glob(str(tmp_path / ".out.zarr.partial-*" / "c")) and p.poll() is None:
         time.sleep(0.05)
+    return p, command, env
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_an_interrupted_run_leaves_no_partial_output_and_no_worker_traceback(tmp_path, sig):
+    """A Ctrl-C reaches the whole process group (the workers too), a SIGTERM the run's
+    process: one line, exit 130, no partial array left though tasks were writing into it."""
+    # 64 tasks of 1 s on 2 workers: the signal, sent once the first block is written, finds the
+    # run 31 s from its end at least (a run is interrupted at its first write, whatever its length).
+    p, _, _ = _slow_run_writing(tmp_path, 64)
     assert glob.glob(str(tmp_path / ".out.zarr.partial-*")) and p.poll() is None, "the run never started writing"
     if sig == signal.SIGINT:
         os.killpg(p.pid, sig)  # as a terminal's Ctrl-C does
@@ -272,15 +279,7 @@ def test_ctrl_c_during_the_in_worker_probes_is_one_line(tmp_path):
 def test_a_partial_output_left_by_kill_9_is_removed_by_the_next_run_and_said(tmp_path):
     """kill -9 leaves the run's hidden partial output: the next run of that output removes it
     (its process gone, its content ours), says so, and leaves everything else alone."""
-    source = tmp_path / "in.sgy"
-    operators.write_segy(source, operators.synthetic_volume((32, 32, 32), seed=0))
-    command = ["run", "test_slow", "in.sgy", "--output", "out.zarr", "--chunks", "8x8x32", "--no-refine",
-               "--memory-limit", "1GiB"]
-    env = {**os.environ, "EXPLORER_PLUGINS": "harness.plugin_ops", "EXPLORER_TEST_SLOW_SECONDS": "1"}
-    p = subprocess.Popen([sys.executable, "-m", "explorer.cli", *command], cwd=tmp_path, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, start_new_session=True, env=env)
-    while not glob.glob(str(tmp_path / ".out.zarr.partial-*" / "c")) and p.poll() is None:
-        time.sleep(0.05)
+    p, command, env = _slow_run_writing(tmp_path, 32)
     os.killpg(p.pid, signal.SIGKILL)
     p.communicate(timeout=60)
     left = glob.glob(str(tmp_path / ".out.zarr.partial-*"))
