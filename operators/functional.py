@@ -184,7 +184,6 @@ def from_function(func=None, *, name: str, halo=(0, 0, 0), whole_axes=(), axis_c
     }
     if version is not None and not (isinstance(version, str) and version.strip()):
         raise ValueError(f"version must be a non-empty string; got {version!r}")
-    check_name(name)
     cls = _class(name, version or code_digest(func, properties), _pickled_by_value(func), properties)
     register(cls)  # a redefinition under the name replaces the previous one
     return cls()

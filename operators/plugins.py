@@ -24,7 +24,7 @@ from importlib import metadata
 
 from operators.base import Operator, register
 
-__all__ = ["ENTRY_POINT_GROUP", "PLUGINS_ENV", "PluginError", "is_reference", "load_plugins", "loaded_modules",
+__all__ = ["ENTRY_POINT_GROUP", "PLUGINS_ENV", "PluginError", "is_reference", "load_plugins", "LOADED_MODULES",
            "plugin_modules", "resolve"]
 
 PLUGINS_ENV = "EXPLORER_PLUGINS"
@@ -34,6 +34,9 @@ _REFERENCE = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*\Z")
 
 #: Modules and entry points already loaded in this process (a failure is raised again, not kept).
 _LOADED: set[str] = set()
+#: The modules plug-ins loaded here (``$EXPLORER_PLUGINS``' and the entry points'): every
+#: process loads them itself (``operators.portable`` sends none of their operators).
+LOADED_MODULES: set[str] = set()
 
 
 class PluginError(ValueError):
@@ -64,6 +67,7 @@ def load_plugins() -> list[str]:
                 raise PluginError(f"{PLUGINS_ENV} names {name!r}, which cannot be imported ({_one_line(exc)}): fix "
                                   f"the module name in {PLUGINS_ENV} or its PYTHONPATH") from None
             _LOADED.add(name)
+            LOADED_MODULES.add(name)
         loaded.append(name)
     for entry in metadata.entry_points(group=ENTRY_POINT_GROUP):
         key = f"{entry.name}={entry.value}"
@@ -75,14 +79,9 @@ def load_plugins() -> list[str]:
                 raise PluginError(f"entry point {entry.name!r} of {dist} in group {ENTRY_POINT_GROUP!r} "
                                   f"({entry.value}) cannot be loaded ({_one_line(exc)})") from None
             _LOADED.add(key)
+            LOADED_MODULES.add(entry.value.partition(":")[0])
         loaded.append(entry.value)
     return loaded
-
-
-def loaded_modules() -> set[str]:
-    """The modules plug-ins loaded here (``$EXPLORER_PLUGINS``' and the entry points'): every
-    process loads them itself (``operators.portable`` sends none of their operators)."""
-    return {key.partition("=")[2].partition(":")[0] if "=" in key else key for key in _LOADED}
 
 
 def _register_object(obj, where: str) -> Operator | None:

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import hashlib
 
-from operators.base import Operator, register
+from operators.base import register
+from operators.functional import FunctionOperator
+from operators.plugins import LOADED_MODULES
 
 __all__ = ["install", "payloads"]
 
@@ -23,8 +25,6 @@ _INSTALLED: dict[str, str] = {}
 
 def _travels(cls: type) -> bool:
     """Whether another process needs ``cls`` sent: not one of this package's own classes."""
-    from operators.functional import FunctionOperator
-
     return issubclass(cls, FunctionOperator) or not cls.__module__.startswith("operators.")
 
 
@@ -37,13 +37,11 @@ def payloads(spec) -> list[bytes]:
 
     op = operators.get(spec)
     classes = [type(m) for m in (getattr(op, "members", None) or (op,))]
-    from operators.plugins import loaded_modules
-
-    plugins = loaded_modules()
     out = []
     for cls in dict.fromkeys(classes):
-        if isinstance(cls, type) and issubclass(cls, Operator) and _travels(cls) and cls.__module__ not in plugins:
-            out.append(cloudpickle.dumps(cls() if hasattr(cls, "function_bytes") else cls))
+        if _travels(cls) and cls.__module__ not in LOADED_MODULES:
+            # a function operator travels as an instance (its class is made from it); a class as itself
+            out.append(cloudpickle.dumps(cls() if issubclass(cls, FunctionOperator) else cls))
     return out
 
 

@@ -11,7 +11,7 @@ tool wrote is replaced:
 
 * a Zarr output carries the root attribute :data:`ZARR_MARK` (with the operator, the
   input and its survey geometry, so the result can be written to SEG-Y later) with the count
-  and digest of the entries it wrote (:func:`write_manifest`): ``--overwrite`` replaces it only
+  and digest of the entries it wrote (:func:`record_entries`): ``--overwrite`` replaces it only
   when it holds exactly those (a user's file put inside is never removed);
 * a SEG-Y output carries an ownership token in its binary header's unassigned bytes, a
   digest of its own traces (``operators.segy.mark_written``), so a user's file whose headers
@@ -78,7 +78,7 @@ def _entries_digest(entries: list[str]) -> str:
     return hashlib.sha256("\n".join(entries).encode()).hexdigest()
 
 
-def write_manifest(root) -> None:
+def record_entries(root) -> None:
     """Record in the complete Zarr output at ``root`` (before it is put in place) what it holds:
     the count and digest of its entries, in its :data:`ZARR_MARK` attribute (nothing beside
     or inside it that Zarr does not know)."""
@@ -92,7 +92,7 @@ def write_manifest(root) -> None:
 
 
 def foreign_entries(root) -> list[str]:
-    """What the Zarr output ``root`` holds beyond what this tool wrote (:func:`write_manifest`):
+    """What the Zarr output ``root`` holds beyond what this tool wrote (:func:`record_entries`):
     none when its entries are those recorded, else the entries Zarr would not have written
     (a file that is not ``zarr.json`` nor a chunk under ``c/``), or all of them."""
     import zarr
@@ -128,10 +128,11 @@ def written_by_explorer(path) -> bool:
 def check_output(output, *, overwrite: bool = False, input_path=None, protected=()) -> str:
     """The output's kind, after refusing what must not be written (raises :class:`OutputError`).
 
-    Refused: a suffix other than .zarr/.sgy/.segy; the input itself; an output that contains
-    a ``protected`` path (the input, the runs directory with its store: replacing the output
-    would remove them) or lies inside the input (a Zarr store); a directory that does not exist; an existing output without ``overwrite``; with ``overwrite``, an existing output
-    this tool did not write.
+    Refused: a suffix other than .zarr/.sgy/.segy/.mdio; the input itself; an output that
+    contains a ``protected`` path (the input, the runs directory with its store: replacing the
+    output would remove them) or lies inside the input (a Zarr store); a directory that does not
+    exist; an existing output without ``overwrite``; with ``overwrite``, an existing output this
+    tool did not write, or one holding entries it did not write.
     """
     kind = output_kind(output)
     out = Path(output)
@@ -165,12 +166,19 @@ def check_output(output, *, overwrite: bool = False, input_path=None, protected=
     return kind
 
 
+def variable_name(name: str) -> str:
+    """An MDIO dataset variable's name for an operator or branch (``gaussian(sigma=4)`` -> ``gaussian_sigma_4``)."""
+    return re.sub(r"\W+", "_", name).strip("_") or "result"
+
+
 def branch_outputs(output, branches) -> dict:
     """Where a fan-out's branches go: ``{branch: path}``.  A Zarr output is one group
     with an array per branch (``out.zarr/<branch>``); a SEG-Y output is one file per
     branch beside it, ``<stem>-<branch><suffix>`` (each on the input's survey)."""
     out = Path(output)
-    if output_kind(output) in ("zarr", "mdio"):  # an MDIO output: one variable per branch
+    if output_kind(output) == "mdio":  # one variable per branch
+        return {b: os.fspath(out / variable_name(b)) for b in branches}
+    if output_kind(output) == "zarr":
         return {b: os.fspath(out / b) for b in branches}
     return {b: os.fspath(out.with_name(f"{out.stem}-{b}{out.suffix}")) for b in branches}
 
@@ -206,7 +214,7 @@ def clean_leftovers(output) -> list[str]:
     pattern = re.compile(re.escape(f".{out.name}.") + r"(partial|replaced)-(\w+)-(\d+)-[0-9a-f]{8}\Z")
     notes = []
     try:
-        names = sorted(os.listdir(out.parent if str(out.parent) else "."))
+        names = sorted(os.listdir(out.parent))
     except OSError:
         return notes
     for name in names:
@@ -240,13 +248,13 @@ def remove_own(path) -> None:
 def put_in_place(partial, output, *, overwrite: bool = False) -> None:
     """Rename the complete ``partial`` to ``output``, replacing an old output only as
     :func:`check_output` allows (checked again: the path may have changed meanwhile).  A Zarr
-    output records its entries first (:func:`write_manifest`)."""
+    output records its entries first (:func:`record_entries`)."""
     out = Path(output)
     replacing = out.exists() or out.is_symlink()
     if replacing:
         check_output(out, overwrite=overwrite)
     if Path(partial).is_dir():
-        write_manifest(partial)
+        record_entries(partial)
     if replacing:
         aside = partial_path(out, "replaced")
         os.replace(out, aside)

@@ -5,14 +5,13 @@ its attributes, and the Zarr target a task writes its chunk to.
 from __future__ import annotations
 
 import os
-import re
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from explorer.runner.outputs import ZARR_MARK, partial_path, put_in_place
+from explorer.runner.outputs import ZARR_MARK, partial_path, put_in_place, variable_name
 from explorer.runner.context import ERROR, FAILED, _RunError, _one_line, _regular
 
 if TYPE_CHECKING:
@@ -123,11 +122,6 @@ def _store(ctx: RunContext, partial: Path, interrupt: _Interrupt):
         if unfinished:
             ctx.client.cancel(unfinished)
         del persisted, futures, unfinished
-
-
-def variable_name(name: str) -> str:
-    """A dataset variable's name for an operator or branch (``gaussian(sigma=4)`` -> ``gaussian_sigma_4``)."""
-    return re.sub(r"\W+", "_", name).strip("_") or "result"
 
 
 def _mdio_targets(ctx: RunContext, partial: Path, arrays: dict, attributes: dict) -> list:
