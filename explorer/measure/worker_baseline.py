@@ -5,7 +5,7 @@ constant:
 
 * on a cluster, with :func:`measure_worker_baseline` (``client.run`` of
   ``explorer.measure.inworker.warm_worker`` on every worker, then a tiny graph of the operator's
-  Dask form: the largest resident set of an idle worker that has loaded the operator and
+  tasks on its smallest blocks: the largest resident set of an idle worker that has loaded the operator and
   run its tasks); ``explorer.runner.daskrun`` does this before every run and passes it to
   ``recommend_chunks`` as ``baseline_bytes``;
 * without one (``baseline_bytes=None``), measured once per environment on this machine
@@ -109,26 +109,39 @@ WARM_UP_CHUNK_EDGE = 16
 WARM_UP_TIMEOUT_SECONDS = 60.0
 
 
+def _warm_up_task(block, operator: str):
+    """One warm-up task: ``operator.run`` on ``block``, reduced to one value (a fan-out's
+    branches summed), so that nothing of the result stays in the worker."""
+    import numpy as np
+
+    import operators
+
+    out = operators.get(operator).run(block)
+    arrays = list(out.values()) if isinstance(out, dict) else [out]
+    return np.full((1, 1, 1), sum(float(np.asarray(a, dtype=np.float64).sum()) for a in arrays))
+
+
 def _run_warm_up_graph(client, operator: str, n_workers: int) -> None:
-    """Run the operator's Dask form on a tiny random volume, a few chunks per worker.
+    """Run ``operator`` as tasks on a tiny random volume, a few chunks of
+    ``WARM_UP_CHUNK_EDGE``^3 per worker, each chunk's task ``operator.run`` on it.
 
     A worker that has executed tasks holds a few MiB more than one that has only
     imported the operator (its task thread pool, the task path's buffers and lazy
     imports): the baseline is measured after this, as a production run sees it.  The
-    volume is generated on the workers; nothing is stored.
+    chunks are the operator's smallest blocks, without its halo: a warm-up never runs a
+    block larger than a plan's (the operator's Dask form would gather ``3 h`` per axis around
+    each chunk, a 193^3 block for unet3d's halo of 48, larger than its plans' blocks and
+    enough to kill a worker a plan would fit).  The volume is generated on the workers;
+    nothing is stored.
     """
     import dask.array as da
 
-    import operators
-
-    op = operators.get(operator)
-    edge = max(WARM_UP_CHUNK_EDGE, 2 * max(op.halo) + 1)
+    edge = WARM_UP_CHUNK_EDGE
     per_axis = max(2, round((WARM_UP_CHUNKS_PER_WORKER * n_workers) ** (1 / 3) + 0.5))
-    shape = tuple(edge if axis in op.whole_axes else edge * per_axis for axis in range(3))
+    shape = (edge * per_axis,) * 3
     x = da.random.default_rng(0).random(shape, chunks=edge, dtype="f4")
-    y = op.dask(x)
-    outputs = list(y.values()) if isinstance(y, dict) else [y]  # a fan-out: one array per branch
-    future = client.compute(da.stack([a.sum() for a in outputs]).sum())
+    y = x.map_blocks(_warm_up_task, operator, chunks=(1, 1, 1), dtype="f8")
+    future = client.compute(y.sum())
     try:
         future.result(timeout=WARM_UP_TIMEOUT_SECONDS)
     except TimeoutError:
