@@ -19,7 +19,8 @@ import sys
 import time
 
 from explorer.core import validate
-from explorer.cli_text import considered_text, print_explore, print_probes, print_run, print_timings, probe_progress
+from explorer.cli_text import (considered_text, print_explore, print_probes, print_run, print_started, print_step,
+                               print_timings, probe_progress)
 from explorer.core.units import format_bytes, format_shape, parse_shape
 
 EXIT_USAGE = 2
@@ -214,11 +215,14 @@ def _cmd_explore(argv: list[str]) -> int:
     parser.add_argument("--confidence", type=_confidence, default=0.99,
                         help="confidence of the upper bound, in (0.5, 1) (0.99)")
     parser.add_argument("--memory-limit", type=_size, default=None,
-                        help="target worker memory the chunks will be sized for (default: min(4GiB, RAM/cores))")
+                        help="target worker memory the chunks will be sized for (default: min(4GiB, RAM/cores); "
+                             "with --scheduler, its smallest worker's memory limit)")
     parser.add_argument("--memory-cap", type=_size, default=None,
-                        help="cap on one profile's working memory (default: half this machine's memory)")
+                        help="cap on one profile's working memory (default: half this machine's memory; with "
+                             "--scheduler, half the smallest worker machine's)")
     _add_store_options(parser, storage=True, storage_note="; several explore processes may share one")
-    parser.add_argument("--jobs", type=_positive_int, default=1, help="profiles run in parallel")
+    parser.add_argument("--jobs", type=_positive_int, default=None,
+                        help="profiles run in parallel (default 1; with --scheduler, one per worker)")
     parser.add_argument("--repeat", type=_positive_int, default=2, help="runs per profile (default 2)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--probes", type=_non_negative_int, default=None,
@@ -230,24 +234,12 @@ def _cmd_explore(argv: list[str]) -> int:
     parser.add_argument("--refresh", action="store_true",
                         help="refit from the store and let the stop decide again, even when the saved model was "
                              "made from exactly these profiles with these settings (then it is the answer at once)")
-    _add_scheduler_options(parser, "the in-worker probes run on its workers (default: a LocalCluster here)")
+    _add_scheduler_options(parser, "the profiles (each an isolated child of a worker) and the in-worker probes run "
+                                   "on its workers (default: profiles here, probes on a LocalCluster here)")
     parser.add_argument("--timings", action="store_true",
                         help="print where the wall time went (store, fits, profiling, probes...; always in --json)")
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
     args = parser.parse_args(argv)
-
-    def progress(step, budget):
-        peak = format_bytes(step.peak_bytes) if step.peak_bytes is not None else "-"
-        secs = f"{step.seconds:.2f} s" if step.seconds is not None else "-"
-        unc = f"{step.max_relative_uncertainty:.1%}" if step.max_relative_uncertainty is not None else "-"
-        print(f"[{step.index:>3}/{budget}] {format_shape(step.shape):>15}  {step.status:<8} peak {peak:>10}  "
-              f"{secs:>9}  uncertainty {unc}", file=sys.stderr, flush=True)
-
-    def started(shape, purpose, predicted_seconds):
-        if predicted_seconds is None or predicted_seconds < 1:
-            return  # a line per profile is enough when they take under a second
-        eta = f", ~{predicted_seconds:.0f} s"
-        print(f"{'':>9} {format_shape(shape):>15}  profiling ({purpose}{eta}) ...", file=sys.stderr, flush=True)
 
     from explorer.search.store import Store
 
@@ -258,7 +250,7 @@ def _cmd_explore(argv: list[str]) -> int:
         result = explore(args.operator, budget=args.budget, tolerance=args.tolerance, confidence=args.confidence,
                          memory_limit=args.memory_limit, memory_cap=args.memory_cap, runs_dir=args.runs_dir,
                          storage=args.storage, jobs=args.jobs, repeat=args.repeat, seed=args.seed,
-                         progress=progress, on_start=started, probes=args.probes, probe_progress=probe_progress,
+                         progress=print_step, on_start=print_started, probes=args.probes, probe_progress=probe_progress,
                          prior=args.prior, report=True, refresh=args.refresh, client=client)
     if args.timings:
         print_timings(result.timings, result.seconds)

@@ -135,3 +135,21 @@ def print_run(result) -> None:
         print(f"observations     {result.observations_recorded} recorded, {over} over the bound")
     if result.advice:
         print(f"advice           {result.advice}")
+
+
+def print_step(step, budget: int) -> None:
+    """``explore``'s progress line for one finished (or lost) profile, on stderr."""
+    peak = format_bytes(step.peak_bytes) if step.peak_bytes is not None else "-"
+    secs = f"{step.seconds:.2f} s" if step.seconds is not None else "-"
+    unc = f"{step.max_relative_uncertainty:.1%}" if step.max_relative_uncertainty is not None else "-"
+    print(f"[{step.index:>3}/{budget}] {format_shape(step.shape):>15}  {step.status:<8} peak {peak:>10}  "
+          f"{secs:>9}  uncertainty {unc}" + (f"  on {step.profiled_on}" if step.profiled_on else ""),
+          file=sys.stderr, flush=True)
+
+
+def print_started(shape, purpose: str, predicted_seconds) -> None:
+    """``explore``'s line as a profile expected to take a second or more starts, on stderr."""
+    if predicted_seconds is None or predicted_seconds < 1:
+        return  # a line per profile is enough when they take under a second
+    print(f"{'':>9} {format_shape(shape):>15}  profiling ({purpose}, ~{predicted_seconds:.0f} s) ...",
+          file=sys.stderr, flush=True)

@@ -64,6 +64,8 @@ class Step:
     peak_bytes: float | None
     seconds: float | None
     max_relative_uncertainty: float | None
+    #: The worker that profiled it (``explore --scheduler``), or None: this machine.
+    profiled_on: str | None = None
 
 
 @dataclass
@@ -97,6 +99,12 @@ class ExploreResult:
     #: ``profiling``, the torch import runs beside the profiles).
     timings: dict = field(default_factory=dict)
 
+    @property
+    def profiled_on(self) -> list[str] | None:
+        """The workers this call's profiles ran on (sorted addresses), or None: all on this machine."""
+        workers = sorted({s.profiled_on for s in self.steps if s.profiled_on and not s.status.startswith("lost")})
+        return workers or None
+
     def to_dict(self) -> dict:
         return {
             "operator": self.operator,
@@ -116,6 +124,7 @@ class ExploreResult:
             "converged": self.converged,
             "certified_factor": self.certified_factor,
             "reused": self.reused,
+            "profiled_on": self.profiled_on,
             "timings": self.timings,
         }
 
@@ -134,7 +143,7 @@ def explore(
     memory_cap=None,
     runs_dir=None,
     storage: str | None = None,
-    jobs: int = 1,
+    jobs: int | None = None,
     repeat: int = 2,
     seed: int = 0,
     progress=None,
@@ -167,8 +176,12 @@ def explore(
     the model and the calibration under ``runs_dir`` (``$EXPLORER_RUNS`` or ``./runs`` when
     None), ``report.png`` there only with ``report=True`` (the CLI's ``explore`` asks for it);
     profiling servers (child processes) for the profiles and, when ``probes`` > 0, a Dask
-    LocalCluster for the in-worker probes, unless ``client`` (a ``distributed.Client``) names the
-    cluster whose workers the probes run on (their baseline, memory and environment are then
+    LocalCluster for the in-worker probes, unless ``client`` (a ``distributed.Client``) names a
+    cluster: then each profile is an isolated child of one of its workers
+    (``explorer.measure.worker_profiling``; ``jobs``, default all the workers, at once; the
+    result's ``profiled_on`` names them; a worker lost mid-profile costs that profile), the
+    target memory defaults to its workers' smallest limit, the model carries the workers'
+    environment, and the probes run there too (their baseline, memory and environment are then
     what the calibration describes; ``explorer.runner.probes.run_probes``).
 
     ``prior``: ``"composed"`` (default) makes a pipeline whose members all have models learn
@@ -186,9 +199,10 @@ def explore(
     started = time.perf_counter()
     operator = validate.operator(operator)
     op = operators.get(operator)
-    limit = default_memory_limit() if memory_limit is None else validate.size(memory_limit, "memory_limit")
+    limit = _target_memory(memory_limit, client)
     cap = default_memory_cap() if memory_cap is None else validate.size(memory_cap, "memory_cap")
-    budget, jobs = validate.positive_int(budget, "budget"), validate.positive_int(jobs, "jobs")
+    budget = validate.positive_int(budget, "budget")
+    jobs = None if jobs is None else validate.positive_int(jobs, "jobs")
     repeat = validate.positive_int(repeat, "repeat")
     tolerance, confidence = validate.fraction(tolerance, "tolerance"), validate.confidence(confidence)
     if prior not in PRIORS:
@@ -206,13 +220,18 @@ def explore(
     warm_up = threading.Thread(target=timings.section("torch import (beside the profiles)")(torch_fit.warm_up),
                                daemon=True)
     warm_up.start()
+    profilers = None
+    if client is not None:  # each profile an isolated child of a worker of the cluster
+        with timings.section("cluster (profiling plug-in, memory cap)"):
+            profilers, cap = _cluster_profilers(client, op, jobs, cap if memory_cap is not None else None)
+    jobs = len(profilers) if profilers else jobs or 1
     with timings.section("start (candidates, priors)"):
         core = ExplorationCore(op.name, memory_limit=limit, memory_cap=cap, confidence=confidence,
                                tolerance=tolerance, seed=seed,
                                prior_model=composed_prior(op, runs_dir) if prior == "composed" else None,
                                noise_floor=member_noise_floor(op, runs_dir), timings=timings)
     batches = _ProfileBatches(store, op.name, budget=budget, repeat=repeat, memory_cap=cap, jobs=jobs,
-                              on_start=on_start, progress=progress)
+                              on_start=on_start, progress=progress, profilers=profilers)
     model, stopped_because = None, None
     try:
         # ask (design, then refit, stop or propose), profile, tell (the store), repeat
@@ -252,6 +271,8 @@ def explore(
             model.info["seconds_per_voxel"] = run_cost.seconds_per_voxel
         model.info["explored_with"] = settings
         model.info["profiles_digest"] = profiles_digest(records)
+        if batches.environment is not None:  # profiled on a cluster: its workers' environment
+            model.environment = batches.environment
         with timings.section("save"):
             model = save_model_unless_superseded(model, model_file)
         with timings.section("in-worker probes"):
@@ -285,6 +306,27 @@ def explore(
         certified_factor=None if model is None else model.hyperparameters["certified_factor"],
         timings=timings.to_dict(),
     )
+
+
+def _target_memory(memory_limit, client) -> int:
+    """The worker memory the chunks will be sized for: ``memory_limit``, else the smallest
+    memory limit of ``client``'s workers, else this machine's default."""
+    if memory_limit is not None:
+        return validate.size(memory_limit, "memory_limit")
+    if client is not None:
+        from explorer.measure.worker_profiling import workers_memory_limit
+
+        return workers_memory_limit(client) or default_memory_limit()
+    return default_memory_limit()
+
+
+def _cluster_profilers(client, op, jobs: int | None, memory_cap: int | None):
+    """``(profilers, memory cap)``: one ``WorkerProfiler`` per worker of ``client`` (at most
+    ``jobs``), and ``memory_cap`` or, when None, the workers' own default cap."""
+    from explorer.measure.worker_profiling import cluster_profilers, workers_memory_cap
+
+    return (cluster_profilers(client, op, PROFILE_SESSIONS, jobs),
+            workers_memory_cap(client) if memory_cap is None else memory_cap)
 
 
 def profiles_digest(records) -> str:
@@ -357,12 +399,16 @@ class _ProfileBatches:
     operator's seconds, the loop's own seconds per profile and the cost model of a profile."""
 
     def __init__(self, store: Store, operator: str, *, budget: int, repeat: int, memory_cap: int, jobs: int,
-                 on_start=None, progress=None):
+                 on_start=None, progress=None, profilers=None):
+        """``profilers``: one per job, each with ``profile`` and ``close`` (default: ``jobs``
+        :class:`SessionProfiler` here; ``explorer.measure.worker_profiling.WorkerProfiler`` on a
+        cluster, whose ``profile`` returns None when its worker was lost)."""
         from explorer.search import acquisition
 
         self.store, self.operator, self.budget, self.repeat, self.memory_cap = store, operator, budget, repeat, memory_cap
         self.on_start, self.progress = on_start, progress
-        self.profilers = [SessionProfiler(PROFILE_SESSIONS, gpu=False) for _ in range(jobs)]
+        self.profilers = list(profilers) if profilers else [SessionProfiler(PROFILE_SESSIONS, gpu=False)
+                                                            for _ in range(jobs)]
         self.cost_model = acquisition.CostModel(DEFAULT_LOOP_OVERHEAD + repeat * 0.01, repeat * 5e-8)
         self.steps: list[Step] = []
         self.operator_seconds = 0.0
@@ -392,8 +438,12 @@ class _ProfileBatches:
         skipped, and none is claimed once profiles plus live claims reach the budget.
         """
         store = self.store
+        profilers = [p for p in self.profilers if not getattr(p, "lost", None)]
+        if not profilers:
+            raise RuntimeError("every worker profiling was lost: "
+                               + "; ".join(f"{p.address} {p.lost}" for p in self.profilers))
         claims = [c for c in (store.claim(self.operator, s, budget=self.budget, seconds=self.claim_seconds(s))
-                              for s in shapes) if c.held]
+                              for s in shapes[:len(profilers)]) if c.held]
         if not claims:
             return 0
         spent_before = self.operator_seconds
@@ -403,15 +453,22 @@ class _ProfileBatches:
                 self.on_start(c.shape, purpose, predicted)
         try:
             with ThreadPoolExecutor(max_workers=len(claims)) as pool:
-                futures = {pool.submit(self.profilers[i].profile, self.operator, c.shape, repeat=self.repeat,
-                                       memory_cap=self.memory_cap, timeout=self.timeout_for(c.shape)): c
+                futures = {pool.submit(profilers[i].profile, self.operator, c.shape, repeat=self.repeat,
+                                       memory_cap=self.memory_cap, timeout=self.timeout_for(c.shape)): (c, profilers[i])
                            for i, c in enumerate(claims)}
                 for future in as_completed(futures):
                     m = future.result()
-                    store.finish(futures[future], m)  # at once: nothing finished is lost
-                    self.operator_seconds += sum(r.get("seconds") or 0.0 for r in m.repeats)
-                    self.steps.append(Step(len(self.stored_profiles()), m.shape, m.status, m.peak_bytes, m.seconds,
-                                           self.metric))
+                    claim, profiler = futures[future]
+                    where = getattr(profiler, "address", None)
+                    if m is None:  # its worker was lost: this profile only; the claim is released below
+                        self.steps.append(Step(len(self.stored_profiles()), claim.shape, f"lost ({profiler.lost})",
+                                               None, None, self.metric, where))
+                    else:
+                        # at once: nothing finished is lost
+                        store.finish(claim, m, context={"profiled_on": where} if where else None)
+                        self.operator_seconds += sum(r.get("seconds") or 0.0 for r in m.repeats)
+                        self.steps.append(Step(len(self.stored_profiles()), m.shape, m.status, m.peak_bytes,
+                                               m.seconds, self.metric, where))
                     if self.progress:
                         self.progress(self.steps[-1], self.budget)
         finally:
@@ -422,6 +479,11 @@ class _ProfileBatches:
                                       - (self.operator_seconds - spent_before) / len(claims)))
         self._last_batch_end = now
         return len(claims)
+
+    @property
+    def environment(self) -> dict | None:
+        """The environment stamp of the workers that profiled (None: profiled on this machine)."""
+        return next((p.environment for p in self.profilers if getattr(p, "environment", None)), None)
 
     def timeout_for(self, shape) -> float | None:
         """A profile's timeout: 20 times its predicted seconds, at least a minute; none before

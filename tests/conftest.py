@@ -25,6 +25,7 @@ MODULE_TIERS = {
     "test_cli": "integration",
     "test_core_files": "integration",
     "test_daskrun": "integration",
+    "test_cluster_profiling": "integration",
     "test_environment": "unit",
     "test_functional": "integration",
     "test_mdio": "integration",

@@ -1,0 +1,146 @@
+"""Isolated profiles on a cluster's workers: a profiling server per worker, started by a worker plugin.
+
+``explore OP --scheduler ADDR`` (``explorer.explore(op, client=...)``) profiles where the work
+will run: each worker keeps its own :class:`~explorer.measure.profiling.SessionProfiler` (its
+profiling servers are children of the worker process, so a profile is the same isolated child
+as on the calling machine, measured by the same kernel high-water mark), made by
+:class:`ProfilingPlugin` on first use and closed with the worker.  The caller claims each
+shape in its store, sends the profile to one worker (:class:`WorkerProfiler`: a task pinned to
+that worker's address), and writes what comes back onto the claim at once, with the worker's
+address (``profiled_on``) and environment stamp beside it.
+
+A worker lost mid-profile costs that profile only: :meth:`WorkerProfiler.profile` returns None,
+the caller releases the claim, and the loop goes on with the workers left.
+"""
+
+from __future__ import annotations
+
+from distributed.diagnostics.plugin import WorkerPlugin
+
+from explorer.measure.profiling import Measurement
+
+__all__ = ["PLUGIN_NAME", "ProfilingPlugin", "WorkerProfiler", "cluster_profilers", "workers_memory_cap",
+           "workers_memory_limit"]
+
+#: The name :class:`ProfilingPlugin` is registered under (one per scheduler).
+PLUGIN_NAME = "explorer-profiling"
+#: Seconds between looks at whether the worker running a profile is still in the cluster.
+WORKER_CHECK_SECONDS = 1.0
+
+
+class ProfilingPlugin(WorkerPlugin):
+    """Gives each worker one :class:`~explorer.measure.profiling.SessionProfiler` of ``sessions``
+    profiling servers, started at its first profile (a worker that never profiles starts none)
+    and closed in ``teardown``."""
+
+    name = PLUGIN_NAME
+    idempotent = True
+
+    def __init__(self, sessions: int):
+        self.sessions = int(sessions)
+        self._profiler = None
+
+    def setup(self, worker) -> None:
+        self._profiler = None
+
+    def profiler(self):
+        from explorer.measure.profiling import SessionProfiler
+
+        if self._profiler is None:
+            self._profiler = SessionProfiler(self.sessions, gpu=False)
+        return self._profiler
+
+    def teardown(self, worker) -> None:
+        if self._profiler is not None:
+            self._profiler.close()
+            self._profiler = None
+
+
+def _profile_here(operator: str, shape, repeat: int, options: dict) -> tuple[dict, str, dict]:
+    """In a worker: one profile by its :class:`ProfilingPlugin`'s servers; ``(measurement as a
+    dict, the worker's address, the worker's environment stamp for ``operator``)``."""
+    from distributed import get_worker
+
+    from explorer.core.environment import environment_stamp
+
+    worker = get_worker()
+    measurement = worker.plugins[PLUGIN_NAME].profiler().profile(operator, tuple(shape), repeat=repeat, **options)
+    return measurement.to_dict(), worker.address, environment_stamp(operator)
+
+
+def _memory_cap_here() -> int:
+    from explorer.measure.profiling import default_memory_cap
+
+    return default_memory_cap()
+
+
+class WorkerProfiler:
+    """Profiles on one worker (``address``) of ``client``'s cluster: the interface of
+    :class:`~explorer.measure.profiling.SessionProfiler` (``profile``, ``close``), the result's
+    worker in :attr:`address` and its environment stamp in :attr:`environment`."""
+
+    def __init__(self, client, address: str):
+        self.client, self.address = client, address
+        self.environment: dict | None = None
+        self.lost: str | None = None  # why this worker can no longer profile
+
+    def profile(self, operator: str, shape, *, repeat: int = 1, **options) -> Measurement | None:
+        """One profile on this worker, or None when the worker was lost before it finished
+        (:attr:`lost` says how)."""
+        from distributed import CancelledError
+        from distributed.comm.core import CommClosedError
+        from distributed.scheduler import KilledWorker
+
+        if self.lost:
+            return None
+        future = self.client.submit(_profile_here, operator, tuple(int(n) for n in shape), int(repeat), dict(options),
+                                    workers=[self.address], allow_other_workers=False, pure=False)
+        try:
+            while True:  # a task pinned to a worker that died would wait for it for ever
+                try:
+                    data, _, environment = future.result(timeout=WORKER_CHECK_SECONDS)
+                    break
+                except TimeoutError:
+                    if self.address not in self.client.scheduler_info(n_workers=-1).get("workers", {}):
+                        future.cancel()
+                        self.lost = "the worker left the cluster mid-profile"
+                        return None
+        except (KilledWorker, CommClosedError, CancelledError, OSError) as exc:
+            self.lost = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            return None
+        self.environment = environment
+        return Measurement.from_dict(data)
+
+    def close(self) -> None:
+        """Nothing to close here: the worker's servers close with the worker (:class:`ProfilingPlugin`)."""
+
+
+def cluster_profilers(client, operator, sessions: int, jobs: int | None = None) -> list[WorkerProfiler]:
+    """Register :class:`ProfilingPlugin` (and the operator the workers cannot find by name,
+    ``explorer.measure.workersetup.send_operators``) and return one :class:`WorkerProfiler`
+    per worker, at most ``jobs`` of them (all the workers when None)."""
+    from explorer.measure.workersetup import send_operators
+
+    addresses = sorted(client.scheduler_info(n_workers=-1).get("workers", {}))
+    if not addresses:
+        raise ValueError("the cluster has no workers to profile on")
+    client.register_plugin(ProfilingPlugin(sessions), name=PLUGIN_NAME)
+    send_operators(client, operator)
+    return [WorkerProfiler(client, a) for a in addresses[:jobs or len(addresses)]]
+
+
+def workers_memory_cap(client) -> int:
+    """The smallest default memory cap (``profiling.default_memory_cap``) of ``client``'s
+    workers' machines: a profile's child may take no more on any of them."""
+    caps = client.run(_memory_cap_here)
+    if not caps:
+        raise ValueError("the cluster has no workers to profile on")
+    return int(min(caps.values()))
+
+
+def workers_memory_limit(client) -> int | None:
+    """The smallest memory limit of ``client``'s workers in bytes (what the chunks will be sized
+    for), or None when none has one."""
+    limits = [int(w.get("memory_limit") or 0) for w in client.scheduler_info(n_workers=-1).get("workers", {}).values()]
+    limits = [m for m in limits if m > 0]
+    return min(limits) if limits else None
