@@ -2,11 +2,11 @@
 ``dask worker`` processes (no LocalCluster) whose preload holds ``--preload-mib`` MiB, as a user's
 cluster that imports its software stack does.
 
-1. ``explore gst3d --budget 30 --scheduler ADDR --memory-limit L``: the profiles run here, the
-   in-worker probes on the cluster's workers (the JSON's ``probes.workers``);
+1. ``explore gst3d --budget 30 --scheduler ADDR --memory-limit L``: the profiles (the JSON's
+   ``profiled_on``) and the in-worker probes (``probes.workers``) on the cluster's workers;
 2. ``explore run gst3d survey.sgy --scheduler ADDR``: the first run there, on the model's plan.
 
-Reported: where the probes ran against the cluster's workers, the probes' idle-worker baseline
+Reported: where the profiles and the probes ran against the cluster's workers, the probes' idle-worker baseline
 (the preload in it), each worker's kernel high-water mark against Dask's pause threshold, and the
 run's tasks over their bound.  Markdown to stdout (``scripts/results/cluster_probes.md``).
 
@@ -74,7 +74,8 @@ def main() -> None:
     print("| what | measured |\n|---|---|")
     print(f"| cluster | `dask scheduler` + `dask worker --nworkers {args.workers} --memory-limit {args.memory_limit} "
           f"--preload harness.heavy_preload` ({args.preload_mib} MiB held per worker) |")
-    print(f"| explore gst3d --scheduler | {learnt['profiles']} profiles here, {explore_seconds:.0f} s wall; converged: "
+    print(f"| profiles ran on | {', '.join(learnt['profiled_on'] or ['this machine'])} |")
+    print(f"| explore gst3d --scheduler | {learnt['profiles']} profiles, {explore_seconds:.0f} s wall; converged: "
           f"{learnt['converged']} |")
     print(f"| probes ran on | {', '.join(probes.get('workers') or ['-'])} (cluster's workers: {', '.join(workers)}) |")
     print(f"| probes' idle-worker baseline | {format_bytes(probes.get('baseline_bytes') or 0)} |")
