@@ -12,25 +12,13 @@ seconds are reported.  Markdown to stdout (``scripts/results/bench_timings.md``)
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+from harness.cli import explore_json as timed
 from harness.machine import machine_line
-
-
-def timed(*args) -> tuple[float, dict]:
-    started = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "explorer.cli", *map(str, args), "--json"], capture_output=True,
-                         text=True, timeout=3600)
-    wall = time.perf_counter() - started
-    if out.returncode != 0:
-        raise SystemExit(f"explore {' '.join(map(str, args))} failed: {out.stderr.strip().splitlines()[-1:]}")
-    return wall, json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def table(rows: list[tuple[str, float, dict]]) -> None:

@@ -20,27 +20,20 @@ side's wall time, profiles and stop, and, on ``--shapes`` shapes drawn in the ta
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
+from harness.cli import explore_json
 from harness.cluster import user_cluster
 from harness.machine import machine_line
 
 
 def explore(*args) -> tuple[dict, float]:
-    started = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "explorer.cli", *map(str, args), "--json"], capture_output=True,
-                         text=True, timeout=3600)
-    seconds = time.perf_counter() - started
-    if out.returncode != 0:
-        raise SystemExit(f"explore {' '.join(map(str, args))} failed: {out.stderr.strip().splitlines()[-1:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1]), seconds
+    wall, result = explore_json(*args)
+    return result, wall
 
 
 def target_shapes(model, limit: int, n: int, seed: int) -> np.ndarray:

@@ -16,24 +16,18 @@ run's tasks over their bound.  Markdown to stdout (``scripts/results/cluster_pro
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+from harness.cli import explore_json
 from harness.cluster import user_cluster
 from harness.machine import machine_line
 
 
 def explore(*args) -> dict:
-    out = subprocess.run([sys.executable, "-m", "explorer.cli", *map(str, args), "--json"], capture_output=True,
-                         text=True, timeout=3600)
-    if out.returncode != 0:
-        raise SystemExit(f"explore {' '.join(map(str, args))} failed: {out.stderr.strip().splitlines()[-1:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return explore_json(*args)[1]
 
 
 def main() -> None:
