@@ -7,7 +7,8 @@ where the loop stops on its own can be measured on hundreds of held-out shapes.
 
 from __future__ import annotations
 
-import functools
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 import pytest
@@ -67,12 +68,47 @@ def run_loop(operator, truth, seed, budget=60, prior_model=None):
             records.append(Record(tuple(shape), float(runs.mean()), "ok", "profile", repeats=list(runs)))
 
 
-@functools.lru_cache(maxsize=None)
+def _loop_of(spec):
+    """:func:`run_loop` of ``spec = (operator, truth, seed, budget, prior bias)``, ``truth``
+    ``("size", multiple)`` (:func:`size_dependent_truth`) or ``("jitter",)`` (:func:`jitter_truth`),
+    the prior a :class:`_ScaledTruthModel` of that bias (2% wide) or none."""
+    operator, truth, seed, budget, bias = spec
+    function = jitter_truth if truth[0] == "jitter" else (lambda s: size_dependent_truth(s, truth[1]))
+    prior = None if bias is None else _ScaledTruthModel(bias, 0.02)
+    return run_loop(operator, function, seed, budget=budget, prior_model=prior)
+
+
+#: Loops run so far, by spec: the tests that ask for the same loop share it (its fits are
+#: cached by the observations they saw, so reading it changes nothing).
+_LOOPS: dict = {}
+_POOL: list = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_pool():
+    yield
+    while _POOL:
+        _POOL.pop().shutdown()
+
+
+def loops(specs):
+    """``[(ask, records, core)]`` of each spec (:func:`_loop_of`), those not run yet two at a time
+    in child processes: the loops are independent, single-threaded and take most of this
+    module's time, and the suite runs on two cores."""
+    missing = list(dict.fromkeys(s for s in specs if s not in _LOOPS))
+    if len(missing) == 1:
+        _LOOPS[missing[0]] = _loop_of(missing[0])
+    elif missing:
+        if not _POOL:
+            _POOL.append(ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")))
+        for spec, loop in zip(missing, _POOL[0].map(_loop_of, missing)):
+            _LOOPS[spec] = loop
+    return [_LOOPS[s] for s in specs]
+
+
 def size_dependent_loop(operator, multiple, seed):
-    """:func:`run_loop` on ``size_dependent_truth`` (``multiple``) from scratch, once per session
-    for each ``(operator, multiple, seed)``: the tests below that ask for the same loop share it
-    (its fits are cached by the observations they saw, so reading it changes nothing)."""
-    return run_loop(operator, lambda s: size_dependent_truth(s, multiple), seed)
+    """:func:`run_loop` on ``size_dependent_truth`` (``multiple``) from scratch, budget 60."""
+    return loops([(operator, ("size", multiple), seed, 60, None)])[0]
 
 
 @pytest.mark.parametrize("operator, multiple", [("gst3d", 1), ("test_undeclared_truth", 1), ("test_padded_truth", 8)],
@@ -80,8 +116,7 @@ def size_dependent_loop(operator, multiple, seed):
                               "and padding steps"])
 def test_where_the_loop_stops_on_its_own_the_bound_covers_a_misspecified_truth(operator, multiple):
     covered, stops = [], []
-    for seed in range(3):
-        ask, records, core = size_dependent_loop(operator, multiple, seed)
+    for seed, (ask, records, core) in enumerate(loops([(operator, ("size", multiple), s, 60, None) for s in range(3)])):
         assert ask.stopped_because.startswith("converged"), ask.stopped_because
         stops.append(len(records))
         targets = core.target_shapes(ask.model)
@@ -117,8 +152,7 @@ def test_on_misfit_repeats_cannot_see_the_loop_stops_only_once_its_bound_has_ear
     residuals widen the scale and an anytime-valid bound on what they may still understate
     must leave the bound tight: the loop stops later or not at all, and covers."""
     covered, stops = [], []
-    for seed in range(3):
-        ask, records, core = run_loop("gst3d", jitter_truth, seed, budget=30)
+    for seed, (ask, records, core) in enumerate(loops([("gst3d", ("jitter",), s, 30, None) for s in range(3)])):
         model = ask.model
         assert model.info["converged"] == ask.stopped_because.startswith("converged")
         assert model.hyperparameters["certified_factor"] >= 1.0
@@ -214,8 +248,10 @@ def test_a_prior_mean_stops_the_loop_sooner_and_a_wrong_one_does_not_break_the_b
     the small blocks' misfit for both loops, and three seeds had sufficed).  Where only the
     coverage is asserted (10% off), three seeds, as the coverage tests above."""
     covered, stops, flat_stops = [], [], []
-    for seed in range(5 if bias < 1.05 else 3):
-        ask, records, core = run_loop("gst3d", size_dependent_truth, seed, prior_model=_ScaledTruthModel(bias, 0.02))
+    seeds = range(5 if bias < 1.05 else 3)
+    with_prior = loops([("gst3d", ("size", 1), s, 60, bias) for s in seeds]
+                       + [("gst3d", ("size", 1), s, 60, None) for s in seeds])  # and without (cached)
+    for seed, (ask, records, core) in zip(seeds, with_prior):
         assert core.prior is not None and ask.model.info["prior"].startswith("a scaled truth")
         assert ask.stopped_because.startswith("converged"), ask.stopped_because
         stops.append(len(records))

@@ -22,6 +22,13 @@ class Timings:
         self._count: dict[str, int] = {}
         self._lock = threading.Lock()
 
+    def __getstate__(self) -> dict:  # picklable (an ExplorationCore sent between processes): the lock is not
+        return {"_seconds": dict(self._seconds), "_count": dict(self._count)}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     @contextlib.contextmanager
     def section(self, name: str):
         started = time.perf_counter()
