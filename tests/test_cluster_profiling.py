@@ -55,7 +55,10 @@ def test_explore_profiles_on_the_clusters_workers_and_a_worker_lost_costs_one_pr
         with Client(address) as client:
             workers = set(client.scheduler_info(n_workers=-1)["workers"])
             result = explorer.explore(op, budget=6, runs_dir=runs, probes=0, client=client)
+            # the workers' profiling servers were stopped at the end (they hold memory a run needs)
+            children = client.run(lambda: [" ".join(c.cmdline()) for c in psutil.Process().children()])
     assert (calls / "killed").exists(), "the operator never reached its kill"
+    assert not any("forkserver" in c for cs in children.values() for c in cs), children
     assert "dask worker" in (calls / "killed").read_text()  # a worker its nanny (`dask worker`) spawned died
 
     # Both workers profiled, at once (jobs default to the workers); the JSON says where.
@@ -75,3 +78,12 @@ def test_explore_profiles_on_the_clusters_workers_and_a_worker_lost_costs_one_pr
     assert model.environment["operator_code"].endswith(":" + op.version)
     mean, upper = model.predict_many(np.array([[60, 60, 60]]))
     assert 0 < mean[0] < upper[0]
+
+
+def test_why_a_worker_cannot_find_an_operator_is_one_line():
+    """What `cluster_profilers` raises, per worker, before any profile (checked on every worker)."""
+    from explorer.measure.worker_profiling import _operator_error_here
+
+    assert _operator_error_here("envelope") is None
+    why = _operator_error_here("no_such_operator_here")
+    assert why.startswith("KeyError") and "no_such_operator_here" in why

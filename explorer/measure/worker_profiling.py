@@ -19,8 +19,8 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from explorer.measure.profiling import Measurement
 
-__all__ = ["PLUGIN_NAME", "ProfilingPlugin", "WorkerProfiler", "cluster_profilers", "workers_memory_cap",
-           "workers_memory_limit"]
+__all__ = ["PLUGIN_NAME", "ProfilingPlugin", "WorkerProfiler", "close_cluster_profilers", "cluster_profilers",
+           "workers_memory_cap", "workers_memory_limit"]
 
 #: The name :class:`ProfilingPlugin` is registered under (one per scheduler).
 PLUGIN_NAME = "explorer-profiling"
@@ -68,6 +68,20 @@ def _profile_here(operator: str, shape, repeat: int, options: dict) -> tuple[dic
     return measurement.to_dict(), worker.address, environment_stamp(operator)
 
 
+def _operator_error_here(operator: str) -> str | None:
+    """In a worker: why ``operator`` cannot be found here (its plug-in package not installed,
+    say), or None."""
+    try:
+        import operators
+        from operators.plugins import load_plugins
+
+        load_plugins()
+        operators.get(operator)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:300]
+    return None
+
+
 def _memory_cap_here() -> int:
     from explorer.measure.profiling import default_memory_cap
 
@@ -112,21 +126,40 @@ class WorkerProfiler:
         return Measurement.from_dict(data)
 
     def close(self) -> None:
-        """Nothing to close here: the worker's servers close with the worker (:class:`ProfilingPlugin`)."""
+        """Stop the profiling servers of the cluster's workers (:func:`close_cluster_profilers`:
+        the plug-in is the cluster's, so closing one profiler closes all; the rest then do
+        nothing): they hold memory on the workers' machines that the probes and runs need."""
+        close_cluster_profilers(self.client)
 
 
 def cluster_profilers(client, operator, sessions: int, jobs: int | None = None) -> list[WorkerProfiler]:
     """Register :class:`ProfilingPlugin` (and the operator the workers cannot find by name,
     ``explorer.measure.workersetup.send_operators``) and return one :class:`WorkerProfiler`
-    per worker, at most ``jobs`` of them (all the workers when None)."""
+    per worker, at most ``jobs`` of them (all the workers when None).  Raises ValueError (one
+    line) when a worker cannot find the operator.  :func:`close_cluster_profilers` stops the
+    workers' profiling servers."""
+    import operators
     from explorer.measure.workersetup import send_operators
 
     addresses = sorted(client.scheduler_info(n_workers=-1).get("workers", {}))
     if not addresses:
         raise ValueError("the cluster has no workers to profile on")
-    client.register_plugin(ProfilingPlugin(sessions), name=PLUGIN_NAME)
+    name = operators.get(operator).name
     send_operators(client, operator)
+    for address, error in sorted(client.run(_operator_error_here, name).items()):
+        if error:
+            raise ValueError(f"worker {address} cannot profile {name}: {error} (install its package on the workers)")
+    client.register_plugin(ProfilingPlugin(sessions), name=PLUGIN_NAME)
     return [WorkerProfiler(client, a) for a in addresses[:jobs or len(addresses)]]
+
+
+def close_cluster_profilers(client) -> None:
+    """Stop the profiling servers :class:`ProfilingPlugin` started in ``client``'s workers (the
+    plug-in's ``teardown``): they hold memory on the workers' machines that a run may need."""
+    try:
+        client.unregister_worker_plugin(PLUGIN_NAME)
+    except Exception:  # noqa: BLE001 - the cluster or its workers gone: their servers went with them
+        pass
 
 
 def workers_memory_cap(client) -> int:
