@@ -212,7 +212,7 @@ def explore(
     with timings.section("store"):
         store = Store(runs_dir, storage)
     settings = {"tolerance": tolerance, "confidence": confidence, "memory_limit_bytes": int(limit), "prior": prior}
-    reusable = None if refresh else _reusable_model(op.name, runs_dir, store, settings, budget)
+    reusable = None if refresh else _reusable_model(op.name, runs_dir, store, settings, budget, client)
     if reusable is not None:
         return _reused(op.name, *reusable, settings, started, probes=probes, probe_progress=probe_progress,
                        runs_dir=runs_dir, storage=storage, seed=seed, report=report, timings=timings, client=client)
@@ -339,9 +339,10 @@ def profiles_digest(records) -> str:
     return hashlib.sha256(repr(rows).encode()).hexdigest()[:16]
 
 
-def _reusable_model(operator: str, runs_dir, store: Store, settings: dict, budget: int):
+def _reusable_model(operator: str, runs_dir, store: Store, settings: dict, budget: int, client=None):
     """``(saved model, the store's profiles)`` when the saved model is the loop's answer as it
-    stands (``explore``'s docstring, Paid once), else None."""
+    stands (``explore``'s docstring, Paid once), else None.  With ``client``, the environment
+    it must have been learnt in is its workers' (where the profiles then run)."""
     from explorer.model.memory_model import MemoryModel
 
     try:
@@ -349,7 +350,13 @@ def _reusable_model(operator: str, runs_dir, store: Store, settings: dict, budge
     except Exception:  # none, or unreadable: the loop makes one
         return None
     info = saved.info
-    if info.get("explored_with") != settings or saved.stale_reasons():
+    if client is not None:
+        from explorer.measure.worker_profiling import workers_environment
+
+        current = workers_environment(client, operator)
+    else:
+        current = None
+    if info.get("explored_with") != settings or saved.stale_reasons(current):
         return None
     records = [r for r in store.records(operator) if r.source == SOURCE_PROFILE]
     if info.get("profiles_digest") != profiles_digest(records):

@@ -57,6 +57,9 @@ def test_explore_profiles_on_the_clusters_workers_and_a_worker_lost_costs_one_pr
             result = explorer.explore(op, budget=6, runs_dir=runs, probes=0, client=client)
             # the workers' profiling servers were stopped at the end (they hold memory a run needs)
             children = client.run(lambda: [" ".join(c.cmdline()) for c in psutil.Process().children()])
+            # paid once: on its store, in the workers' environment, the saved model is the answer
+            again = explorer.explore(op, budget=6, runs_dir=runs, probes=0, client=client)
+    assert again.reused and again.new_profiles == 0
     assert (calls / "killed").exists(), "the operator never reached its kill"
     assert not any("forkserver" in c for cs in children.values() for c in cs), children
     assert "dask worker" in (calls / "killed").read_text()  # a worker its nanny (`dask worker`) spawned died

@@ -20,7 +20,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from explorer.measure.profiling import Measurement
 
 __all__ = ["PLUGIN_NAME", "ProfilingPlugin", "WorkerProfiler", "close_cluster_profilers", "cluster_profilers",
-           "workers_memory_cap", "workers_memory_limit"]
+           "workers_environment", "workers_memory_cap", "workers_memory_limit"]
 
 #: The name :class:`ProfilingPlugin` is registered under (one per scheduler).
 PLUGIN_NAME = "explorer-profiling"
@@ -169,6 +169,22 @@ def workers_memory_cap(client) -> int:
     if not caps:
         raise ValueError("the cluster has no workers to profile on")
     return int(min(caps.values()))
+
+
+def workers_environment(client, operator: str) -> dict | None:
+    """The environment stamp (``explorer.core.environment.environment_stamp``) of one of
+    ``client``'s workers for ``operator`` (the first by address; the operator sent to them
+    first, ``send_operators``), or None when none can say (no workers, or the operator not
+    found there: :func:`cluster_profilers` says why)."""
+    from explorer.core.environment import environment_stamp
+    from explorer.measure.workersetup import send_operators
+
+    send_operators(client, operator)
+    try:
+        stamps = client.run(environment_stamp, operator)
+    except Exception:  # noqa: BLE001 - said, in one line, by cluster_profilers
+        return None
+    return stamps[min(stamps)] if stamps else None
 
 
 def workers_memory_limit(client) -> int | None:

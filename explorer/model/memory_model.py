@@ -539,12 +539,13 @@ class MemoryModel:
         return f"<MemoryModel {self.operator} n={self.n_observations} halo={self.halo}>"
 
     # ---- persistence --------------------------------------------------------------
-    def stale_reasons(self) -> list[str]:
-        """How this process's environment differs from the one the profiles were measured
-        in (``explorer.core.environment.stamp_differences``); empty when they agree."""
+    def stale_reasons(self, current: dict | None = None) -> list[str]:
+        """How ``current`` (an environment stamp; default this process's) differs from the one
+        the profiles were measured in (``explorer.core.environment.stamp_differences``); empty
+        when they agree."""
         from explorer.core.environment import ISOLATED_KEYS, environment_stamp, stamp_differences
 
-        return stamp_differences(self.environment, environment_stamp(self.operator), ISOLATED_KEYS)
+        return stamp_differences(self.environment, current or environment_stamp(self.operator), ISOLATED_KEYS)
 
     def save(self, path) -> Path:
         """Write one ``.npz`` (no pickles): the arrays plus a JSON metadata string.
