@@ -148,7 +148,8 @@ def cluster_profilers(client, operator, sessions: int, jobs: int | None = None) 
     send_operators(client, operator)
     for address, error in sorted(client.run(_operator_error_here, name).items()):
         if error:
-            raise ValueError(f"worker {address} cannot profile {name}: {error} (install its package on the workers)")
+            raise ValueError(f"worker {address} cannot profile {name}: {error} (install its package on the "
+                             "workers, or set $EXPLORER_PLUGINS there)")
     client.register_plugin(ProfilingPlugin(sessions), name=PLUGIN_NAME)
     return [WorkerProfiler(client, a) for a in addresses[:jobs or len(addresses)]]
 
