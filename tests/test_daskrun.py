@@ -406,6 +406,30 @@ def test_trials_run_only_when_they_may_repay_themselves():
     assert skipped_because(6.0, None) is None  # no predicted time: nothing to weigh, the trials run
 
 
+@pytest.mark.unit
+def test_trials_stop_once_their_measured_seconds_would_pass_the_share():
+    """The survey issue 36 measured: a run predicted at 41 s, its trials' computing predicted at
+    1-3 s each but taking 4-6 s each with their input, set-up and refit: the budget (10%: 4.1 s)
+    learns the overhead from the first trial and runs no second."""
+    from explorer.runner.trials import TrialBudget
+
+    budget = TrialBudget.of_run(41.0, overhead=1.0, share=0.1)
+    assert budget.seconds == pytest.approx(4.1)
+    assert budget.allows(2.8) and budget.predict(2.8) == pytest.approx(3.8)
+    budget.spend(5.9, 2.8)  # measured: 3.1 s beyond its computing
+    assert budget.overhead == pytest.approx(3.1) and budget.spent == pytest.approx(5.9)
+    assert not budget.allows(0.5)
+    why = budget.why_not(0.5, 1)
+    assert "after 1 trial(s) (5.9 s)" in why and "about 3.6 s" in why and "4.1 s" in why
+    # a long run affords several
+    long = TrialBudget.of_run(600.0, overhead=1.0)
+    for _ in range(4):
+        assert long.allows(3.0)
+        long.spend(6.0, 3.0)
+    assert long.spent == pytest.approx(24.0) and long.spent <= long.seconds
+    assert TrialBudget.of_run(None, 1.0).allows(1e9)  # no predicted run time: nothing to weigh
+
+
 def test_explicit_chunks_merged_by_the_halo_are_the_chunks_reported(tmp_path, segy, cluster):
     """`--chunks 1x1x1` ran 8x8x8 and printed 1x1x1: a chunk shorter than the halo is merged
     with its neighbour (as Dask's overlap does), and the result says what ran."""

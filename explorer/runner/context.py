@@ -18,8 +18,9 @@ OK, FAILED, ERROR = "ok", "failed", "error"
 #: Trials a run may make before it starts (module docstring, Trials): a cost control, not a
 #: safety term (a trial runs tasks of a block whose plan's bound fits the workers).
 MAX_TRIALS = 4
-#: Trials run only when they may repay themselves: their predicted seconds at most this share
-#: of the run's predicted seconds (``explorer.runner.trials.trial_cost``).  A plan chosen by a
+#: Trials run only when they may repay themselves: their seconds, predicted before each and
+#: measured after it, at most this share of the run's predicted seconds
+#: (``explorer.runner.trials.TrialBudget``).  A plan chosen by a
 #: trial saves at most the difference between two candidates' run times, a fraction of the run
 #: (2.03 against 2.60 s, 22%, in the slip issue 36 measured); a cost control, not a safety term.
 TRIAL_SHARE = 0.1

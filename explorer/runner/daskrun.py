@@ -104,9 +104,11 @@ untimed when the trials are spent, the fastest predicted plan among those the tr
 runs instead (a warning says so).  A plan whose blocks the workers have run costs no trial, so
 a shape is tried once per environment; but a run whose trials are spent leaves the candidates it
 did not time to the next run, whose plan, made on the refitted clock, can then move to one of them.
-Trials run only when they may repay themselves: their predicted seconds
-(``explorer.runner.trials.trial_cost``) at most :data:`explorer.runner.context.TRIAL_SHARE` (10%)
-of the run's predicted seconds; otherwise the plan runs untried and ``trials_skipped`` says why.
+Trials run only when they may repay themselves: all of them together take at most
+:data:`explorer.runner.context.TRIAL_SHARE` (10%) of the run's predicted seconds, each predicted
+before it runs (its computing, plus a run's overhead as measured: this run's own set-up before the
+first, the trials' own after) and measured after (``explorer.runner.trials.TrialBudget``); a trial
+that would pass the share does not run, and ``trials_skipped`` says why.
 
 Re-planning (``replan=True``, ``chunks="model"`` only, at most once): when a task exceeds
 its bound, a re-planning thread recalibrates from the observations so far and asks

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -54,23 +55,36 @@ def _try_blocks(ctx: RunContext, run) -> None:
     import shutil
     import tempfile
 
+    import operators
+
     if not (ctx.trials and ctx.threads == 1 and ctx.plan.slots > 1 and not ctx.plan.block_clocked
             and _trial_jobs(ctx, ctx.plan)):
         return  # the clock times tasks alone in one-thread workers (calibration.fit_timing): so do trials
+    budget = TrialBudget.of_run(ctx.plan.predicted_seconds, _run_overhead_seconds(ctx))
     jobs = [job for plan in _trial_plans(ctx) for job in _trial_jobs(ctx, plan)]
-    ctx.result.trials_skipped = skipped_because(trial_cost(ctx, jobs), ctx.plan.predicted_seconds)
-    if ctx.result.trials_skipped:
-        return
     out_dir = os.path.dirname(os.path.abspath(ctx.output)) or "."
     tmp = Path(tempfile.mkdtemp(prefix=".explorer-trial-", dir=out_dir))  # the workers can write there
     try:
+        write_per_voxel = _write_seconds_per_voxel(tmp, _trial_volume(operators.get(jobs[0].operator), jobs[0].block,
+                                                                      jobs[0].plan.slots)[0][-1])
+        ctx.result.trials_skipped = skipped_because(budget.predict(_predicted_parts(ctx, jobs[0], write_per_voxel)),
+                                                    ctx.plan.predicted_seconds)
+        if ctx.result.trials_skipped:
+            return
         while len(ctx.result.trials) < MAX_TRIALS and not ctx.plan.block_clocked:
             jobs = [job for plan in _trial_plans(ctx) for job in _trial_jobs(ctx, plan)]
             unique = list({(job.operator, job.block): job for job in jobs}.values())
             if not unique:
                 break  # nothing of the plan's left that a trial can time
             for job in unique[:MAX_TRIALS - len(ctx.result.trials)]:
-                if not _trial(ctx, job, tmp, run):
+                parts = _predicted_parts(ctx, job, write_per_voxel)
+                if not budget.allows(parts):
+                    ctx.result.trials_skipped = budget.why_not(parts, len(ctx.result.trials))
+                    return
+                started = time.perf_counter()
+                ok = _trial(ctx, job, tmp, run)
+                budget.spend(time.perf_counter() - started, parts)
+                if not ok:
                     return
             ctx.plan = _recommend(ctx)
     finally:
@@ -92,22 +106,82 @@ def skipped_because(cost: float, run_seconds: float | None, share: float | None 
             f"{run_seconds:.1f} s: the plan runs untried")
 
 
-def trial_cost(ctx: RunContext, jobs: list) -> float:
-    """Predicted seconds of the first trials (up to :data:`MAX_TRIALS`): per trial, its tasks'
-    voxels times the block's seconds per voxel over the slots that run them at once, plus the
-    plan's fixed seconds of a run (a trial is a run).
+@dataclass
+class TrialBudget:
+    """The seconds trials may take before a run: ``share`` of the run's predicted seconds
+    (:data:`TRIAL_SHARE`), spent as measured.
 
-    ``sum_j (n_j prod(block_j) spv_j / min(slots, n_j) + run_fixed)``."""
+    A trial costs the parts predicted for it (``p``: its computing and writing its input,
+    :func:`_predicted_parts`) plus what a run of ours costs around them (``o``: setting up and
+    measuring the workers, the records, the refit calibration).  Before any trial ``o`` is what
+    this run has spent setting up so far (``of_run``); after each, the most any trial took
+    beyond its predicted parts (``spend``).  A trial runs only when ``spent + p + o <= budget``
+    (``allows``), so the trials stay within the share but for one trial's misprediction."""
+
+    seconds: float
+    overhead: float
+    spent: float = 0.0
+
+    @classmethod
+    def of_run(cls, run_seconds: float | None, overhead: float, share: float | None = None) -> "TrialBudget":
+        share = TRIAL_SHARE if share is None else share
+        return cls(math.inf if run_seconds is None else share * float(run_seconds), float(overhead))
+
+    def predict(self, parts_seconds: float) -> float:
+        return float(parts_seconds) + self.overhead
+
+    def allows(self, parts_seconds: float) -> bool:
+        return self.spent + self.predict(parts_seconds) <= self.seconds
+
+    def spend(self, seconds: float, parts_seconds: float) -> None:
+        self.spent += float(seconds)
+        self.overhead = max(self.overhead, float(seconds) - float(parts_seconds))
+
+    def why_not(self, parts_seconds: float, done: int) -> str:
+        return (f"after {done} trial(s) ({self.spent:.1f} s), the next would take about "
+                f"{self.predict(parts_seconds):.1f} s, past the {self.seconds:.1f} s the trials may take: "
+                f"the plan runs as the trials left it")
+
+
+def _predicted_parts(ctx: RunContext, job, write_seconds_per_voxel: float) -> float:
+    """Predicted seconds of ``job``'s trial computing and of writing its input: its tasks'
+    voxels times the block's seconds per voxel over the slots that run them at once, plus its
+    input's voxels times the measured seconds to make and write one,
+    ``n prod(block) spv / min(slots, n) + w prod(V)``."""
     import operators
 
-    total = 0.0
-    for job in list({(j.operator, j.block): j for j in jobs}.values())[:MAX_TRIALS]:
-        op = operators.get(job.operator)
-        volume, chunks = _trial_volume(op, job.block, job.plan.slots)
-        n_tasks = math.prod(-(-v // c) for v, c in zip(volume, chunks))
-        per_task = math.prod(job.block) * (job.predicted_seconds_per_voxel or job.plan.seconds_per_voxel or 0.0)
-        total += n_tasks * per_task / max(1, min(job.plan.slots, n_tasks)) + float(job.plan.run_fixed_seconds)
-    return total
+    op = operators.get(job.operator)
+    volume, chunks = _trial_volume(op, job.block, job.plan.slots)
+    n_tasks = math.prod(-(-v // c) for v, c in zip(volume, chunks))
+    per_task = math.prod(job.block) * (job.predicted_seconds_per_voxel or job.plan.seconds_per_voxel or 0.0)
+    return n_tasks * per_task / max(1, min(job.plan.slots, n_tasks)) + write_seconds_per_voxel * math.prod(volume)
+
+
+#: Traces per axis of the input written to time its writing (:func:`_write_seconds_per_voxel`).
+WRITE_PROBE_TRACES = 32
+
+
+def _write_seconds_per_voxel(tmp: Path, samples: int) -> float:
+    """Seconds to make and write one voxel of a trial's input (a SEG-Y whose traces hold
+    ``samples``), measured here by writing ``WRITE_PROBE_TRACES``^2 such traces into ``tmp``."""
+    import operators
+
+    n = WRITE_PROBE_TRACES
+    path = tmp / "write-probe.sgy"
+    started = time.perf_counter()
+    operators.write_segy(path, operators.synthetic_volume((n, n, int(samples)), seed=0))
+    seconds = time.perf_counter() - started
+    path.unlink()
+    return seconds / (n * n * int(samples))
+
+
+def _run_overhead_seconds(ctx: RunContext) -> float:
+    """What this run spent so far before planning (its input, the cluster, the workers'
+    warm-up and baseline) and a run's fixed seconds: a trial, itself a run, pays as much."""
+    spent = ctx.timings.to_dict() if ctx.timings is not None else {}
+    return (sum(spent.get(name, {}).get("seconds", 0.0) for name in ("prepare (input, output, store)",
+                                                                     "workers (warm-up, baseline)"))
+            + float(ctx.plan.run_fixed_seconds))
 
 
 def _timed_plan_instead(ctx: RunContext) -> None:
