@@ -67,9 +67,9 @@ def _try_blocks(ctx: RunContext, run) -> None:
     try:
         write_per_voxel = _write_seconds_per_voxel(tmp, _trial_volume(operators.get(jobs[0].operator), jobs[0].block,
                                                                       jobs[0].plan.slots)[0][-1])
-        ctx.result.trials_skipped = skipped_because(budget.predict(_predicted_parts(ctx, jobs[0], write_per_voxel)),
-                                                    ctx.plan.predicted_seconds)
-        if ctx.result.trials_skipped:
+        first = _predicted_parts(ctx, jobs[0], write_per_voxel)
+        if not budget.allows(first):
+            ctx.result.trials_skipped = skipped_because(budget.predict(first), ctx.plan.predicted_seconds)
             return
         while len(ctx.result.trials) < MAX_TRIALS and not ctx.plan.block_clocked:
             jobs = [job for plan in _trial_plans(ctx) for job in _trial_jobs(ctx, plan)]
@@ -98,7 +98,8 @@ def _try_blocks(ctx: RunContext, run) -> None:
 
 def skipped_because(cost: float, run_seconds: float | None, share: float | None = None) -> str | None:
     """Why trials of predicted ``cost`` seconds should not run before a run of ``run_seconds``
-    (``cost > share * run_seconds``, ``share`` :data:`TRIAL_SHARE` by default), or None."""
+    (``cost > share * run_seconds``, ``share`` :data:`TRIAL_SHARE` by default: the first trial's
+    test of :class:`TrialBudget`, said), or None."""
     share = TRIAL_SHARE if share is None else share
     if run_seconds is None or cost <= share * run_seconds:
         return None
@@ -176,8 +177,9 @@ def _write_seconds_per_voxel(tmp: Path, samples: int) -> float:
 
 
 def _run_overhead_seconds(ctx: RunContext) -> float:
-    """What this run spent so far before planning (its input, the cluster, the workers'
-    warm-up and baseline) and a run's fixed seconds: a trial, itself a run, pays as much."""
+    """What this run spent so far on its input and on the workers' warm-up and baseline, and a
+    run's fixed seconds: a trial, itself a run on the same cluster, pays as much (not the
+    cluster's start, which it does not repeat)."""
     spent = ctx.timings.to_dict() if ctx.timings is not None else {}
     return (sum(spent.get(name, {}).get("seconds", 0.0) for name in ("prepare (input, output, store)",
                                                                      "workers (warm-up, baseline)"))
