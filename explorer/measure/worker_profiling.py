@@ -4,7 +4,8 @@
 will run: each worker keeps its own :class:`~explorer.measure.profiling.SessionProfiler` (its
 profiling servers are children of the worker process, so a profile is the same isolated child
 as on the calling machine, measured by the same kernel high-water mark), made by
-:class:`ProfilingPlugin` on first use and closed with the worker.  The caller claims each
+:class:`ProfilingPlugin` on first use and closed when the loop ends (:func:`close_cluster_profilers`)
+or with the worker.  The caller claims each
 shape in its store, sends the profile to one worker (:class:`WorkerProfiler`: a task pinned to
 that worker's address), and writes what comes back onto the claim at once, with the worker's
 address (``profiled_on``) and environment stamp beside it.
@@ -31,7 +32,8 @@ WORKER_CHECK_SECONDS = 1.0
 class ProfilingPlugin(WorkerPlugin):
     """Gives each worker one :class:`~explorer.measure.profiling.SessionProfiler` of ``sessions``
     profiling servers, started at its first profile (a worker that never profiles starts none)
-    and closed in ``teardown``."""
+    and closed in ``teardown``; one profile at a time per worker (:attr:`lock`: a worker of
+    several threads, or two explore processes sharing the cluster, queue)."""
 
     name = PLUGIN_NAME
     idempotent = True
@@ -39,9 +41,13 @@ class ProfilingPlugin(WorkerPlugin):
     def __init__(self, sessions: int):
         self.sessions = int(sessions)
         self._profiler = None
+        self.lock = None
 
     def setup(self, worker) -> None:
+        import threading
+
         self._profiler = None
+        self.lock = threading.Lock()
 
     def profiler(self):
         from explorer.measure.profiling import SessionProfiler
@@ -64,7 +70,9 @@ def _profile_here(operator: str, shape, repeat: int, options: dict) -> tuple[dic
     from explorer.core.environment import environment_stamp
 
     worker = get_worker()
-    measurement = worker.plugins[PLUGIN_NAME].profiler().profile(operator, tuple(shape), repeat=repeat, **options)
+    plugin = worker.plugins[PLUGIN_NAME]
+    with plugin.lock:
+        measurement = plugin.profiler().profile(operator, tuple(shape), repeat=repeat, **options)
     return measurement.to_dict(), worker.address, environment_stamp(operator)
 
 
