@@ -537,10 +537,18 @@ def _dispatch(argv: list[str]) -> int:
     return _cmd_explore(argv)
 
 
+def _interrupted() -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # one Ctrl-C is enough: the shutdown's cleanup must finish
+    print("explore: interrupted; no partial output left behind, every finished measurement is in the store",
+          file=sys.stderr)
+    return 130
+
+
 def main(argv: list[str] | None = None) -> int:
     import warnings
 
     from explorer.core.environment import StaleModelWarning
+    from explorer.core.interrupts import caused_by_interrupt
 
     argv = sys.argv[1:] if argv is None else argv
     # Stale models and calibrations reach the user as the plans' and reports' own
@@ -553,17 +561,18 @@ def main(argv: list[str] | None = None) -> int:
         print(str(exc), file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # one Ctrl-C is enough: the shutdown's cleanup must finish
-        print("explore: interrupted; no partial output left behind, every finished measurement is in the store",
-              file=sys.stderr)
-        return 130
+        return _interrupted()
     except (ValueError, LookupError, OSError, RuntimeError) as exc:
+        if caused_by_interrupt(exc):  # a Ctrl-C wrapped by an import (explorer.core.interrupts)
+            return _interrupted()
         if os.environ.get("EXPLORER_DEBUG"):
             raise
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
         print(f"explore: {str(message).splitlines()[0] if str(message) else type(exc).__name__}", file=sys.stderr)
         return EXIT_FAILURE
     except Exception as exc:  # a bug of ours: still one line, the traceback on request
+        if caused_by_interrupt(exc):
+            return _interrupted()
         if os.environ.get("EXPLORER_DEBUG"):
             raise
         print(f"explore: internal error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"

@@ -276,6 +276,31 @@ def test_ctrl_c_during_the_in_worker_probes_is_one_line(tmp_path):
     assert err.strip().splitlines()[-1].startswith("explore: interrupted")
 
 
+@pytest.mark.unit
+def test_a_ctrl_c_that_an_import_wrapped_is_still_an_interrupt():
+    """Seen in the test above (1 run in 3 of a session): the SIGINT landed while the probes' first
+    write imported zarr; Python wrapped the KeyboardInterrupt raised in a ``__set_name__`` in a
+    RuntimeError, which the run took for a probe error and went on (exit 1, every probe failing on
+    a half-imported zarr). The interrupt is recognised through the chain."""
+    from explorer.core.interrupts import caused_by_interrupt
+
+    class Interrupting:
+        def __set_name__(self, owner, name):
+            raise KeyboardInterrupt
+
+    with pytest.raises(RuntimeError) as wrapped:
+        type("Codec", (), {"_codec": Interrupting()})
+    assert "__set_name__" in str(wrapped.value) and caused_by_interrupt(wrapped.value)
+    try:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise ValueError("while handling it")
+    except ValueError as exc:
+        assert caused_by_interrupt(exc)
+    assert not caused_by_interrupt(RuntimeError("a plain error"))
+
+
 def test_a_partial_output_left_by_kill_9_is_removed_by_the_next_run_and_said(tmp_path):
     """kill -9 leaves the run's hidden partial output: the next run of that output removes it
     (its process gone, its content ours), says so, and leaves everything else alone."""

@@ -125,6 +125,7 @@ import time
 from explorer.runner.live import MAX_OVER_BOUND_WARNINGS
 from explorer.runner.outputs import (OutputError, branch_outputs, check_output, clean_leftovers, output_kind, partial_path,
                                      remove_own)
+from explorer.core.interrupts import caused_by_interrupt
 from explorer.core.timings import Timings
 from explorer.core.units import format_bytes, format_shape, parse_shape
 from explorer.runner.cluster import _connect, _measure_workers
@@ -247,6 +248,8 @@ def run(
         result.status, result.error = exc.status, str(exc)
         result.advice = result.advice or exc.advice
     except Exception as exc:  # anything unforeseen still ends as one line
+        if caused_by_interrupt(exc):  # a Ctrl-C wrapped by an import: the user asked to stop
+            raise KeyboardInterrupt from exc
         if os.environ.get("EXPLORER_DEBUG"):
             raise
         result.status, result.error = ERROR, _one_line(exc)
