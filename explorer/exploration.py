@@ -200,7 +200,7 @@ def explore(
     operator = validate.operator(operator)
     op = operators.get(operator)
     limit = _target_memory(memory_limit, client)
-    cap = default_memory_cap() if memory_cap is None else validate.size(memory_cap, "memory_cap")
+    cap = None if memory_cap is None else validate.size(memory_cap, "memory_cap")
     budget = validate.positive_int(budget, "budget")
     jobs = None if jobs is None else validate.positive_int(jobs, "jobs")
     repeat = validate.positive_int(repeat, "repeat")
@@ -223,7 +223,8 @@ def explore(
     profilers = None
     if client is not None:  # each profile an isolated child of a worker of the cluster
         with timings.section("cluster (profiling plug-in, memory cap)"):
-            profilers, cap = _cluster_profilers(client, op, jobs, cap if memory_cap is not None else None)
+            profilers, cap = _cluster_profilers(client, op, jobs, cap)
+    cap = default_memory_cap() if cap is None else cap
     jobs = len(profilers) if profilers else jobs or 1
     with timings.section("start (candidates, priors)"):
         core = ExplorationCore(op.name, memory_limit=limit, memory_cap=cap, confidence=confidence,

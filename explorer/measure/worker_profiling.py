@@ -8,7 +8,7 @@ as on the calling machine, measured by the same kernel high-water mark), made by
 or with the worker.  The caller claims each
 shape in its store, sends the profile to one worker (:class:`WorkerProfiler`: a task pinned to
 that worker's address), and writes what comes back onto the claim at once, with the worker's
-address (``profiled_on``) and environment stamp beside it.
+address (``profiled_on``); the saved model carries the workers' environment stamp.
 
 A worker lost mid-profile costs that profile only: :meth:`WorkerProfiler.profile` returns None,
 the caller releases the claim, and the loop goes on with the workers left.
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from explorer.measure.profiling import Measurement
+from explorer.measure.profiling import Measurement, default_memory_cap
 
 __all__ = ["PLUGIN_NAME", "ProfilingPlugin", "WorkerProfiler", "close_cluster_profilers", "cluster_profilers",
            "workers_environment", "workers_memory_cap", "workers_memory_limit"]
@@ -62,18 +62,13 @@ class ProfilingPlugin(WorkerPlugin):
             self._profiler = None
 
 
-def _profile_here(operator: str, shape, repeat: int, options: dict) -> tuple[dict, str, dict]:
-    """In a worker: one profile by its :class:`ProfilingPlugin`'s servers; ``(measurement as a
-    dict, the worker's address, the worker's environment stamp for ``operator``)``."""
+def _profile_here(operator: str, shape, repeat: int, options: dict) -> dict:
+    """In a worker: one profile by its :class:`ProfilingPlugin`'s servers, as a dict."""
     from distributed import get_worker
 
-    from explorer.core.environment import environment_stamp
-
-    worker = get_worker()
-    plugin = worker.plugins[PLUGIN_NAME]
+    plugin = get_worker().plugins[PLUGIN_NAME]
     with plugin.lock:
-        measurement = plugin.profiler().profile(operator, tuple(shape), repeat=repeat, **options)
-    return measurement.to_dict(), worker.address, environment_stamp(operator)
+        return plugin.profiler().profile(operator, tuple(shape), repeat=repeat, **options).to_dict()
 
 
 def _operator_error_here(operator: str) -> str | None:
@@ -90,20 +85,13 @@ def _operator_error_here(operator: str) -> str | None:
     return None
 
 
-def _memory_cap_here() -> int:
-    from explorer.measure.profiling import default_memory_cap
-
-    return default_memory_cap()
-
-
 class WorkerProfiler:
     """Profiles on one worker (``address``) of ``client``'s cluster: the interface of
-    :class:`~explorer.measure.profiling.SessionProfiler` (``profile``, ``close``), the result's
-    worker in :attr:`address` and its environment stamp in :attr:`environment`."""
+    :class:`~explorer.measure.profiling.SessionProfiler` (``profile``, ``close``); the worker's
+    environment stamp for the operator (read once, :func:`cluster_profilers`) in :attr:`environment`."""
 
-    def __init__(self, client, address: str):
-        self.client, self.address = client, address
-        self.environment: dict | None = None
+    def __init__(self, client, address: str, environment: dict | None = None):
+        self.client, self.address, self.environment = client, address, environment
         self.lost: str | None = None  # why this worker can no longer profile
 
     def profile(self, operator: str, shape, *, repeat: int = 1, **options) -> Measurement | None:
@@ -120,7 +108,7 @@ class WorkerProfiler:
         try:
             while True:  # a task pinned to a worker that died would wait for it for ever
                 try:
-                    data, _, environment = future.result(timeout=WORKER_CHECK_SECONDS)
+                    data = future.result(timeout=WORKER_CHECK_SECONDS)
                     break
                 except TimeoutError:
                     if self.address not in self.client.scheduler_info(n_workers=-1).get("workers", {}):
@@ -130,7 +118,6 @@ class WorkerProfiler:
         except (KilledWorker, CommClosedError, CancelledError, OSError) as exc:
             self.lost = f"{type(exc).__name__}: {exc}".splitlines()[0]
             return None
-        self.environment = environment
         return Measurement.from_dict(data)
 
     def close(self) -> None:
@@ -147,6 +134,7 @@ def cluster_profilers(client, operator, sessions: int, jobs: int | None = None) 
     line) when a worker cannot find the operator.  :func:`close_cluster_profilers` stops the
     workers' profiling servers."""
     import operators
+    from explorer.core.environment import environment_stamp
     from explorer.measure.workersetup import send_operators
 
     addresses = sorted(client.scheduler_info(n_workers=-1).get("workers", {}))
@@ -158,8 +146,9 @@ def cluster_profilers(client, operator, sessions: int, jobs: int | None = None) 
         if error:
             raise ValueError(f"worker {address} cannot profile {name}: {error} (install its package on the "
                              "workers, or set $EXPLORER_PLUGINS there)")
+    stamps = client.run(environment_stamp, name)
     client.register_plugin(ProfilingPlugin(sessions), name=PLUGIN_NAME)
-    return [WorkerProfiler(client, a) for a in addresses[:jobs or len(addresses)]]
+    return [WorkerProfiler(client, a, stamps.get(a)) for a in addresses[:jobs or len(addresses)]]
 
 
 def close_cluster_profilers(client) -> None:
@@ -174,7 +163,7 @@ def close_cluster_profilers(client) -> None:
 def workers_memory_cap(client) -> int:
     """The smallest default memory cap (``profiling.default_memory_cap``) of ``client``'s
     workers' machines: a profile's child may take no more on any of them."""
-    caps = client.run(_memory_cap_here)
+    caps = client.run(default_memory_cap)
     if not caps:
         raise ValueError("the cluster has no workers to profile on")
     return int(min(caps.values()))
