@@ -31,11 +31,6 @@ from harness.cluster import user_cluster
 from harness.machine import machine_line
 
 
-def explore(*args) -> tuple[dict, float]:
-    wall, result = explore_json(*args)
-    return result, wall
-
-
 def target_shapes(model, limit: int, n: int, seed: int) -> np.ndarray:
     """``n`` of the shapes chunk sizing asks ``model`` about at ``limit`` (the explore loop's
     targets, ``ExplorationCore.target_shapes``), drawn with ``seed``."""
@@ -65,10 +60,10 @@ def main() -> None:
 
         with Client(address) as client:
             workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
-        remote, remote_seconds = explore(args.operator, "--scheduler", address, "--probes", "0", "--budget",
-                                         args.budget, "--runs-dir", scratch / "cluster")
-    local, local_seconds = explore(args.operator, "--jobs", "1", "--probes", "0", "--budget", args.budget,
-                                   "--memory-limit", args.memory_limit, "--runs-dir", scratch / "local")
+        remote_seconds, remote = explore_json(args.operator, "--scheduler", address, "--probes", "0", "--budget",
+                                              args.budget, "--runs-dir", scratch / "cluster")
+    local_seconds, local = explore_json(args.operator, "--jobs", "1", "--probes", "0", "--budget", args.budget,
+                                        "--memory-limit", args.memory_limit, "--runs-dir", scratch / "local")
 
     models = {"cluster": load_model(args.operator, scratch / "cluster"), "local": load_model(args.operator, scratch / "local")}
     shapes = target_shapes(models["local"], limit, args.shapes, seed=0)

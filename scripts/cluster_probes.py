@@ -26,10 +26,6 @@ from harness.cluster import user_cluster
 from harness.machine import machine_line
 
 
-def explore(*args) -> dict:
-    return explore_json(*args)[1]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2)
@@ -53,12 +49,10 @@ def main() -> None:
 
         with Client(address) as client:
             workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
-        t0 = time.perf_counter()
-        learnt = explore("gst3d", "--budget", "30", "--scheduler", address, "--memory-limit", args.memory_limit,
-                         "--runs-dir", runs)
-        explore_seconds = time.perf_counter() - t0
-        ran = explore("run", "gst3d", source, "--output", scratch / "dip.zarr", "--scheduler", address,
-                      "--runs-dir", runs)
+        explore_seconds, learnt = explore_json("gst3d", "--budget", "30", "--scheduler", address,
+                                               "--memory-limit", args.memory_limit, "--runs-dir", runs)
+        _, ran = explore_json("run", "gst3d", source, "--output", scratch / "dip.zarr", "--scheduler", address,
+                              "--runs-dir", runs)
     probes = learnt["probes"] or {}
     pause = dask.config.get("distributed.worker.memory.pause") * ran["memory_limit_bytes"]
     hwm = [b for b in ran["worker_hwm_bytes"] if b is not None]

@@ -62,6 +62,10 @@ def _try_blocks(ctx: RunContext, run) -> None:
         return  # the clock times tasks alone in one-thread workers (calibration.fit_timing): so do trials
     budget = TrialBudget.of_run(ctx.plan.predicted_seconds, _run_overhead_seconds(ctx))
     jobs = [job for plan in _trial_plans(ctx) for job in _trial_jobs(ctx, plan)]
+    computing = _predicted_parts(ctx, jobs[0], 0.0)
+    if not budget.allows(computing):  # past the share before its input is written: nothing to measure
+        ctx.result.trials_skipped = skipped_because(budget.predict(computing), ctx.plan.predicted_seconds)
+        return
     out_dir = os.path.dirname(os.path.abspath(ctx.output)) or "."
     tmp = Path(tempfile.mkdtemp(prefix=".explorer-trial-", dir=out_dir))  # the workers can write there
     try:
