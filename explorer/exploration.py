@@ -514,8 +514,9 @@ def _observed_shapes(model) -> set[tuple[int, ...]]:
 
 def supersedes(saved, model) -> bool:
     """Whether the saved model ``saved`` learnt from everything ``model`` did and more, in this
-    environment: another explore process sharing the store read it later and saved first."""
-    return (saved.operator == model.operator and not saved.stale_reasons()
+    environment (``model``'s: the workers' when they profiled): another explore process sharing
+    the store read it later and saved first."""
+    return (saved.operator == model.operator and not saved.stale_reasons(model.environment)
             and _observed_shapes(saved) > _observed_shapes(model))
 
 
@@ -555,7 +556,8 @@ def _probe(operator, model, probes, profiled_new, runs_dir, storage, confidence,
         return None
     if not profiled_new:
         try:
-            saved = load_calibration(operator, runs_dir)
+            # judged where the probes would run: the workers' environment on a cluster
+            saved = load_calibration(operator, runs_dir, model.environment if client is not None else None)
         except CalibrationFileError:
             saved = None
         if saved is not None and not saved.stale and saved.n_probe_groups >= n:

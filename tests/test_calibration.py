@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -410,6 +412,25 @@ def test_a_calibration_from_other_workers_is_stale_and_a_garbage_file_names_the_
     with pytest.warns(RuntimeWarning, match="saved by another version"):
         tasks = task_model.task_model(OPERATOR, tmp_path)
     assert any("no in-worker calibration for gst3d" in w for w in tasks.warnings)
+
+
+@pytest.mark.integration
+def test_a_model_profiled_on_a_clusters_workers_is_judged_against_them_not_the_caller(tmp_path, gst3d_model):
+    """``explore OP --scheduler`` stamps the model with the workers' environment; a plan for those
+    workers made from another machine (its numpy differs) does not call the model stale, while a
+    plan for this machine's own workers does."""
+    workers = dict(environment_stamp(OPERATOR), numpy="1.0.0-on-the-cluster")
+    model = copy.deepcopy(gst3d_model)
+    model.environment = workers
+    model.save(cal.paths.model_path(OPERATOR, tmp_path))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        there = task_model.task_model(OPERATOR, tmp_path, environment=workers)
+    assert not any("model was learnt in another environment" in w for w in there.warnings), there.warnings
+    assert not [w for w in caught if issubclass(w.category, StaleModelWarning)]
+    stale_line = "gst3d's model was learnt in another environment (numpy 1.0.0-on-the-cluster"
+    here = task_model.task_model(OPERATOR, tmp_path)
+    assert any(w.startswith(stale_line) for w in here.warnings), here.warnings
 
 
 # --------------------------------------------------------------------------- probe sizes

@@ -313,8 +313,9 @@ def _staged_stages(request: _PlanRequest) -> tuple[list, dict, tuple, bool]:
     stages, warnings, itemsize, calibrated, timings = [], [], FLOAT32_BYTES, True, {}
     for index, stage in enumerate(op.stages):
         for member in stage:
-            model = TaskModel(isolated[member.name],
-                              load_calibration(member.name, request.runs_dir, _member_environment(request, member)))
+            environment = _member_environment(request, member)
+            model = TaskModel(isolated[member.name], load_calibration(member.name, request.runs_dir, environment),
+                              environment)
             timings[member.name] = None if model.calibration is None else model.calibration.timing
             stages.append(PlanStage(
                 name=member.name, halo=tuple(member.halo), predict=model.predict_many, group=index,

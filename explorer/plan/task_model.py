@@ -33,14 +33,22 @@ class TaskModel:
     """Peak memory of an operator's task inside a Dask worker: the isolated model plus the
     in-worker excess (module docstring).  ``predict_many`` is the predictor
     ``explorer.plan.planner.plan_chunks`` takes; ``warnings`` (one line each) says what the
-    bound does not know (no calibration, a stale model or calibration)."""
+    bound does not know (no calibration, a stale model or calibration).
 
-    def __init__(self, isolated, calibration: WorkerCalibration | None = None):
+    ``environment``: the stamp of the workers that run the tasks (None: this process's), which
+    the isolated model is judged stale against, as the calibration is: a model explored on a
+    cluster's workers (``explore OP --scheduler``) and used there from another machine is
+    theirs, not the caller's."""
+
+    def __init__(self, isolated, calibration: WorkerCalibration | None = None, environment: dict | None = None):
         self.isolated = isolated
         self.calibration = calibration
         self.operator = isolated.operator
         self.halo = isolated.halo
         self.info = isolated.info
+        judge = getattr(isolated, "stale_reasons", None)
+        self.isolated_stale: list[str] = (judge(environment) if environment is not None and judge is not None
+                                          else list(getattr(isolated, "stale", None) or []))
 
     @property
     def excess(self) -> ExcessFit | None:
@@ -53,9 +61,8 @@ class TaskModel:
     @property
     def warnings(self) -> list[str]:
         lines = list(getattr(self.isolated, "warnings", None) or [])  # e.g. a model that did not converge
-        stale = getattr(self.isolated, "stale", None)
-        if stale:
-            lines.append(f"{self.operator}'s model was learnt in another environment ({'; '.join(stale)}): "
+        if self.isolated_stale:
+            lines.append(f"{self.operator}'s model was learnt in another environment ({'; '.join(self.isolated_stale)}): "
                          f"run `{paths.explore_command(self.operator)}` again")
         if self.calibration is not None and self.calibration.stale:
             lines.append(f"{self.operator}'s in-worker calibration was learnt in another environment "
@@ -155,7 +162,15 @@ class TaskModel:
 
 
 def task_model(operator: str, runs_dir=None, environment: dict | None = None) -> TaskModel:
-    """``load_model(operator)`` with the saved in-worker calibration (if any)."""
+    """``load_model(operator)`` with the saved in-worker calibration (if any), both judged stale
+    against ``environment`` (the workers' stamp; None: this process's), in ``warnings``."""
+    import warnings
+
+    from explorer.core.environment import StaleModelWarning
     from explorer.model.load import load_model
 
-    return TaskModel(load_model(operator, runs_dir=runs_dir), load_calibration(operator, runs_dir, environment))
+    with warnings.catch_warnings():
+        if environment is not None:  # load_model judges this process's; TaskModel the workers'
+            warnings.simplefilter("ignore", StaleModelWarning)
+        isolated = load_model(operator, runs_dir=runs_dir)
+    return TaskModel(isolated, load_calibration(operator, runs_dir, environment), environment)

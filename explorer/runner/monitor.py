@@ -142,7 +142,7 @@ class _Replanner(threading.Thread):
             if cal is None or cal.excess is None:
                 return False
             ctx.result.calibration = cal.to_dict()
-            model = TaskModel(ctx.model.isolated, cal)
+            model = TaskModel(ctx.model.isolated, cal, ctx.baseline.environment)
             ctx.observer.model = model  # later tasks are checked against the recalibrated bound
             new = replan(ctx.plan, model.predict_many, done_fraction=done_fraction)
         except (ChunkPlanError, ValueError, OSError) as exc:
