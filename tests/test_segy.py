@@ -13,6 +13,7 @@ from operators.segy import (
     SegyGeometryError,
     SegyVolume,
     _slabs,
+    mark_written,
     read_segy,
     segy_geometry,
     write_segy,
@@ -71,6 +72,44 @@ def test_segyio_sees_inlines_on_axis_0(written):
         h = f.header[2 * SHAPE[1] + 3]  # inline index 2, crossline index 3
         assert (h[segyio.su.iline], h[segyio.su.xline]) == (103, 10)
         assert (h[segyio.su.cdpx], h[segyio.su.cdpy]) == (3 * 25, 2 * 25)
+
+
+def segyio_trace_by_trace(path, data, dt, iline_start, xline_start):
+    """The file segyio's own writer makes, one trace header and trace at a time: what
+    :func:`write_segy` wrote before it filled the traces through a memory map."""
+    from operators.segy import BIN_SPACING_M, CROSSLINE_BYTE, INLINE_BYTE, _text_header
+
+    nil, nxl, ns = data.shape
+    spec = segyio.spec()
+    spec.iline, spec.xline = INLINE_BYTE, CROSSLINE_BYTE
+    spec.ilines = np.arange(iline_start, iline_start + nil, dtype=np.intc)
+    spec.xlines = np.arange(xline_start, xline_start + nxl, dtype=np.intc)
+    spec.offsets = np.array([0], dtype=np.intc)
+    spec.samples = np.arange(ns) * (dt / 1000.0)
+    spec.sorting = int(segyio.TraceSortingFormat.INLINE_SORTING)
+    spec.format = 5
+    tf = segyio.TraceField
+    with segyio.create(path, spec) as f:
+        f.text[0] = _text_header(data.shape, dt, iline_start, xline_start)
+        f.bin.update(hdt=dt, dto=dt)
+        for i in range(nil):
+            for j in range(nxl):
+                t = i * nxl + j
+                f.header[t] = {tf.TRACE_SEQUENCE_LINE: j + 1, tf.TRACE_SEQUENCE_FILE: t + 1, tf.CDP: t + 1,
+                               tf.INLINE_3D: iline_start + i, tf.CROSSLINE_3D: xline_start + j,
+                               tf.SourceGroupScalar: 1, tf.CDP_X: BIN_SPACING_M * j, tf.CDP_Y: BIN_SPACING_M * i,
+                               tf.TRACE_SAMPLE_COUNT: ns, tf.TRACE_SAMPLE_INTERVAL: dt}
+                f.trace[t] = data[i, j]
+
+
+@pytest.mark.parametrize("shape, dt, il, xl", [(SHAPE, 2000, 101, 7), ((1, 1, 1), 4000, 1, 1),
+                                               ((13, 17, 33), 1000, 5000, 300)])
+def test_the_file_is_byte_for_byte_segyios_own_trace_by_trace(tmp_path, shape, dt, il, xl):
+    data = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    write_segy(tmp_path / "ours.sgy", data, sample_interval_us=dt, iline_start=il, xline_start=xl, slab_bytes=1)
+    segyio_trace_by_trace(tmp_path / "segyio.sgy", data, dt, il, xl)
+    mark_written(tmp_path / "segyio.sgy")  # this tool's mark in the binary header's unassigned bytes
+    assert (tmp_path / "ours.sgy").read_bytes() == (tmp_path / "segyio.sgy").read_bytes()
 
 
 def test_dask_input_writes_the_same_file_slab_by_slab(written, tmp_path):
