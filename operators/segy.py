@@ -348,11 +348,12 @@ def write_segy(
             os.remove(partial)
 
 
-#: The trace header fields :func:`write_segy` sets: (``segyio.TraceField``, big-endian type).
+#: The trace header fields :func:`write_segy` sets: (``segyio.TraceField``, big-endian type; the
+#: sample count and interval are two unsigned bytes, as ``write_segy`` allows intervals to 65535 us).
 _WRITTEN_FIELDS = (
     (segyio.TraceField.TRACE_SEQUENCE_LINE, ">i4"), (segyio.TraceField.TRACE_SEQUENCE_FILE, ">i4"),
     (segyio.TraceField.CDP, ">i4"), (segyio.TraceField.SourceGroupScalar, ">i2"),
-    (segyio.TraceField.TRACE_SAMPLE_COUNT, ">i2"), (segyio.TraceField.TRACE_SAMPLE_INTERVAL, ">i2"),
+    (segyio.TraceField.TRACE_SAMPLE_COUNT, ">u2"), (segyio.TraceField.TRACE_SAMPLE_INTERVAL, ">u2"),
     (segyio.TraceField.CDP_X, ">i4"), (segyio.TraceField.CDP_Y, ">i4"),
     (segyio.TraceField.INLINE_3D, ">i4"), (segyio.TraceField.CROSSLINE_3D, ">i4"),
 )

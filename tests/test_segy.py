@@ -103,7 +103,7 @@ def segyio_trace_by_trace(path, data, dt, iline_start, xline_start):
 
 
 @pytest.mark.parametrize("shape, dt, il, xl", [(SHAPE, 2000, 101, 7), ((1, 1, 1), 4000, 1, 1),
-                                               ((13, 17, 33), 1000, 5000, 300)])
+                                               ((13, 17, 33), 1000, 5000, 300), ((3, 2, 5), 40000, 1, 1)])
 def test_the_file_is_byte_for_byte_segyios_own_trace_by_trace(tmp_path, shape, dt, il, xl):
     data = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
     write_segy(tmp_path / "ours.sgy", data, sample_interval_us=dt, iline_start=il, xline_start=xl, slab_bytes=1)
