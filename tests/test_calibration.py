@@ -464,24 +464,6 @@ def test_the_top_probe_is_the_block_a_plan_at_the_target_memory_runs(gst3d_model
     assert plan_scale_edge(op, gst3d_model, 120 * 2**20, baseline) is None  # nothing fits: no plan-scale probe
 
 
-def test_the_largest_probe_runs_two_tasks_per_worker_each_on_the_probes_block():
-    """Every probe's tasks run on exactly its block; the largest, the costliest, runs four (two
-    per probe worker: a cold and a warm one), the others eight with three split axes."""
-    import operators
-    from explorer.plan.candidates import grid_volume
-    from explorer.runner.probes import PLAN_SCALE_TASKS, PROBE_GRID, PROBE_WORKERS, probe_counts
-
-    assert PLAN_SCALE_TASKS == 2 * PROBE_WORKERS
-    for name, every, top in (("gst3d", (2, 2, 2), (2, 2, 1)), ("envelope", (2, 2, 1), (2, 2, 1))):
-        op = operators.get(name)
-        assert probe_counts(op, PROBE_GRID) == every and probe_counts(op, PROBE_GRID, PLAN_SCALE_TASKS) == top
-        block = (60, 60, 60)
-        volume, chunks = grid_volume(block, op.halo, op.whole_axes, top)
-        assert math.prod(-(-v // c) for v, c in zip(volume, chunks)) == PLAN_SCALE_TASKS
-        for v, c, h, b in zip(volume, chunks, op.halo, block):  # each task's block: its chunk and its halo
-            assert (v == c == b) or (v == 2 * c and c + h == b)
-
-
 def test_probes_keep_enough_distinct_blocks_to_identify_the_excess():
     """unet3d: a halo of 48 and blocks on a grid of 8 leave the seconds budget room for one
     probe; the excess's line needs three distinct blocks, so the smallest three on the

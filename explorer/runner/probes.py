@@ -22,9 +22,7 @@ fit :data:`PROBE_SECONDS_BUDGET`, but never below the three distinct blocks that
 the excess's line (the smallest on the operator's grid, even past the budget).  A probe's volume has two chunks
 along every axis the operator splits (``e - h`` each with a halo ``h``, ``e`` without),
 so all its tasks run on blocks of exactly ``e`` per axis, each a windowed read of the file as
-in a real plan (``operators.windowed_map``); an axis the operator needs whole is ``e`` long.  The
-plan-scale probe leaves split axes whole (one chunk of ``e``) until it runs :data:`PLAN_SCALE_TASKS`
-tasks: two per worker (:func:`probe_counts`).  Then the
+in a real plan (``operators.windowed_map``); an axis the operator needs whole is ``e`` long.  Then the
 smallest block runs once more with four chunks per split axis: eight times the graph tasks per
 worker for about the same work per task, so that the runs' wall times tell a run's fixed
 seconds apart from the overhead per graph task (``explorer.plan.timing.fit_run_overheads``;
@@ -67,12 +65,6 @@ PROBE_GRID = 2
 #: Chunks per split axis of the last probe, the smallest block again: with 4, a probe of three
 #: split axes runs 64 tasks where the others run 8 (32 waves on two workers instead of 4).
 OVERHEAD_PROBE_GRID = 4
-#: Tasks of the plan-scale probe, the largest and by far the costliest block (gst3d's 324^3 at
-#: 4 GiB: 61 of 101 s with eight tasks): two per worker, each worker's first (cold) and one after
-#: it (warm), which is what its group adds to the fits.  The spread of equal tasks and the cold
-#: offset are fitted over every probe's tasks (``explorer.plan.excess``); the smaller probes keep
-#: their eight.
-PLAN_SCALE_TASKS = 2 * PROBE_WORKERS
 
 
 @dataclass
@@ -123,13 +115,13 @@ def probe_blocks(op, max_volume: float, seconds_per_voxel: float | None, n: int 
     # memory fits the target but whose in-worker copies do not (first_derivative at 4 GiB:
     # profiled to 809^3, where tasks in a worker took 4.4-10 GB).
     largest = max(smallest + n, int(plan_edge) if plan_edge else reached)
-    tasks_per_probe = math.prod(probe_counts(op, PROBE_GRID))
-    tasks_at_top = math.prod(probe_counts(op, PROBE_GRID, PLAN_SCALE_TASKS))
+    split = [axis not in op.whole_axes for axis in range(3)]
+    tasks_per_probe = 2 ** sum(split)
 
     def seconds(edges):
         if not seconds_per_voxel:
             return 0.0
-        voxels = sum(tasks_per_probe * float(e) ** 3 for e in edges[:-1]) + tasks_at_top * float(edges[-1]) ** 3
+        voxels = sum(tasks_per_probe * float(e) ** 3 for e in edges)
         return voxels * seconds_per_voxel * IN_WORKER_TIME_FACTOR / workers
 
     while True:
@@ -147,19 +139,6 @@ def probe_blocks(op, max_volume: float, seconds_per_voxel: float | None, n: int 
         extra = [e for e in first + step * np.arange(2 * needed) if e not in edges][:needed - len(edges)]
         edges = np.unique(np.concatenate([edges, extra]).astype(int))
     return [(int(e),) * 3 for e in edges]
-
-
-def probe_counts(op, per_axis: int, max_tasks: int | None = None) -> tuple[int, ...]:
-    """Chunks per axis of a probe's volume (:func:`explorer.plan.candidates.grid_volume`):
-    ``per_axis`` along each axis the operator splits, one along its whole axes; with
-    ``max_tasks``, split axes are left whole, the last first, until the tasks are at most that
-    many (every task's block is the probe's block either way)."""
-    counts = [1 if axis in op.whole_axes else int(per_axis) for axis in range(3)]
-    for axis in reversed(range(3)):
-        if max_tasks is None or math.prod(counts) <= max_tasks:
-            break
-        counts[axis] = 1
-    return tuple(counts)
 
 
 def _lengths(op, edges: np.ndarray, smallest: int, largest: int) -> np.ndarray:
@@ -318,12 +297,10 @@ def run_probes(operator: str, model, *, n: int = DEFAULT_PROBES, runs_dir=None, 
             # The smallest block once more on a finer grid: many more graph tasks per slot for about
             # the same work, which tells a run's fixed seconds from its overhead per graph task
             # (``explorer.plan.timing.fit_run_overheads``).
-            counts = [probe_counts(op, PROBE_GRID)] * (len(blocks) - 1) + [
-                probe_counts(op, PROBE_GRID, PLAN_SCALE_TASKS), probe_counts(op, OVERHEAD_PROBE_GRID)]
             grids = result.grids = [PROBE_GRID] * len(blocks) + [OVERHEAD_PROBE_GRID]
             blocks = result.blocks = blocks + blocks[:1]
-            for index, (block, per_axis, count) in enumerate(zip(blocks, grids, counts)):
-                volume, chunks = grid_volume(block, op.halo, op.whole_axes, count)
+            for index, (block, per_axis) in enumerate(zip(blocks, grids)):
+                volume, chunks = grid_volume(block, op.halo, op.whole_axes, (per_axis,) * 3)
                 source = tmp / f"probe-{index}.sgy"
                 operators.write_segy(source, operators.synthetic_volume(volume, seed=seed + index))
                 r = run(operator, source, tmp / f"probe-{index}.zarr", scheduler=address,
