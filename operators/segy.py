@@ -327,20 +327,9 @@ def write_segy(
             f"sample_interval_us must be an integer in 1..65535 (2 bytes in SEG-Y), got {sample_interval_us}"
         )
     dt = int(sample_interval_us)
-    nil, nxl, ns = shape
-
-    spec = segyio.spec()
-    spec.iline, spec.xline = INLINE_BYTE, CROSSLINE_BYTE
-    spec.ilines = np.arange(iline_start, iline_start + nil, dtype=np.intc)
-    spec.xlines = np.arange(xline_start, xline_start + nxl, dtype=np.intc)
-    spec.offsets = np.array([0], dtype=np.intc)
-    spec.samples = np.arange(ns) * (dt / 1000.0)
-    spec.sorting = int(segyio.TraceSortingFormat.INLINE_SORTING)
-    spec.format = 5
-
     partial = f"{path}.partial"
     try:
-        _write(partial, data, spec, shape, dt, iline_start, xline_start, slab_bytes)
+        _write(partial, data, shape, dt, iline_start, xline_start, slab_bytes)
         os.replace(partial, path)
         mark_written(path)
     finally:
@@ -359,13 +348,27 @@ _WRITTEN_FIELDS = (
 )
 
 
-def _write(path, data, spec, shape, dt, iline_start, xline_start, slab_bytes):
+def _spec(shape, dt: int, iline_start: int, xline_start: int):
+    """The ``segyio.spec`` of :func:`write_segy`'s file: inline-sorted, IEEE float32 (format 5)."""
+    nil, nxl, ns = shape
+    spec = segyio.spec()
+    spec.iline, spec.xline = INLINE_BYTE, CROSSLINE_BYTE
+    spec.ilines = np.arange(iline_start, iline_start + nil, dtype=np.intc)
+    spec.xlines = np.arange(xline_start, xline_start + nxl, dtype=np.intc)
+    spec.offsets = np.array([0], dtype=np.intc)
+    spec.samples = np.arange(ns) * (dt / 1000.0)
+    spec.sorting = int(segyio.TraceSortingFormat.INLINE_SORTING)
+    spec.format = 5
+    return spec
+
+
+def _write(path, data, shape, dt, iline_start, xline_start, slab_bytes):
     """segyio writes the textual and binary headers; the traces (headers and big-endian IEEE
     samples) are written a slab of inlines at a time through a memory map of that slab, the bytes segyio's
     own trace-by-trace writer gives (``tests/test_segy.py``) at disk speed rather than
     Python's per trace (24 us a trace: 10 s for a 648x648x324 probe volume)."""
     nil, nxl, ns = shape
-    with segyio.create(path, spec) as f:
+    with segyio.create(path, _spec(shape, dt, iline_start, xline_start)) as f:
         f.text[0] = _text_header(shape, dt, iline_start, xline_start)
         f.bin.update(hdt=dt, dto=dt)  # segyio derives them from float sample times
     header_bytes = _TEXT_BYTES + _BINARY_BYTES

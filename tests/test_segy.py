@@ -77,19 +77,11 @@ def test_segyio_sees_inlines_on_axis_0(written):
 def segyio_trace_by_trace(path, data, dt, iline_start, xline_start):
     """The file segyio's own writer makes, one trace header and trace at a time: what
     :func:`write_segy` wrote before it filled the traces through a memory map."""
-    from operators.segy import BIN_SPACING_M, CROSSLINE_BYTE, INLINE_BYTE, _text_header
+    from operators.segy import BIN_SPACING_M, _spec, _text_header
 
     nil, nxl, ns = data.shape
-    spec = segyio.spec()
-    spec.iline, spec.xline = INLINE_BYTE, CROSSLINE_BYTE
-    spec.ilines = np.arange(iline_start, iline_start + nil, dtype=np.intc)
-    spec.xlines = np.arange(xline_start, xline_start + nxl, dtype=np.intc)
-    spec.offsets = np.array([0], dtype=np.intc)
-    spec.samples = np.arange(ns) * (dt / 1000.0)
-    spec.sorting = int(segyio.TraceSortingFormat.INLINE_SORTING)
-    spec.format = 5
     tf = segyio.TraceField
-    with segyio.create(path, spec) as f:
+    with segyio.create(path, _spec(data.shape, dt, iline_start, xline_start)) as f:
         f.text[0] = _text_header(data.shape, dt, iline_start, xline_start)
         f.bin.update(hdt=dt, dto=dt)
         for i in range(nil):
