@@ -58,17 +58,21 @@ def main() -> None:
         if r.get("trials_skipped"):
             print(f"<!-- run {k + 1}: trials skipped: {r['trials_skipped']} -->")
     print(f"`python scripts/bench_timings.py --repeat {args.repeat}`, {started}. Machine: {machine_line()}.\n")
-    first = empties[0][1]
-    inside = first["timings"].get("inside the operator", {}).get("seconds", 0.0)
-    probes = first["timings"].get("in-worker probes", {}).get("seconds", 0.0)
-    isolated = empties[0][0] - probes
-    walls = [w for w, _ in empties]
-    print(f"`explore gst3d --budget 30` from an empty store: {statistics.median(walls):.1f} s wall"
-          + (f" (median of {len(walls)}: {', '.join(f'{w:.1f}' for w in walls)})" if len(walls) > 1 else "")
-          + f"; {first['profiles']} profiles, converged: {first['converged']}; the isolated loop (all but the "
-          f"in-worker probes) {isolated:.1f} s, of which {inside:.1f} s inside the operator "
-          f"({inside / isolated:.0%}); the probes {probes:.1f} s. On its converged store: {again_wall:.1f} s "
-          f"(reused: {again['reused']}).\n")
+    rows = []
+    for wall, result in empties:
+        inside = result["timings"].get("inside the operator", {}).get("seconds", 0.0)
+        probes = result["timings"].get("in-worker probes", {}).get("seconds", 0.0)
+        rows.append((wall, result["profiles"], result["converged"], wall - probes, inside, probes))
+    print("| from an empty store | wall | profiles | converged | isolated loop (all but the probes) | inside the "
+          "operator (share of the loop) | in-worker probes |\n|---|---:|---:|---|---:|---:|---:|")
+    for k, (wall, profiles, converged, isolated, inside, probes) in enumerate(rows):
+        print(f"| exploration {k + 1} | {wall:.1f} s | {profiles} | {converged} | {isolated:.1f} s | "
+              f"{inside:.1f} s ({inside / isolated:.0%}) | {probes:.1f} s |")
+    if len(rows) > 1:
+        med = [statistics.median(column) for column in zip(*rows)]
+        print(f"| median | {med[0]:.1f} s | {med[1]:g} | | {med[3]:.1f} s | {med[4]:.1f} s | {med[5]:.1f} s |")
+    print(f"\n`explore gst3d --budget 30` again on the first exploration's converged store: {again_wall:.1f} s "
+          f"(reused: {again['reused']}). Where the first exploration's time went, and the two runs':\n")
     table(explore_rows)
     print()
     table(run_rows)
