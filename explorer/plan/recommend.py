@@ -47,7 +47,7 @@ def recommend_chunks(
     (``explorer.plan.planner.plan_chunks``).  ``baseline_bytes``: an idle worker's resident
     memory with the operator loaded, measured on the cluster that runs the work: bytes,
     or the :class:`WorkerBaseline` of :func:`measure_worker_baseline` (whose workers'
-    environment the calibration is then checked against); ``"local"`` (default; ``None`` is
+    environment the model and its calibration are then checked against); ``"local"`` (default; ``None`` is
     the same): this machine's, read from ``runs_dir`` or, the first time in an environment,
     measured by starting a one-worker ``LocalCluster`` (a few seconds) and written there
     (:func:`local_worker_baseline`).  Nothing else is started or written.
