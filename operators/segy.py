@@ -337,15 +337,15 @@ def write_segy(
             os.remove(partial)
 
 
-#: The trace header fields :func:`write_segy` sets: (``segyio.TraceField``, big-endian type; the
-#: sample count and interval are two unsigned bytes, as ``write_segy`` allows intervals to 65535 us).
-_WRITTEN_FIELDS = (
-    (segyio.TraceField.TRACE_SEQUENCE_LINE, ">i4"), (segyio.TraceField.TRACE_SEQUENCE_FILE, ">i4"),
-    (segyio.TraceField.CDP, ">i4"), (segyio.TraceField.SourceGroupScalar, ">i2"),
-    (segyio.TraceField.TRACE_SAMPLE_COUNT, ">u2"), (segyio.TraceField.TRACE_SAMPLE_INTERVAL, ">u2"),
-    (segyio.TraceField.CDP_X, ">i4"), (segyio.TraceField.CDP_Y, ">i4"),
-    (segyio.TraceField.INLINE_3D, ">i4"), (segyio.TraceField.CROSSLINE_3D, ">i4"),
-)
+#: The big-endian type of each trace header field :func:`write_segy` sets (the sample count and
+#: interval two unsigned bytes, as ``write_segy`` allows intervals to 65535 us).
+_FIELD_TYPES = {
+    segyio.TraceField.TRACE_SEQUENCE_LINE: ">i4", segyio.TraceField.TRACE_SEQUENCE_FILE: ">i4",
+    segyio.TraceField.CDP: ">i4", segyio.TraceField.SourceGroupScalar: ">i2",
+    segyio.TraceField.TRACE_SAMPLE_COUNT: ">u2", segyio.TraceField.TRACE_SAMPLE_INTERVAL: ">u2",
+    segyio.TraceField.CDP_X: ">i4", segyio.TraceField.CDP_Y: ">i4",
+    segyio.TraceField.INLINE_3D: ">i4", segyio.TraceField.CROSSLINE_3D: ">i4",
+}
 
 
 def _spec(shape, dt: int, iline_start: int, xline_start: int):
@@ -375,10 +375,11 @@ def _write(path, data, shape, dt, iline_start, xline_start, slab_bytes):
     trace_bytes = _TRACE_HEADER_BYTES + 4 * ns
     with open(path, "r+b") as fh:
         fh.truncate(header_bytes + nil * nxl * trace_bytes)
-    fields = [(f"f{int(field)}", kind, int(field) - 1) for field, kind in _WRITTEN_FIELDS]
-    layout = np.dtype({"names": [n for n, _, _ in fields] + ["data"],
-                       "formats": [k for _, k, _ in fields] + [(">f4", (ns,))],
-                       "offsets": [o for _, _, o in fields] + [_TRACE_HEADER_BYTES], "itemsize": trace_bytes})
+    names = {field: f"byte{int(field)}" for field in _FIELD_TYPES}  # a field's byte, 1-based, names it
+    layout = np.dtype({"names": list(names.values()) + ["data"],
+                       "formats": list(_FIELD_TYPES.values()) + [(">f4", (ns,))],
+                       "offsets": [int(field) - 1 for field in _FIELD_TYPES] + [_TRACE_HEADER_BYTES],
+                       "itemsize": trace_bytes})
     tf = segyio.TraceField
     j = np.arange(nxl)
     for i0, i1 in _slabs(data, nil, slab_bytes):
@@ -387,16 +388,12 @@ def _write(path, data, shape, dt, iline_start, xline_start, slab_bytes):
                         shape=(i1 - i0, nxl))
         i = np.arange(i0, i1)[:, None]
         sequence = i * nxl + j + 1
-        out[f"f{int(tf.TRACE_SEQUENCE_LINE)}"] = j + 1
-        out[f"f{int(tf.TRACE_SEQUENCE_FILE)}"] = sequence
-        out[f"f{int(tf.CDP)}"] = sequence
-        out[f"f{int(tf.INLINE_3D)}"] = iline_start + i
-        out[f"f{int(tf.CROSSLINE_3D)}"] = xline_start + j
-        out[f"f{int(tf.SourceGroupScalar)}"] = 1
-        out[f"f{int(tf.CDP_X)}"] = BIN_SPACING_M * j
-        out[f"f{int(tf.CDP_Y)}"] = BIN_SPACING_M * i
-        out[f"f{int(tf.TRACE_SAMPLE_COUNT)}"] = ns
-        out[f"f{int(tf.TRACE_SAMPLE_INTERVAL)}"] = dt
+        header = {tf.TRACE_SEQUENCE_LINE: j + 1, tf.TRACE_SEQUENCE_FILE: sequence, tf.CDP: sequence,
+                  tf.INLINE_3D: iline_start + i, tf.CROSSLINE_3D: xline_start + j, tf.SourceGroupScalar: 1,
+                  tf.CDP_X: BIN_SPACING_M * j, tf.CDP_Y: BIN_SPACING_M * i, tf.TRACE_SAMPLE_COUNT: ns,
+                  tf.TRACE_SAMPLE_INTERVAL: dt}
+        for field, value in header.items():
+            out[names[field]] = value
         out["data"] = np.asarray(data[i0:i1], dtype=np.float32)  # computes a Dask slab
         out.flush()
         del out
