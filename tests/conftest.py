@@ -40,6 +40,7 @@ MODULE_TIERS = {
     "test_plan_dict": "integration",
     "test_profiling": "integration",
     "test_recommend": "integration",
+    "test_regimes": "unit",
     "test_rounds": "unit",
     "test_segy": "integration",
     "test_shared_store": "integration",

@@ -27,6 +27,8 @@ assert set(np.unique(BASIS_EXPONENTS)) <= {0, 1}
 #: Terms with a flat prior (the constant and the volume); the others get a vague Gaussian.
 #: They stay the first two columns whatever ties :func:`basis_map` makes (each is its own orbit).
 FLAT_TERMS = (0, 1)
+#: No regime boundary (``regime``'s direction all zero, :func:`regime_side`): every block is on side 0.
+NO_REGIME = np.zeros(5)
 
 
 def basis_map(axis_classes=(0, 1, 2)) -> np.ndarray:
@@ -88,9 +90,12 @@ def effective_dims(dims: np.ndarray, multiple) -> np.ndarray:
     return np.ceil(dims / multiple) * multiple
 
 
-def _raw_basis(dims: np.ndarray, axis_length: np.ndarray, multiple, mapping=None) -> np.ndarray:
+def _raw_basis(dims: np.ndarray, axis_length: np.ndarray, multiple, mapping=None, regime=NO_REGIME,
+               side=None) -> np.ndarray:
     """``[1, V, n1n2, n1n3, n2n3, n1, n2, n3]`` on ``u = effective_dims / axis_length``, (m, 8),
-    tied by ``mapping`` (:func:`basis_map`, (8, q); None: untied) into (m, q)."""
+    tied by ``mapping`` (:func:`basis_map`, (8, q); None: untied) into (m, q); with a regime
+    boundary, the constant and the volume once more times the block's side (``side``, or
+    :func:`regime_side`'s), (m, q + 2): each side its own level and bytes per voxel."""
     u = effective_dims(dims, multiple) / axis_length
     raw = np.empty((len(u), len(BASIS_EXPONENTS)))
     for term, axes in enumerate(_TERM_AXES):  # exponents are 0 or 1: products of columns (hot path)
@@ -101,7 +106,11 @@ def _raw_basis(dims: np.ndarray, axis_length: np.ndarray, multiple, mapping=None
         for axis in axes[1:]:
             column *= u[:, axis]
         raw[:, term] = column
-    return raw if mapping is None else raw @ mapping
+    tied = raw if mapping is None else raw @ mapping
+    if not np.asarray(regime)[:3].any():
+        return tied
+    side = regime_side(dims, regime, multiple) if side is None else side
+    return np.column_stack([tied, side[:, None] * tied[:, list(FLAT_TERMS)]])
 
 
 def alike_groups(axis_classes) -> tuple[np.ndarray, ...]:
@@ -122,9 +131,29 @@ def canonical_dims(dims: np.ndarray, groups) -> np.ndarray:
     return dims
 
 
-def _kernel_inputs(dims: np.ndarray, log_lo: np.ndarray, log_span: np.ndarray, multiple, groups=()) -> np.ndarray:
-    """Normalised log effective dims ``z = (log n - log n_lo) / span``: the training box is [0, 1]^3."""
-    return (np.log(canonical_dims(effective_dims(dims, multiple), groups)) - log_lo) / log_span
+def regime_side(dims: np.ndarray, regime, multiple) -> np.ndarray:
+    """Which side of the model's regime boundary each block lies on: 0 below, 1 above, 0.5 in
+    the gap between the profiles either side (not determined).
+
+    ``regime = (w1, w2, w3, g_lo, g_hi)``: the boundary is a level of ``w . log n`` (``w`` in
+    ``{0, 1}^3``: a product of some of the block's effective dims, such as ``n1 n2``), known
+    to lie between ``g_lo``, the largest value any profile below it had, and ``g_hi``, the
+    smallest above it.  All zero (:data:`NO_REGIME`): every block is on side 0."""
+    regime = np.asarray(regime, dtype=np.float64)
+    direction = regime[:3]
+    if not direction.any():
+        return np.zeros(len(dims))
+    level = np.log(effective_dims(dims, multiple)) @ direction
+    return np.where(level >= regime[4], 1.0, np.where(level <= regime[3], 0.0, 0.5))
+
+
+def _kernel_inputs(dims: np.ndarray, log_lo: np.ndarray, log_span: np.ndarray, multiple, groups=(),
+                   regime=NO_REGIME, side=None) -> np.ndarray:
+    """The kernel's inputs, ``(m, 4)``: the normalised log effective dims ``z = (log n - log n_lo) /
+    span`` (the training box is [0, 1]^3) and the block's side of the regime boundary (``side``,
+    or :func:`regime_side`'s)."""
+    z = (np.log(canonical_dims(effective_dims(dims, multiple), groups)) - log_lo) / log_span
+    return np.column_stack([z, regime_side(dims, regime, multiple) if side is None else side])
 
 
 def _amplitude(raw: np.ndarray, gamma: np.ndarray, floor: float, slope: float) -> np.ndarray:

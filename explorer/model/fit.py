@@ -82,6 +82,7 @@ import numpy as np
 from explorer.model.stats import MAX_DOF
 from explorer.model.basis import (
     FLAT_TERMS,
+    NO_REGIME,
     _as_dims,
     _raw_basis,
     alike_groups,
@@ -93,7 +94,7 @@ from explorer.model.basis import (
 from explorer.model.memory_model import MemoryModel
 from explorer.model.posterior import _SCALAR_NAMES, _posterior_arrays
 from explorer.model.priors import DEFAULT_REL_NOISE_FLOOR, _FACE_EDGE_PRIOR_RELATIVE_SD, _RUN_NOISE_PRIOR
-from explorer.model import torch_fit
+from explorer.model import regimes, torch_fit
 
 if TYPE_CHECKING:
     from explorer.model.priors import MeanPrior
@@ -198,15 +199,27 @@ def fit(operator: str, shapes, peak_bytes, noise_var, lower_bound, *, halo=(0, 0
     # Fixed part of each observation's noise variance (the nugget is added in the fit).
     fixed_var = np.maximum(v, (rel_run_var * y * y + abs_var) / r_eff)
 
-    def fit_on(mask_obs, as_lower_bound):
+    def fit_on(mask_obs, as_lower_bound, regime=NO_REGIME):
         return _fit_posterior(dims[mask_obs], y[mask_obs], fixed_var[mask_obs], as_lower_bound, multiple=multiple,
                               rel_run_var=rel_run_var, abs_var=abs_var, noise_dof=noise_dof, prior=prior,
-                              classes=classes)
+                              classes=classes, regime=regime)
 
     exceeded = {"exceeded_dims": dims[lb], "exceeded_bytes": y[lb]}
-    arrays, fit_info = fit_on(exact, np.zeros(int(exact.sum()), dtype=bool))
+    as_exact = np.zeros(int(exact.sum()), dtype=bool)
+    arrays, fit_info = fit_on(exact, as_exact)
+    # A regime boundary (explorer.model.regimes): the best candidate refitted, kept if it earns it.
+    boundary = regimes.scan(MemoryModel(operator, halo, n, {**arrays, **exceeded}))
+    regime_info = None
+    if boundary is not None and boundary.gain > 0:
+        with_boundary, boundary_fit = fit_on(exact, as_exact, np.asarray(boundary.regime))
+        gain = boundary_fit["log_evidence"] - fit_info["log_evidence"]
+        regime_info = {"boundary": boundary.describe(), "gain": round(gain, 2),
+                       "candidates": boundary.n_candidates, "kept": regimes.accept(gain, boundary.n_candidates, int(exact.sum()))}
+        if regime_info["kept"]:
+            arrays, fit_info = with_boundary, boundary_fit
     info = {
         **fit_info,
+        **({"regime": regime_info} if regime_info else {}),
         "n_exact": int(exact.sum()),
         "n_lower_bounds": int(lb.sum()),
         "fit_seconds": time.perf_counter() - started,
@@ -318,6 +331,29 @@ def _mean_prior_rows(basis: np.ndarray, mean: np.ndarray, sd: np.ndarray) -> tup
     return rows * math.sqrt(float(leverage.min())), b0
 
 
+def _log_evidence_terms(transform: np.ndarray, prior_precision_raw: np.ndarray) -> float:
+    r"""What turns the ML-II fit's restricted log-likelihood (computed in the re-parametrised basis
+    ``h = raw @ T``, the proper prior's normaliser left out) into the log evidence of the raw
+    basis's model, comparable between models whose proper mean terms differ (a regime
+    boundary's two, ``explorer.model.regimes``): ``log|det T| + log pdet(B^{-1}) / 2``, ``pdet`` the
+    product of the raw prior precision's nonzero eigenvalues (the flat terms, the same in both
+    models, have none)."""
+    eig = np.linalg.eigvalsh(prior_precision_raw)
+    proper = eig > 1e-12 * max(float(eig.max()), 1e-300)
+    return float(np.linalg.slogdet(transform)[1] + 0.5 * np.log(eig[proper]).sum())
+
+
+def _envelope(relative_rows: np.ndarray, n_free: int) -> np.ndarray:
+    """``gamma`` minimising ``|rows gamma - 1|``, non-negative but for the last ``n_free`` terms."""
+    from scipy.optimize import lsq_linear, nnls
+
+    ones = np.ones(len(relative_rows))
+    if n_free == 0:
+        return nnls(relative_rows, ones)[0]
+    lower = np.r_[np.zeros(relative_rows.shape[1] - n_free), np.full(n_free, -np.inf)]
+    return lsq_linear(relative_rows, ones, bounds=(lower, np.inf)).x
+
+
 def _declared(operator: str, attribute: str, default):
     """The registered operator's ``attribute`` (``block_multiple``, ``axis_classes``), or
     ``default`` for a name the registry does not know (it claims nothing)."""
@@ -330,10 +366,8 @@ def _declared(operator: str, attribute: str, default):
 
 
 def _fit_posterior(dims, y, fixed_var, is_lower_bound, *, rel_run_var, abs_var, noise_dof, multiple, prior=None,
-                   classes=(0, 1, 2)):
+                   classes=(0, 1, 2), regime=NO_REGIME):
     """ML-II hyperparameters (torch) and the exported NumPy posterior of one data set."""
-    from scipy.optimize import nnls
-
     n = dims.shape[0]
     multiple = np.asarray(multiple, dtype=np.float64)
     log_dims = np.log(effective_dims(dims, multiple))
@@ -341,24 +375,26 @@ def _fit_posterior(dims, y, fixed_var, is_lower_bound, *, rel_run_var, abs_var, 
     mapping = basis_map(classes)
     bytes_scale = float(y.max())
     y_s = y / bytes_scale
-    raw = _raw_basis(dims, axis_length, multiple, mapping)
+    raw = _raw_basis(dims, axis_length, multiple, mapping, regime)
     p = raw.shape[1]
     if prior is None:
         envelope_rows, envelope_values = raw, y_s
     else:
-        prior_raw = _raw_basis(_as_dims(prior.shapes), axis_length, multiple, mapping)
+        prior_raw = _raw_basis(_as_dims(prior.shapes), axis_length, multiple, mapping, regime)
         prior_mean_s = np.asarray(prior.mean_bytes, dtype=np.float64) / bytes_scale
         envelope_rows, envelope_values = np.vstack([raw, prior_raw]), np.concatenate([y_s, prior_mean_s])
-    # Amplitude envelope: relative NNLS, s(x) = raw_basis(x) @ gamma > 0 (on the prior's means too).
-    gamma, _ = nnls(envelope_rows / envelope_values[:, None], np.ones(len(envelope_values)))
+    # Amplitude envelope: relative NNLS, s(x) = raw_basis(x) @ gamma > 0 (on the prior's means too);
+    # what a regime's side adds to the constant and the volume may be negative (the floor keeps s > 0).
+    gamma = _envelope(envelope_rows / envelope_values[:, None], p - mapping.shape[1])
     if not np.any(gamma > 0):
         gamma = np.zeros(p)
         gamma[0] = float(np.exp(np.log(y_s).mean()))
     amp_floor = 1e-3 * float(y_s.min())
     if prior is None:
         # Prior precision of beta (raw basis): flat on [1, V]; N(0, (tau s_c)^2) on faces, edges.
-        # s_c = s(centre) = sum(gamma) since every raw term is 1 at u = (1, 1, 1).
-        prior_sd = _FACE_EDGE_PRIOR_RELATIVE_SD * float(gamma.sum())
+        # s_c = s(centre) = sum(gamma) since every raw term is 1 at u = (1, 1, 1) (below a regime
+        # boundary: its side's terms are 0 there).
+        prior_sd = _FACE_EDGE_PRIOR_RELATIVE_SD * float(gamma[:mapping.shape[1]].sum())
         prior_rows = np.diag([0.0 if j in FLAT_TERMS else 1.0 / prior_sd for j in range(p)])
         prior_mean_raw = np.zeros(p)
         n_flat = len(FLAT_TERMS)
@@ -401,6 +437,7 @@ def _fit_posterior(dims, y, fixed_var, is_lower_bound, *, rel_run_var, abs_var, 
         "amplitude_coef": gamma,
         "log_lo": log_lo,
         "log_span": log_span,
+        "regime": np.asarray(regime, dtype=np.float64),
     }
     # ML-II on the departure from the prior mean (b_0 = 0 without a prior): the same likelihood
     hyper, reml = torch_fit._fit_hyperparameters(effective_dims(dims, multiple), y_s - offset_s, fixed_s, features,
@@ -422,4 +459,5 @@ def _fit_posterior(dims, y, fixed_var, is_lower_bound, *, rel_run_var, abs_var, 
         "scalars": np.array([scalars[name] for name in _SCALAR_NAMES]),
         **posterior,
     }
-    return arrays, {"restricted_log_likelihood": reml}
+    return arrays, {"restricted_log_likelihood": reml,
+                    "log_evidence": reml + _log_evidence_terms(transform, prior_precision_raw)}

@@ -37,16 +37,27 @@ class FeatureMap(torch.nn.Module):
     def __init__(self, features, amp_floor):
         super().__init__()
         for name in ("axis_length", "basis_map", "basis_transform", "basis_prior_precision", "amplitude_coef",
-                     "log_lo", "log_span"):
+                     "log_lo", "log_span", "regime"):
             self.register_buffer(name, torch.as_tensor(features[name], dtype=torch.float64))
         self.register_buffer("basis_exponents", torch.as_tensor(BASIS_EXPONENTS, dtype=torch.float64))
         self.groups = [torch.as_tensor(g) for g in alike_groups(features["axis_classes"])]
         self.amp_floor = float(amp_floor)
         self.n_terms = int(self.basis_transform.shape[0])
+        self.has_regime = bool(self.regime[:3].any())
 
     def raw_basis(self, dims):
         u = dims / self.axis_length
-        return torch.prod(u.unsqueeze(-2) ** self.basis_exponents, dim=-1) @ self.basis_map
+        tied = torch.prod(u.unsqueeze(-2) ** self.basis_exponents, dim=-1) @ self.basis_map
+        if not self.has_regime:
+            return tied
+        return torch.cat([tied, self.side(dims).unsqueeze(-1) * tied[..., list(FLAT_TERMS)]], dim=-1)
+
+    def side(self, dims):
+        """``regime_side`` of effective dims."""
+        if not self.has_regime:
+            return torch.zeros(dims.shape[:-1], dtype=dims.dtype)
+        level = torch.log(dims) @ self.regime[:3]
+        return torch.where(level >= self.regime[4], 1.0, torch.where(level <= self.regime[3], 0.0, 0.5))
 
     def basis(self, dims):
         return self.raw_basis(dims) @ self.basis_transform
@@ -57,11 +68,14 @@ class FeatureMap(torch.nn.Module):
         return envelope * (envelope / centre) ** -slope
 
     def kernel_inputs(self, dims):
+        """``_kernel_inputs`` of effective dims: the normalised log-dims and the side of the
+        regime boundary (``regime_side``)."""
+        side = self.side(dims)
         if self.groups:  # canonical_dims: sorted within each group of alike axes
             dims = dims.clone()
             for group in self.groups:
                 dims[..., group] = torch.sort(dims[..., group], dim=-1).values
-        return (torch.log(dims) - self.log_lo) / self.log_span
+        return torch.cat([(torch.log(dims) - self.log_lo) / self.log_span, side.unsqueeze(-1)], dim=-1)
 
 
 class RelativeResidualKernel(gpytorch.kernels.Kernel):
@@ -78,7 +92,7 @@ class RelativeResidualKernel(gpytorch.kernels.Kernel):
         self._set_slope(torch.tensor(_SLOPE_START, dtype=torch.float64))
         self.scaled = gpytorch.kernels.ScaleKernel(
             gpytorch.kernels.MaternKernel(
-                nu=2.5, ard_num_dims=3, lengthscale_prior=lognormal_with_mode(*_LENGTHSCALE_PRIOR),
+                nu=2.5, ard_num_dims=4, lengthscale_prior=lognormal_with_mode(*_LENGTHSCALE_PRIOR),
                 lengthscale_constraint=positive_log()),
             outputscale_prior=lognormal_with_mode(*_OUTPUTSCALE_PRIOR),
             outputscale_constraint=positive_log())

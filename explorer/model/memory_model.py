@@ -149,7 +149,10 @@ from explorer.model.stats import normal_scores, scale_posterior
 from explorer.model.basis import (
     BASIS_EXPONENTS,
     BASIS_NAMES,
+    FLAT_TERMS,
+    NO_REGIME,
     _amplitude,
+    regime_side,
     _as_dims,
     _bound_quantile,
     _kernel_inputs,
@@ -178,6 +181,16 @@ FORMAT_VERSION = 5
 #: Formats this code reads.  4 and older kept one scale for the latent peak and the run noise
 #: alike, truncated at the fit's own: refit them.
 READABLE_FORMATS = (FORMAT_VERSION,)
+
+
+def _with_regime(arrays: dict) -> dict:
+    """A model's arrays with the regime fields of a model saved before they existed: no regime
+    boundary (``basis.NO_REGIME``), and a lengthscale for the kernel's regime input that then
+    never acts (every block is on side 0)."""
+    if "regime" in arrays:
+        return arrays
+    lengthscale = np.asarray(arrays["lengthscale"], dtype=np.float64).reshape(-1)
+    return {**arrays, "regime": NO_REGIME, "lengthscale": np.append(lengthscale, 1.0)[:4]}
 
 
 class ModelNotFoundError(LookupError):
@@ -209,6 +222,7 @@ class MemoryModel:
         self.environment = dict(environment) if environment else None
         #: Differences from this process's environment, set by ``load_model`` (empty: none).
         self.stale: list[str] = []
+        arrays = _with_regime(arrays)
         missing = [name for name in _ARRAY_FIELDS if name not in arrays]
         if missing:
             raise ValueError(f"model arrays missing: {missing}")
@@ -246,11 +260,12 @@ class MemoryModel:
         self._train_scale = self._outputscale * self._train_amp[:, None]
 
     # ---- feature map ------------------------------------------------------------
-    def _z(self, dims):
-        return _kernel_inputs(dims, self._a["log_lo"], self._a["log_span"], self._a["block_multiple"], self._groups)
+    def _z(self, dims, side=None):
+        return _kernel_inputs(dims, self._a["log_lo"], self._a["log_span"], self._a["block_multiple"], self._groups,
+                              self._a["regime"], side)
 
-    def _raw_basis(self, dims):
-        return _raw_basis(dims, self._a["axis_length"], self._a["block_multiple"], self._map)
+    def _raw_basis(self, dims, side=None):
+        return _raw_basis(dims, self._a["axis_length"], self._a["block_multiple"], self._map, self._a["regime"], side)
 
     def _amplitude(self, dims):
         return _amplitude(self._raw_basis(dims), self._a["amplitude_coef"], self._amp_floor, self._amp_slope)
@@ -266,10 +281,11 @@ class MemoryModel:
         return self._outputscale * amp_a[:, None] * _matern52(z_a, z_b, self._a["lengthscale"]) * amp_b[None, :]
 
     # ---- posterior in working units -------------------------------------------
-    def _parts(self, dims):
-        """Per-test-point pieces: mean, ``V = L^{-1} k_*``, ``Q = L_A^{-1} R_*``, z, amplitude."""
-        z = self._z(dims)
-        raw = self._raw_basis(dims)
+    def _parts(self, dims, side=None):
+        """Per-test-point pieces: mean, ``V = L^{-1} k_*``, ``Q = L_A^{-1} R_*``, z, amplitude
+        (``side``: the blocks' side of the regime boundary, ``basis.regime_side``'s by default)."""
+        z = self._z(dims, side)
+        raw = self._raw_basis(dims, side)
         amp = _amplitude(raw, self._a["amplitude_coef"], self._amp_floor, self._amp_slope)
         k_train = _matern52_scaled(self._train_scaled_z, self._train_scaled_z_squared, z / self._a["lengthscale"])
         k_train *= self._train_scale  # outputscale x the training amplitudes, (n, 1)
@@ -283,8 +299,22 @@ class MemoryModel:
 
     def _latent(self, dims):
         """Mean and variance of the latent peak (working units), the nugget's misfit included
-        (both scaled by ``lambda``: module docstring)."""
-        mean, v, q, _z, amp = self._parts(dims)
+        (both scaled by ``lambda``: module docstring).
+
+        A block in the gap of the regime boundary (``basis.regime_side`` 0.5: the profiles do not
+        say which side it is on) gets the larger mean and the larger variance of its two sides',
+        so that every upper quantile of its predictive is at or above either side's."""
+        mean, var = self._latent_at(dims)
+        gap = regime_side(dims, self._a["regime"], self._a["block_multiple"]) == 0.5
+        if gap.any():
+            (mean_0, var_0), (mean_1, var_1) = (self._latent_at(dims[gap], np.full(int(gap.sum()), side))
+                                                for side in (0.0, 1.0))
+            mean[gap], var[gap] = np.maximum(mean_0, mean_1), np.maximum(var_0, var_1)
+        return mean, var
+
+    def _latent_at(self, dims, side=None):
+        """:meth:`_latent` of blocks on a given side of the regime boundary (``side``)."""
+        mean, v, q, _z, amp = self._parts(dims, side)
         var = self._outputscale * amp * amp - (v * v).sum(0) + (q * q).sum(0)
         m = np.maximum(mean, 0.0)
         return mean, np.maximum(var, 0.0) + self._rel_nugget_var * m * m
@@ -513,12 +543,19 @@ class MemoryModel:
 
     @property
     def coefficients(self) -> dict[str, float]:
-        """``beta_bar`` in physical units: bytes, bytes/voxel, bytes/face-sample, ..."""
+        """``beta_bar`` in physical units: bytes, bytes/voxel, bytes/face-sample, ...; with a regime
+        boundary, those below it and, as ``constant_above`` and ``volume_above``, what the
+        constant and the volume add above it."""
         scale = self._a["axis_length"]
         per_unit = np.prod(scale[None, :] ** BASIS_EXPONENTS, axis=1)
+        mapping = self._a["basis_map"]
+        tied = self._a["basis_transform"] @ self._a["beta"] * self._bytes_scale
         # each of the eight monomials' own coefficient: a tied one is shared by its orbit
-        beta_raw = self._a["basis_map"] @ (self._a["basis_transform"] @ self._a["beta"]) * self._bytes_scale
-        return {name: float(b / u) for name, b, u in zip(BASIS_NAMES, beta_raw, per_unit)}
+        beta_raw = mapping @ tied[:mapping.shape[1]]
+        out = {name: float(b / u) for name, b, u in zip(BASIS_NAMES, beta_raw, per_unit)}
+        for name, b, term in zip(("constant_above", "volume_above"), tied[mapping.shape[1]:], FLAT_TERMS):
+            out[name] = float(b / per_unit[term])
+        return out
 
     @property
     def hyperparameters(self) -> dict[str, object]:

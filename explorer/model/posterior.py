@@ -37,7 +37,8 @@ _ARRAY_FIELDS = (
     "amplitude_coef",  # (p,) gamma >= 0: s(x) = max(raw_basis(x) @ gamma, amplitude_floor)
     "log_lo",  # (3,) kernel input normalisation
     "log_span",  # (3,)
-    "lengthscale",  # (3,)
+    "regime",  # (5,) the regime boundary: direction w and the gap (g_lo, g_hi) of w . log n (basis.regime_side)
+    "lengthscale",  # (4,) of the three normalised log-dims and of the side of the regime boundary
     "scalars",  # (6,) see _SCALAR_NAMES
     "chol_inv",  # (n, n) L^{-1}, K_y = L L^T
     "alpha",  # (n,) K_y^{-1} (y - H^T beta_bar)
@@ -126,11 +127,12 @@ def restricted_log_likelihood_in_scale(latent, noise, basis, y, prior_precision)
 def _posterior_arrays(dims, y_s, noise_var_s, features, amp_floor, hyper):
     """``L^{-1}``, ``alpha``, ``beta_bar = A^{-1} (H K_y^{-1} y + B^{-1} b_0)``, ``W = L^{-1} H^T``,
     ``L_A^{-1}`` (NumPy, float64)."""
-    raw = _raw_basis(dims, features["axis_length"], features["block_multiple"], features["basis_map"])
+    raw = _raw_basis(dims, features["axis_length"], features["block_multiple"], features["basis_map"],
+                     features["regime"])
     h = raw @ features["basis_transform"]
     amp = _amplitude(raw, features["amplitude_coef"], amp_floor, hyper["amplitude_slope"])
     z = _kernel_inputs(dims, features["log_lo"], features["log_span"], features["block_multiple"],
-                       alike_groups(features["axis_classes"]))
+                       alike_groups(features["axis_classes"]), features["regime"])
     k = hyper["outputscale"] * amp[:, None] * _matern52(z, z, hyper["lengthscale"]) * amp[None, :]
     k_y = k + np.diag(noise_var_s)
     chol = np.linalg.cholesky(k_y)

@@ -75,7 +75,7 @@ def _start_mll(t, x, y, y_ref, fixed, features, amp_floor, lengthscale, residual
     torch = t.torch
     likelihood = t.RelativeNuggetLikelihood(fixed, y_ref)
     gp = t.ExplicitBasisGP(x, y, likelihood, t.FeatureMap(features, amp_floor))
-    gp.covar_module.scaled.base_kernel.lengthscale = torch.full((1, 3), lengthscale, dtype=torch.float64)
+    gp.covar_module.scaled.base_kernel.lengthscale = torch.full((1, 4), lengthscale, dtype=torch.float64)
     gp.covar_module.scaled.outputscale = torch.tensor(residual_sd**2, dtype=torch.float64)
     likelihood.noise_covar._set_nugget(nugget_sd**2)
     return t.RestrictedMarginalLogLikelihood(likelihood, gp)
@@ -131,7 +131,7 @@ def _torch_posterior(model: MemoryModel, shapes):
     scale = model._bytes_scale
     features = {name: a[name] for name in ("axis_length", "block_multiple", "basis_map", "axis_classes",
                                            "basis_transform",
-                                           "basis_prior_precision", "amplitude_coef", "log_lo", "log_span")}
+                                           "basis_prior_precision", "amplitude_coef", "log_lo", "log_span", "regime")}
     feature_map = t.FeatureMap(features, model._amp_floor)
     x = torch.as_tensor(effective_dims(a["train_dims"], a["block_multiple"]), dtype=torch.float64)
     y = torch.as_tensor(a["train_bytes"] / scale, dtype=torch.float64)
@@ -140,7 +140,7 @@ def _torch_posterior(model: MemoryModel, shapes):
         likelihood = gpytorch.likelihoods.FixedNoiseGaussianLikelihood(noise=noise)
         gp = t.ExplicitBasisGP(x, y, likelihood, feature_map,
                                   beta=torch.as_tensor(a["beta"], dtype=torch.float64))
-        gp.covar_module.scaled.base_kernel.lengthscale = torch.as_tensor(a["lengthscale"]).reshape(1, 3)
+        gp.covar_module.scaled.base_kernel.lengthscale = torch.as_tensor(a["lengthscale"]).reshape(1, 4)
         gp.covar_module.scaled.outputscale = torch.tensor(model._outputscale, dtype=torch.float64)
         gp.covar_module.slope = torch.tensor(model._amp_slope, dtype=torch.float64)
         gp.eval()

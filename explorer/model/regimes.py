@@ -1,0 +1,145 @@
+r"""Regimes: an operator whose peak jumps where it switches algorithm with the block's shape.
+
+Libraries choose an algorithm by a threshold on a product of the block's dims (PyTorch's CPU
+3D convolution runs ``Slow3d``, a vol2col buffer of 27 values per voxel and channel, while
+``channels x n1 x n2`` is small, and oneDNN above it; FFT libraries and BLAS block sizes switch
+the same way).  The peak is then two smooth functions with a step between them along a level
+set of ``w . log n``, ``w`` in ``{0, 1}^3``, which a stationary kernel on the log-dims cannot
+place from a few dozen profiles: the fit smears the step over its neighbourhood, and a block on
+the high side near it is predicted between the two.
+
+The model's kernel has a fourth input, the block's side of a *regime boundary*
+(``explorer.model.basis.regime_side``: 0 below, 1 above, 0.5 in the gap between the nearest
+profiles either side), with its own lengthscale, so that the two sides may be as unlike as the
+data say (a short lengthscale: nearly independent residuals) while the mean and the kernel on
+the dims stay shared.  A block in the gap is predicted by the dominating side
+(``MemoryModel._latent``).
+
+Which boundary, if any: :func:`candidate_boundaries` lists every direction ``w`` the operator's
+alike axes allow and every gap between consecutive profiles along it that leaves at least
+:data:`MIN_SIDE` exact profiles on each side (``K`` candidates); :func:`scan` scores each by the
+restricted likelihood of the no-regime fit's own hyperparameters with the side input added
+(lengthscales :data:`SIDE_LENGTHSCALES`, the latent scale profiled), which needs no refit.  The
+best is refitted by ML-II, and kept when its maximised restricted log-likelihood (with the
+priors) exceeds the no-regime fit's by more than ``log K + log(n) / 2`` (:func:`accept`): the prior gives
+half its mass to *no boundary* and spreads the other half evenly over the ``K`` candidates, so
+the posterior odds of the best candidate against none are about ``exp(gain) / K``, each model
+at its own optimum, times the Occam factor of the side's lengthscale, which Schwarz's
+approximation puts at ``n^(-1/2)`` for ``n`` exact profiles.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from explorer.model.basis import FLAT_TERMS, _matern52, effective_dims
+from explorer.model.priors import _FACE_EDGE_PRIOR_RELATIVE_SD
+
+__all__ = ["Boundary", "accept", "candidate_boundaries", "scan"]
+
+#: Exact profiles each side of a candidate boundary must have: a side of one or two profiles is
+#: an outlier's explanation, not a regime's.
+MIN_SIDE = 3
+#: Lengthscales of the side input at which :func:`scan` scores a candidate (the side is 0 or 1:
+#: 0.1 leaves the two sides' residuals independent, 0.5 correlated by 0.14).
+SIDE_LENGTHSCALES = (0.1, 0.5)
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """A candidate regime boundary: ``regime = (w1, w2, w3, g_lo, g_hi)`` (``basis.regime_side``),
+    its score (the restricted log-likelihood gain over no boundary at the no-regime fit's
+    hyperparameters) and how many candidates were scored."""
+
+    regime: tuple
+    gain: float
+    n_candidates: int
+
+    def describe(self) -> str:
+        w = self.regime[:3]
+        product = " ".join(f"n{axis + 1}" for axis in range(3) if w[axis])
+        return (f"{product} between {math.exp(self.regime[3]):.0f} and {math.exp(self.regime[4]):.0f}")
+
+
+def candidate_boundaries(dims: np.ndarray, multiple, axis_classes) -> list[np.ndarray]:
+    """Every ``regime`` array (``basis.regime_side``) a boundary could have on these exact
+    profiles: directions ``w`` in ``{0, 1}^3 \\ 0`` equal on axes of one class (a boundary must
+    not tell alike axes apart), and each gap between consecutive distinct levels ``w . log n``
+    with at least :data:`MIN_SIDE` profiles on each side."""
+    classes = np.asarray(axis_classes)
+    level_dims = np.log(effective_dims(np.asarray(dims, dtype=np.float64), multiple))
+    out = []
+    for w in itertools.product((0.0, 1.0), repeat=3):
+        w = np.array(w)
+        if not w.any() or any(len(set(w[classes == c])) > 1 for c in np.unique(classes)):
+            continue
+        level = level_dims @ w
+        distinct = np.unique(level)
+        for lo, hi in zip(distinct[:-1], distinct[1:]):
+            above = int((level >= hi).sum())
+            if above >= MIN_SIDE and len(level) - above >= MIN_SIDE:
+                out.append(np.concatenate([w, [lo, hi]]))
+    return out
+
+
+def scan(model) -> Boundary | None:
+    """The best of :func:`candidate_boundaries` on ``model``'s exact profiles (an ML-II model with
+    no regime), by the restricted log-likelihood at its hyperparameters with the side input
+    added at :data:`SIDE_LENGTHSCALES`, the latent scale profiled over its grid; None when there
+    is no candidate."""
+    from explorer.model.posterior import restricted_log_likelihood_in_scale
+
+    a = model._a
+    exact = ~a["train_is_lower_bound"]
+    dims = a["train_dims"][exact]
+    candidates = candidate_boundaries(dims, a["block_multiple"], a["axis_classes"])
+    if not candidates:
+        return None
+    y_s = a["train_bytes"][exact] / model._bytes_scale
+    outputscale, nugget = model._ml2
+    z = model._z(dims)[:, :3]
+    amp = model._amplitude(dims)
+    basis = model._basis(dims)
+    flat = model._raw_basis(dims)[:, list(FLAT_TERMS)]
+    noise = a["train_noise_var"][exact] / model._bytes_scale**2
+    y = y_s - basis @ a["basis_prior_mean"]
+    lengthscale = a["lengthscale"][:3]
+    # the side's constant and volume terms (fit._fit_posterior's prior: vague Gaussians of sd tau s_c)
+    side_precision = 1.0 / (_FACE_EDGE_PRIOR_RELATIVE_SD * float(a["amplitude_coef"].sum())) ** 2
+    prior_precision = np.zeros((basis.shape[1] + 2,) * 2)
+    prior_precision[:basis.shape[1], :basis.shape[1]] = a["basis_prior_precision"]
+    prior_precision[basis.shape[1]:, basis.shape[1]:] = side_precision * np.eye(2)
+
+    def log_likelihood(side=None, side_lengthscale=1.0):
+        if side is None:
+            correlation, h, precision = _matern52(z, z, lengthscale), basis, a["basis_prior_precision"]
+        else:
+            inputs = np.column_stack([z, side])
+            correlation = _matern52(inputs, inputs, np.append(lengthscale, side_lengthscale))
+            h, precision = np.column_stack([basis, side[:, None] * flat]), prior_precision
+        latent = outputscale * amp[:, None] * correlation * amp[None, :] + np.diag(nugget * y_s**2)
+        value = restricted_log_likelihood_in_scale(latent, noise, h, y, precision).max()
+        return float(value) + (0.0 if side is None else math.log(side_precision))  # the side prior's normaliser
+
+    base = log_likelihood()
+    level_dims = np.log(effective_dims(dims, a["block_multiple"]))
+    best, best_gain = None, -np.inf
+    for regime in candidates:
+        side = (level_dims @ regime[:3] >= regime[4]).astype(np.float64)
+        gain = max(log_likelihood(side, ell) for ell in SIDE_LENGTHSCALES) - base
+        if gain > best_gain:
+            best, best_gain = regime, gain
+    return Boundary(tuple(float(x) for x in best), float(best_gain), len(candidates))
+
+
+def accept(gain: float, n_candidates: int, n_profiles: int) -> bool:
+    """Whether a refitted boundary's gain in maximised restricted log-likelihood over no boundary
+    earns it (module docstring): more than ``log K + log(n) / 2`` nats, the second term the
+    Occam factor of the side's lengthscale, one more hyperparameter fitted to ``n`` exact
+    profiles (Schwarz's approximation)."""
+    return n_candidates > 0 and gain > math.log(n_candidates) + 0.5 * math.log(n_profiles)
+

@@ -1,0 +1,122 @@
+"""Regime boundaries (``explorer.model.regimes``): a peak that jumps where the operator switches
+algorithm with the block's shape, found from the profiles and predicted on both sides."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from explorer.model import regimes
+from explorer.model.basis import NO_REGIME, regime_side
+from explorer.model.fit import fit
+from explorer.model.memory_model import MemoryModel
+
+MiB = 2**20
+#: A name the registry does not know: every axis its own class, no padding.
+OPERATOR = "regime_truth"
+
+
+def two_algorithm_truth(shapes):
+    """PyTorch's CPU conv3d as measured (``docs/calibration.md``): 118 bytes of peak per input byte
+    while ``4 n1 n2 <= 20480`` (Slow3d's vol2col buffer), 32 above it (oneDNN)."""
+    d = np.asarray(shapes, dtype=np.float64).reshape(-1, 3)
+    slow = d[:, 0] * d[:, 1] <= 5120
+    return 6 * MiB + 4 * d.prod(1) * np.where(slow, 118.0, 32.0) + 200 * d[:, 0] * d[:, 1]
+
+
+def smooth_truth(shapes):
+    """Bytes per voxel growing with the volume, and faces: no step anywhere."""
+    d = np.asarray(shapes, dtype=np.float64).reshape(-1, 3)
+    v = d.prod(1)
+    return 8 * MiB + (150 + 30 * np.log10(v)) * v + 64 * (d[:, 0] * d[:, 1] + d[:, 1] * d[:, 2])
+
+
+def random_shapes(rng, n, max_volume=4e6):
+    out = []
+    while len(out) < n:
+        shape = np.exp(rng.uniform(np.log(8), np.log(400), 3)).round()
+        if shape.prod() <= max_volume:
+            out.append(shape)
+    return np.array(out)
+
+
+def fitted(truth, seed, n=30, cv=0.003):
+    """The model of ``n`` profiles of ``truth`` at random shapes, each the mean of two runs."""
+    rng = np.random.default_rng(seed)
+    shapes = random_shapes(rng, n)
+    runs = truth(shapes)[:, None] * (1 + cv * rng.standard_normal((n, 2)))
+    return fit(OPERATOR, shapes, runs.mean(1), runs.var(1, ddof=1) / 2, np.zeros(n, dtype=bool),
+               n_repeats=np.full(n, 2))
+
+
+def test_a_blocks_side_is_below_above_or_in_the_gap_between_the_profiles():
+    regime = np.array([1.0, 1.0, 0.0, np.log(4000), np.log(6000)])
+    dims = np.array([[50, 50, 9], [55, 100, 9], [100, 100, 9], [40, 100, 1000]], dtype=float)
+    assert regime_side(dims, regime, np.ones(3)).tolist() == [0.0, 0.5, 1.0, 0.0]
+    assert regime_side(dims, NO_REGIME, np.ones(3)).tolist() == [0.0] * 4
+
+
+def test_candidate_boundaries_keep_alike_axes_alike_and_three_profiles_a_side():
+    dims = random_shapes(np.random.default_rng(0), 12)
+    every = regimes.candidate_boundaries(dims, np.ones(3), (0, 1, 2))
+    assert {tuple(c[:3]) for c in every} == {w for w in np.ndindex(2, 2, 2) if any(w)}
+    alike = regimes.candidate_boundaries(dims, np.ones(3), (0, 0, 0))
+    assert {tuple(c[:3]) for c in alike} == {(1.0, 1.0, 1.0)}  # the volume only
+    level = np.log(dims).sum(1)
+    for c in alike:
+        below = int((level <= c[3]).sum())
+        assert regimes.MIN_SIDE <= below <= len(dims) - regimes.MIN_SIDE
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_two_algorithms_get_their_boundary_and_a_bound_that_covers_both_sides(seed):
+    model = fitted(two_algorithm_truth, seed)
+    kept = model.info["regime"]
+    assert kept["kept"], kept
+    regime = model._a["regime"]
+    assert regime[:3].tolist() == [1.0, 1.0, 0.0] and regime[3] < np.log(5120) < regime[4]
+
+    held_out = random_shapes(np.random.default_rng(100 + seed), 400)
+    truth = two_algorithm_truth(held_out)
+    mean, upper = model.predict_many(held_out, 0.99)
+    side = regime_side(held_out, regime, np.ones(3))
+    decided = side != 0.5
+    assert np.median(np.abs(mean[decided] / truth[decided] - 1)) < 0.02  # each side's own mean
+    assert np.mean(truth <= upper) >= 0.97
+    # a block whose side the profiles leave open is bounded as the higher of its two sides
+    gap = ~decided
+    if gap.any():
+        for s in (0.0, 1.0):
+            m, v = model._latent_at(held_out[gap], np.full(int(gap.sum()), s))
+            assert np.all(model._latent(held_out[gap])[0] >= m)
+        assert np.all(truth[gap] <= upper[gap])
+
+
+def test_without_the_boundary_the_same_profiles_miss_on_the_high_side(monkeypatch):
+    """What the boundary is for: the smooth model of the same profiles spreads the step over its
+    neighbourhood and its bound misses blocks on the high side near it."""
+    monkeypatch.setattr(regimes, "accept", lambda *args: False)
+    model = fitted(two_algorithm_truth, 0)
+    assert not model.info["regime"]["kept"]
+    held_out = random_shapes(np.random.default_rng(100), 400)
+    near_high = np.abs(np.log(held_out[:, 0] * held_out[:, 1] / 5120)) < 0.5
+    near_high &= held_out[:, 0] * held_out[:, 1] <= 5120
+    _, upper = model.predict_many(held_out[near_high], 0.99)
+    assert np.mean(two_algorithm_truth(held_out[near_high]) <= upper) < 0.97
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_smooth_peak_keeps_no_boundary(seed):
+    model = fitted(smooth_truth, seed)
+    assert not model.info.get("regime", {}).get("kept", False), model.info.get("regime")
+    assert model._a["regime"].tolist() == NO_REGIME.tolist()
+
+
+def test_a_model_saved_before_regimes_existed_predicts_as_it_did():
+    """Its arrays have no ``regime`` and three lengthscales (``MemoryModel.load`` reads them as they are)."""
+    model = fitted(smooth_truth, 0)
+    old = {name: value for name, value in model._a.items() if name != "regime"}
+    old["lengthscale"] = old["lengthscale"][:3]
+    before = MemoryModel(model.operator, model.halo, model.n_observations, old, model.info)
+    shapes = random_shapes(np.random.default_rng(5), 50)
+    assert np.allclose(before.predict_many(shapes, 0.99)[1], model.predict_many(shapes, 0.99)[1], rtol=1e-12)
