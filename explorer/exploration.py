@@ -92,6 +92,8 @@ class ExploreResult:
     converged: bool | None = None
     #: The factor the saved model's bound is widened by (``MemoryModel.certified``).
     certified_factor: float | None = None
+    #: The saved model's regime boundary (``MemoryModel.regime``: where its peak jumps), or None.
+    regime: str | None = None
     #: Whether the saved model was the answer as it stood (``explore``'s docstring, Paid once).
     reused: bool = False
     #: Where the wall time went: ``{section: {"seconds", "count"}}`` (``explorer.core.timings``;
@@ -123,6 +125,7 @@ class ExploreResult:
             "prior": self.prior,
             "converged": self.converged,
             "certified_factor": self.certified_factor,
+            "regime": self.regime,
             "reused": self.reused,
             "profiled_on": self.profiled_on,
             "timings": self.timings,
@@ -305,6 +308,7 @@ def explore(
         prior=core.prior.source if core.prior is not None else None,
         converged=None if model is None else bool(model.info.get("converged")),
         certified_factor=None if model is None else model.hyperparameters["certified_factor"],
+        regime=None if model is None else model.regime,
         timings=timings.to_dict(),
     )
 
@@ -388,7 +392,8 @@ def _reused(operator: str, model, records, settings: dict, started: float, *, pr
         model_path=str(paths.model_path(operator, runs_dir)), report_path=str(report_file) if report else None,
         probes=probe_result, prior=model.info.get("prior"),
         converged=bool(model.info.get("converged")),
-        certified_factor=model.hyperparameters["certified_factor"], reused=True, timings=timings.to_dict())
+        certified_factor=model.hyperparameters["certified_factor"], regime=model.regime, reused=True,
+        timings=timings.to_dict())
 
 
 def _with_budget(stopped_because: str, budget: int, in_flight: int) -> str:

@@ -149,8 +149,9 @@ def test_cli_json_last_and_chunks(explored):
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout.strip().splitlines()[-1])
     for key in ("operator", "profiles", "stopped_because", "seconds", "max_relative_uncertainty", "probes",
-                "reused", "timings"):
+                "reused", "timings", "regime"):
         assert key in data
+    assert data["regime"] is None  # first_derivative's peak has no step
     assert "where the" in out.stderr and "ask (fits, evidence, acquisition)" in out.stderr
     assert data["profiles"] == len(Store(runs).records(OPERATOR, source="profile")) >= result.profiles
     assert data["stopped_because"].startswith("budget")

@@ -75,6 +75,7 @@ def test_two_algorithms_get_their_boundary_and_a_bound_that_covers_both_sides(se
     assert kept["kept"], kept
     regime = model._a["regime"]
     assert regime[:3].tolist() == [1.0, 1.0, 0.0] and regime[3] < np.log(5120) < regime[4]
+    assert model.regime.startswith("n1 n2 between ")
 
     held_out = random_shapes(np.random.default_rng(100 + seed), 400)
     truth = two_algorithm_truth(held_out)
@@ -109,7 +110,7 @@ def test_without_the_boundary_the_same_profiles_miss_on_the_high_side(monkeypatc
 def test_a_smooth_peak_keeps_no_boundary(seed):
     model = fitted(smooth_truth, seed)
     assert not model.info.get("regime", {}).get("kept", False), model.info.get("regime")
-    assert model._a["regime"].tolist() == NO_REGIME.tolist()
+    assert model._a["regime"].tolist() == NO_REGIME.tolist() and model.regime is None
 
 
 def test_a_model_saved_before_regimes_existed_predicts_as_it_did():

@@ -43,6 +43,11 @@ those permutations, so that one profile informs every permutation of its block:
 A pipeline's axes are alike where every member's are and the members' halos and padding
 agree on them (``operators.pipeline.Pipeline``).
 
+*A regime boundary* (``explorer.model.regimes``, where the peak jumps with the block's shape):
+the basis gets the constant and the volume once more times the block's side of it, and the
+kernel below the side as a fourth input; a block in the gap between the profiles either side
+gets the larger mean and variance of its two sides (:meth:`MemoryModel._latent`).
+
 *Prior on beta*: flat on the constant and volume coefficients; a vague
 Gaussian ``N(0, (tau * s_c)^2)`` on each face and edge coefficient, with
 ``s_c`` the typical peak at the design centre and ``tau = 1`` (each of these
@@ -507,6 +512,13 @@ class MemoryModel:
         return [f"{self.operator}'s model did not converge ({why}): its bound holds on the evidence it has but is "
                 f"wider than asked; run `{paths.explore_command(self.operator)} --budget N` with a larger budget "
                 "to tighten it"]
+
+    @property
+    def regime(self) -> str | None:
+        """The regime boundary the model has (``explorer.model.regimes``: where the peak jumps with
+        the block's shape), as ``"n1 n2 between 4826 and 5406"``, or None."""
+        tried = self.info.get("regime") or {}
+        return tried.get("boundary") if tried.get("kept") else None
 
     @property
     def mean_determined(self) -> bool:
