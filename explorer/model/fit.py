@@ -79,6 +79,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from explorer.core.blas import with_one_blas_thread
 from explorer.model.stats import MAX_DOF
 from explorer.model.basis import (
     FLAT_TERMS,
@@ -128,6 +129,7 @@ def run_noise(y, single_run_var, n_repeats, *, rel_floor: float, abs_floor: floa
     return rho * rho, a * a, _RUN_NOISE_PRIOR[1] + float(dof.sum())
 
 
+@with_one_blas_thread
 def fit(operator: str, shapes, peak_bytes, noise_var, lower_bound, *, halo=(0, 0, 0), n_repeats=None,
         block_multiple=None, axis_classes=None, prior: MeanPrior | None = None,
         rel_noise_floor: float | None = None, abs_noise_floor_bytes: float | None = None,
@@ -199,24 +201,13 @@ def fit(operator: str, shapes, peak_bytes, noise_var, lower_bound, *, halo=(0, 0
     # Fixed part of each observation's noise variance (the nugget is added in the fit).
     fixed_var = np.maximum(v, (rel_run_var * y * y + abs_var) / r_eff)
 
-    def fit_on(mask_obs, as_lower_bound, regime=NO_REGIME):
-        return _fit_posterior(dims[mask_obs], y[mask_obs], fixed_var[mask_obs], as_lower_bound, multiple=multiple,
-                              rel_run_var=rel_run_var, abs_var=abs_var, noise_dof=noise_dof, prior=prior,
-                              classes=classes, regime=regime)
+    def fit_on(regime=NO_REGIME):
+        return _fit_posterior(dims[exact], y[exact], fixed_var[exact], np.zeros(int(exact.sum()), dtype=bool),
+                              multiple=multiple, rel_run_var=rel_run_var, abs_var=abs_var, noise_dof=noise_dof,
+                              prior=prior, classes=classes, regime=regime)
 
     exceeded = {"exceeded_dims": dims[lb], "exceeded_bytes": y[lb]}
-    as_exact = np.zeros(int(exact.sum()), dtype=bool)
-    arrays, fit_info = fit_on(exact, as_exact)
-    # A regime boundary (explorer.model.regimes): the best candidate refitted, kept if it earns it.
-    boundary = regimes.scan(MemoryModel(operator, halo, n, {**arrays, **exceeded}))
-    regime_info = None
-    if boundary is not None and boundary.gain > 0:
-        with_boundary, boundary_fit = fit_on(exact, as_exact, np.asarray(boundary.regime))
-        gain = boundary_fit["log_evidence"] - fit_info["log_evidence"]
-        regime_info = {"boundary": boundary.describe(), "gain": round(gain, 2),
-                       "candidates": boundary.n_candidates, "kept": regimes.accept(gain, boundary.n_candidates, int(exact.sum()))}
-        if regime_info["kept"]:
-            arrays, fit_info = with_boundary, boundary_fit
+    (arrays, fit_info), regime_info = _with_boundary(fit_on, lambda a: MemoryModel(operator, halo, n, {**a, **exceeded}))
     info = {
         **fit_info,
         **({"regime": regime_info} if regime_info else {}),
@@ -226,6 +217,21 @@ def fit(operator: str, shapes, peak_bytes, noise_var, lower_bound, *, halo=(0, 0
         **({"prior": prior.source} if prior is not None else {}),
     }
     return recalibrate(MemoryModel(operator, halo, n, {**arrays, **exceeded}, info), prequential)
+
+
+def _with_boundary(fit_on, as_model) -> tuple[tuple[dict, dict], dict | None]:
+    """The fit with no regime boundary or, when one earns it (``explorer.model.regimes``), the best
+    candidate's, refitted: ``((arrays, fit_info), what was tried or None)``.  ``fit_on(regime)``
+    fits the exact profiles; ``as_model(arrays)`` is the ML-II model of a fit's arrays."""
+    arrays, fit_info = fit_on()
+    boundary = regimes.scan(as_model(arrays))
+    if boundary is None or boundary.gain <= 0:  # no candidate, or none better at these hyperparameters
+        return (arrays, fit_info), None
+    refit = fit_on(np.asarray(boundary.regime))
+    gain = refit[1]["log_evidence"] - fit_info["log_evidence"]
+    kept = regimes.accept(gain, boundary.n_candidates, len(arrays["train_bytes"]))
+    tried = {"boundary": boundary.describe(), "gain": round(gain, 2), "candidates": boundary.n_candidates, "kept": kept}
+    return (refit if kept else (arrays, fit_info)), tried
 
 
 @dataclass(frozen=True)
@@ -242,6 +248,7 @@ class Prequential:
         return len(self.residuals)
 
 
+@with_one_blas_thread
 def recalibrate(model: MemoryModel, prequential: Prequential | None = None) -> MemoryModel:
     """``model``'s ML-II fit (``model.ml2``, or ``model`` itself when it is one) with its latent
     scale integrated out on ``prequential`` too, then its lower bounds as censored observations."""

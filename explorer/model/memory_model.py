@@ -93,38 +93,20 @@ The last term is the coefficient uncertainty: it grows with the distance of
 ``h_*`` from the span of the training design, which is what widens the bound
 when a block is 8x larger than anything profiled.
 
-*The overall scale, integrated out.*  ML-II fixes the residual scale ``sigma_f``
-at a point; with few profiles the data leave few degrees of freedom for it (9
-profiles against 2 flat mean terms and 6 vague ones), and a point estimate then
-claims a tightness nobody measured.  So every covariance above is taken as
-``lambda K`` with ``K`` the ML-II fit and ``lambda`` an unknown multiplier with a
-scaled-inverse-chi-square prior of ``nu_0 = SCALE_PRIOR_DOF`` degrees of freedom
-centred on 1 (the fit's own scale, believed as one pseudo-observation).  With the
-coefficients integrated out as above, the conjugate update (O'Hagan 1978; Santner,
-Williams & Notz 2003, section 4.1) gives
+*The latent scale, integrated out.*  ML-II's point estimate of ``sigma_f`` claims a
+tightness nobody measured, so the latent part of every covariance (the kernel and the nugget,
+not the measured run noise) is ``lambda`` times the ML-II fit's, and ``lambda`` is integrated
+out on a grid from a weak prior, the fit's own restricted likelihood in ``lambda`` (the mean's
+coefficients integrated out) and the residuals of the profiles predicted before they ran
+(``explorer.model.stats.scale_posterior``, :meth:`MemoryModel.calibrated`; the math in
+``docs/model.md``), summarised as a scaled inverse chi-square ``(nu_lambda, s^2)``, untruncated.
 
-.. math::
-
-    \nu = \nu_0 + n - p_{flat}, \qquad
-    s^2 = \max\Big(1,\; \frac{\nu_0 + y^\top P y}{\nu}\Big), \qquad
-    P = K_y^{-1} - K_y^{-1} H^\top A^{-1} H K_y^{-1}
-
-(``y^T P y = y^T alpha``, the generalised residual sum of squares; ``p_flat = 2``),
-and the predictive of any linear functional is a Student-t with ``nu`` degrees of
-freedom whose squared scale is ``s^2`` times the Gaussian variance at ``lambda = 1``.
-The scale is never taken below the fit's own (``max(1, .)``, the prior truncated at
-``lambda >= 1``): ``K_y`` holds the run noise measured by the repeats, and residuals
-smoother than ``K_y`` expects (a truth the mean captures exactly) must not shrink that
-measured noise; measured on a polynomial truth, the untruncated ``s^2`` fell to ~0.3
-and covered 88 % of new runs with a 99 % bound (``tests/test_surrogate.py``).
-
-*Prediction of a new single run* (what ``predict`` bounds): a Student-t with ``nu``
-degrees of freedom, location ``mean_g`` and squared scale ``s^2 (var_g + sigma^2)``,
-``sigma^2 = rho_run^2 mean^2 + a^2 + rho_nug^2 mean^2``;
-``upper = mean + t_nu(confidence) * scale`` (SciPy's ``stdtrit``).  ``latent_moments``,
-``noise_var`` and ``posterior_cov`` return the scaled (``s^2``) quantities.
-``scores`` and ``loo_scores`` turn residuals into normal scores under this predictive
-(the stop rule of ``explorer.search.acquisition`` tests them).
+*Prediction of a new single run* (what ``predict`` bounds): a Student-t with
+``nu = min(nu_lambda, nu_run)`` degrees of freedom, location ``mean_g`` and squared scale
+``s^2 (var_g + rho_nug^2 mean^2) + rho_run^2 mean^2 + a^2``, times the evidence's factor
+(:meth:`MemoryModel.certified`); ``upper = mean + t_nu(confidence) * scale``.
+``latent_moments``, ``noise_var`` and ``posterior_cov`` return the scaled quantities;
+``scores`` turns residuals into normal scores under this predictive.
 
 The noise, the ML-II fit of the hyperparameters, an informative prior mean and lower
 bounds: ``explorer.model.fit``.
@@ -155,7 +137,6 @@ from explorer.model.basis import (
     BASIS_EXPONENTS,
     BASIS_NAMES,
     FLAT_TERMS,
-    NO_REGIME,
     _amplitude,
     regime_side,
     _as_dims,
@@ -168,6 +149,7 @@ from explorer.model.basis import (
 )
 from explorer.model.posterior import (
     _ARRAY_FIELDS,
+    _with_regime,
     _SCALAR_NAMES,
     _posterior_arrays,
     _restricted_log_likelihood_in_scale,
@@ -186,16 +168,6 @@ FORMAT_VERSION = 5
 #: Formats this code reads.  4 and older kept one scale for the latent peak and the run noise
 #: alike, truncated at the fit's own: refit them.
 READABLE_FORMATS = (FORMAT_VERSION,)
-
-
-def _with_regime(arrays: dict) -> dict:
-    """A model's arrays with the regime fields of a model saved before they existed: no regime
-    boundary (``basis.NO_REGIME``), and a lengthscale for the kernel's regime input that then
-    never acts (every block is on side 0)."""
-    if "regime" in arrays:
-        return arrays
-    lengthscale = np.asarray(arrays["lengthscale"], dtype=np.float64).reshape(-1)
-    return {**arrays, "regime": NO_REGIME, "lengthscale": np.append(lengthscale, 1.0)[:4]}
 
 
 class ModelNotFoundError(LookupError):
@@ -515,10 +487,8 @@ class MemoryModel:
 
     @property
     def regime(self) -> str | None:
-        """The regime boundary the model has (``explorer.model.regimes``: where the peak jumps with
-        the block's shape), as ``"n1 n2 between 4826 and 5406"``, or None."""
-        tried = self.info.get("regime") or {}
-        return tried.get("boundary") if tried.get("kept") else None
+        """The model's regime boundary (``explorer.model.regimes``), e.g. ``"n1 n2 between 4826 and 5406"``, or None."""
+        return (self.info.get("regime") or {}).get("boundary") if (self.info.get("regime") or {}).get("kept") else None
 
     @property
     def mean_determined(self) -> bool:
@@ -560,10 +530,8 @@ class MemoryModel:
         constant and the volume add above it."""
         scale = self._a["axis_length"]
         per_unit = np.prod(scale[None, :] ** BASIS_EXPONENTS, axis=1)
-        mapping = self._a["basis_map"]
-        tied = self._a["basis_transform"] @ self._a["beta"] * self._bytes_scale
-        # each of the eight monomials' own coefficient: a tied one is shared by its orbit
-        beta_raw = mapping @ tied[:mapping.shape[1]]
+        mapping, tied = self._a["basis_map"], self._a["basis_transform"] @ self._a["beta"] * self._bytes_scale
+        beta_raw = mapping @ tied[:mapping.shape[1]]  # each monomial's own: a tied one is shared by its orbit
         out = {name: float(b / u) for name, b, u in zip(BASIS_NAMES, beta_raw, per_unit)}
         for name, b, term in zip(("constant_above", "volume_above"), tied[mapping.shape[1]:], FLAT_TERMS):
             out[name] = float(b / per_unit[term])

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from explorer.model.basis import _amplitude, _kernel_inputs, _matern52, _raw_basis, alike_groups
+from explorer.model.basis import NO_REGIME, _amplitude, _kernel_inputs, _matern52, _raw_basis, alike_groups
 
 if TYPE_CHECKING:
     from explorer.model.memory_model import MemoryModel
@@ -63,6 +63,16 @@ _SCALAR_NAMES = (
 )
 
 
+def _with_regime(arrays: dict) -> dict:
+    """A model's arrays with the regime fields of a model saved before they existed: no regime
+    boundary (``basis.NO_REGIME``), and a lengthscale for the kernel's regime input that then
+    never acts (every block is on side 0)."""
+    if "regime" in arrays:
+        return arrays
+    lengthscale = np.asarray(arrays["lengthscale"], dtype=np.float64).reshape(-1)
+    return {**arrays, "regime": NO_REGIME, "lengthscale": np.append(lengthscale, 1.0)[:4]}
+
+
 def _training_noise(arrays, relative_nugget_var) -> np.ndarray:
     """The diagonal of ``K_y`` beyond the kernel (working units): each observation's run noise
     (``train_noise_var``) and, for an exact one, the nugget's misfit ``rho_nug^2 y^2``."""
@@ -88,9 +98,9 @@ def _restricted_log_likelihood_in_scale(model: "MemoryModel") -> np.ndarray:
                                               y_s - h @ a["basis_prior_mean"], a["basis_prior_precision"])
 
 
-def restricted_log_likelihood_in_scale(latent, noise, basis, y, prior_precision) -> np.ndarray:
+def restricted_log_likelihood_in_scale(latent, noise, basis, y, prior_precision, log_scales=None) -> np.ndarray:
     r"""A fit's restricted log-likelihood as a function of the latent scale ``lambda``, on
-    ``explorer.model.stats.LOG_SCALE_GRID`` (up to a constant):
+    ``explorer.model.stats.LOG_SCALE_GRID`` (or the ``log lambda`` given; up to a constant):
 
     .. math::
 
@@ -114,10 +124,10 @@ def restricted_log_likelihood_in_scale(latent, noise, basis, y, prior_precision)
     eig = np.maximum(eig, 0.0)
     y_t = u.T @ (root * y)
     h_t = u.T @ (root[:, None] * basis)
-    lam = np.exp(LOG_SCALE_GRID)
+    lam = np.exp(LOG_SCALE_GRID if log_scales is None else np.asarray(log_scales, dtype=np.float64))
     w = 1.0 / (lam[:, None] * eig[None, :] + 1.0)  # the eigenvalues of (lambda L~ + I)^-1, (grid, n)
-    a_mat = np.einsum("gi,ip,iq->gpq", w, h_t, h_t) + np.asarray(prior_precision)[None, :, :]
-    b = np.einsum("gi,ip->gp", w * y_t[None, :], h_t)
+    a_mat = np.matmul(h_t.T[None, :, :] * w[:, None, :], h_t) + np.asarray(prior_precision)[None, :, :]
+    b = (w * y_t[None, :]) @ h_t
     chol = np.linalg.cholesky(a_mat)
     c = np.linalg.solve(chol, b[:, :, None])[:, :, 0]
     return (-0.5 * (w * y_t * y_t).sum(1) + 0.5 * (c * c).sum(1) + 0.5 * np.log(w).sum(1)

@@ -122,8 +122,8 @@ def scan(model) -> Boundary | None:
             correlation = _matern52(inputs, inputs, np.append(lengthscale, side_lengthscale))
             h, precision = np.column_stack([basis, side[:, None] * flat]), prior_precision
         latent = outputscale * amp[:, None] * correlation * amp[None, :] + np.diag(nugget * y_s**2)
-        value = restricted_log_likelihood_in_scale(latent, noise, h, y, precision).max()
-        return float(value) + (0.0 if side is None else math.log(side_precision))  # the side prior's normaliser
+        value = _grid_max(lambda grid: restricted_log_likelihood_in_scale(latent, noise, h, y, precision, grid))
+        return value + (0.0 if side is None else math.log(side_precision))  # the side prior's normaliser
 
     base = log_likelihood()
     level_dims = np.log(effective_dims(dims, a["block_multiple"]))
@@ -134,6 +134,23 @@ def scan(model) -> Boundary | None:
         if gain > best_gain:
             best, best_gain = regime, gain
     return Boundary(tuple(float(x) for x in best), float(best_gain), len(candidates))
+
+
+#: Every how many points of ``LOG_SCALE_GRID`` :func:`_grid_max` looks first.
+_COARSE_STEP = 16
+
+
+def _grid_max(values_on) -> float:
+    """The largest of ``values_on(grid)`` over ``explorer.model.stats.LOG_SCALE_GRID``, from every
+    :data:`_COARSE_STEP`-th point and then the points between the best one's neighbours (the
+    whole grid's maximum where the function is unimodal in ``log lambda``, as a restricted
+    likelihood in one scale is; a scan makes hundreds of these)."""
+    from explorer.model.stats import LOG_SCALE_GRID
+
+    coarse = values_on(LOG_SCALE_GRID[::_COARSE_STEP])
+    best = int(np.argmax(coarse)) * _COARSE_STEP
+    fine = LOG_SCALE_GRID[max(0, best - _COARSE_STEP):best + _COARSE_STEP + 1]
+    return float(values_on(fine).max())
 
 
 def accept(gain: float, n_candidates: int, n_profiles: int) -> bool:
