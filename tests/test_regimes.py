@@ -121,3 +121,22 @@ def test_a_model_saved_before_regimes_existed_predicts_as_it_did():
     before = MemoryModel(model.operator, model.halo, model.n_observations, old, model.info)
     shapes = random_shapes(np.random.default_rng(5), 50)
     assert np.allclose(before.predict_many(shapes, 0.99)[1], model.predict_many(shapes, 0.99)[1], rtol=1e-12)
+
+
+def test_the_fit_runs_on_one_blas_thread_and_gives_the_threads_back():
+    """``explorer.core.blas``: the model's tens-of-rows matrices on one thread, the process's own
+    setting restored after (the operators and the planner keep theirs)."""
+    from threadpoolctl import threadpool_info
+
+    from explorer.core.blas import one_blas_thread, with_one_blas_thread
+
+    def blas_threads():
+        return [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"]
+
+    before = blas_threads()
+    assert before, "numpy's BLAS is not visible to threadpoolctl"
+    with one_blas_thread():
+        assert set(blas_threads()) == {1}
+    assert blas_threads() == before
+    assert with_one_blas_thread(blas_threads)() == [1] * len(before)
+    assert hasattr(fit, "__wrapped__")  # explorer.model.fit.fit runs inside one_blas_thread
