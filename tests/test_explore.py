@@ -151,7 +151,7 @@ def test_cli_json_last_and_chunks(explored):
     for key in ("operator", "profiles", "stopped_because", "seconds", "max_relative_uncertainty", "probes",
                 "reused", "timings", "regime"):
         assert key in data
-    assert data["regime"] is None  # first_derivative's peak has no step
+    assert data["regime"] == load_model(OPERATOR, runs).regime  # the saved model's boundary, or None
     assert "where the" in out.stderr and "ask (fits, evidence, acquisition)" in out.stderr
     assert data["profiles"] == len(Store(runs).records(OPERATOR, source="profile")) >= result.profiles
     assert data["stopped_because"].startswith("budget")
