@@ -207,7 +207,8 @@ def fit(operator: str, shapes, peak_bytes, noise_var, lower_bound, *, halo=(0, 0
                               prior=prior, classes=classes, regime=regime)
 
     exceeded = {"exceeded_dims": dims[lb], "exceeded_bytes": y[lb]}
-    (arrays, fit_info), regime_info = _with_boundary(fit_on, lambda a: MemoryModel(operator, halo, n, {**a, **exceeded}))
+    (arrays, fit_info), regime_info = _with_boundary(
+        fit_on, lambda fitted: MemoryModel(operator, halo, n, {**fitted, **exceeded}))
     info = {
         **fit_info,
         **({"regime": regime_info} if regime_info else {}),

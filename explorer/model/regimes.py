@@ -8,21 +8,24 @@ set of ``w . log n``, ``w`` in ``{0, 1}^3``, which a stationary kernel on the lo
 place from a few dozen profiles: the fit smears the step over its neighbourhood, and a block on
 the high side near it is predicted between the two.
 
-The model's kernel has a fourth input, the block's side of a *regime boundary*
+With a *regime boundary* the model knows each block's side of it
 (``explorer.model.basis.regime_side``: 0 below, 1 above, 0.5 in the gap between the nearest
-profiles either side), with its own lengthscale, so that the two sides may be as unlike as the
-data say (a short lengthscale: nearly independent residuals) while the mean and the kernel on
-the dims stay shared.  A block in the gap is predicted by the dominating side
+profiles either side).  The mean gets the constant and the volume once more times the side, so
+each side has its own level and bytes per voxel (vague Gaussian priors, as the faces'), and the
+kernel gets the side as a fourth input with its own lengthscale, so that the two sides'
+residuals are as alike as the data say.  A block in the gap is bounded as the higher side
 (``MemoryModel._latent``).
 
 Which boundary, if any: :func:`candidate_boundaries` lists every direction ``w`` the operator's
 alike axes allow and every gap between consecutive profiles along it that leaves at least
 :data:`MIN_SIDE` exact profiles on each side (``K`` candidates); :func:`scan` scores each by the
-restricted likelihood of the no-regime fit's own hyperparameters with the side input added
-(lengthscales :data:`SIDE_LENGTHSCALES`, the latent scale profiled), which needs no refit.  The
-best is refitted by ML-II, and kept when its maximised restricted log-likelihood (with the
-priors) exceeds the no-regime fit's by more than ``log K + log(n) / 2`` (:func:`accept`): the prior gives
-half its mass to *no boundary* and spreads the other half evenly over the ``K`` candidates, so
+restricted likelihood of the no-regime fit's own hyperparameters with the side's mean terms and
+kernel input added (its lengthscale at :data:`SIDE_LENGTHSCALES`, the latent scale profiled),
+which needs no refit.  The best, if it scores above none, is refitted by ML-II and kept when its
+log evidence (``explorer.model.fit``: the maximised restricted likelihood with the priors, made
+comparable between the two models' mean terms) exceeds the no-regime fit's by more than
+``log K + log(n) / 2`` (:func:`accept`): the prior gives half its mass to *no boundary* and
+spreads the other half evenly over the ``K`` candidates, so
 the posterior odds of the best candidate against none are about ``exp(gain) / K``, each model
 at its own optimum, times the Occam factor of the side's lengthscale, which Schwarz's
 approximation puts at ``n^(-1/2)`` for ``n`` exact profiles.
@@ -88,9 +91,10 @@ def candidate_boundaries(dims: np.ndarray, multiple, axis_classes) -> list[np.nd
 
 def scan(model) -> Boundary | None:
     """The best of :func:`candidate_boundaries` on ``model``'s exact profiles (an ML-II model with
-    no regime), by the restricted log-likelihood at its hyperparameters with the side input
-    added at :data:`SIDE_LENGTHSCALES`, the latent scale profiled over its grid; None when there
-    is no candidate."""
+    no regime), by the restricted log-likelihood at its hyperparameters with the side's constant
+    and volume terms (their prior's normaliser included) and kernel input (at
+    :data:`SIDE_LENGTHSCALES`) added, the latent scale profiled over its grid, less the same
+    without a side; None when there is no candidate."""
     from explorer.model.posterior import restricted_log_likelihood_in_scale
 
     a = model._a
