@@ -68,8 +68,12 @@ def test_candidate_boundaries_keep_alike_axes_alike_and_three_profiles_a_side():
         assert regimes.MIN_SIDE <= below <= len(dims) - regimes.MIN_SIDE
 
 
-@pytest.mark.parametrize("seed", [0])  # the profiles the next test fits without the boundary
-def test_two_algorithms_get_their_boundary_and_a_bound_that_covers_both_sides(seed):
+#: The profiles both two-algorithm tests fit: with the boundary, and with it refused.
+TWO_ALGORITHM_SEED = 0
+
+
+def test_two_algorithms_get_their_boundary_and_a_bound_that_covers_both_sides():
+    seed = TWO_ALGORITHM_SEED
     model = fitted(two_algorithm_truth, seed)
     kept = model.info["regime"]
     assert kept["kept"], kept
@@ -97,9 +101,9 @@ def test_without_the_boundary_the_same_profiles_miss_on_the_high_side(monkeypatc
     """What the boundary is for: the smooth model of the same profiles spreads the step over its
     neighbourhood and its bound misses blocks on the high side near it."""
     monkeypatch.setattr(regimes, "accept", lambda *args: False)
-    model = fitted(two_algorithm_truth, 0)
+    model = fitted(two_algorithm_truth, TWO_ALGORITHM_SEED)
     assert not model.info["regime"]["kept"]
-    held_out = random_shapes(np.random.default_rng(100), 400)
+    held_out = random_shapes(np.random.default_rng(100 + TWO_ALGORITHM_SEED), 400)
     near_high = np.abs(np.log(held_out[:, 0] * held_out[:, 1] / 5120)) < 0.5
     near_high &= held_out[:, 0] * held_out[:, 1] <= 5120
     _, upper = model.predict_many(held_out[near_high], 0.99)

@@ -281,8 +281,9 @@ class MemoryModel:
         A block in the gap of the regime boundary (``basis.regime_side`` 0.5: the profiles do not
         say which side it is on) gets the larger mean and the larger variance of its two sides',
         so that every upper quantile of its predictive is at or above either side's."""
-        mean, var = self._latent_at(dims)
-        gap = regime_side(dims, self._a["regime"], self._a["block_multiple"]) == 0.5
+        side = regime_side(dims, self._a["regime"], self._a["block_multiple"])  # once, for z and the basis
+        mean, var = self._latent_at(dims, side)
+        gap = side == 0.5
         if gap.any():
             (mean_0, var_0), (mean_1, var_1) = (self._latent_at(dims[gap], np.full(int(gap.sum()), side))
                                                 for side in (0.0, 1.0))

@@ -70,7 +70,7 @@ def _with_regime(arrays: dict) -> dict:
     if "regime" in arrays:
         return arrays
     lengthscale = np.asarray(arrays["lengthscale"], dtype=np.float64).reshape(-1)
-    return {**arrays, "regime": NO_REGIME, "lengthscale": np.append(lengthscale, 1.0)[:4]}
+    return {**arrays, "regime": NO_REGIME, "lengthscale": np.append(lengthscale, 1.0)}
 
 
 def _training_noise(arrays, relative_nugget_var) -> np.ndarray:
