@@ -14,7 +14,7 @@ with Clopper-Pearson 95% intervals.  These truths are the development bench of t
         [--set MODULE.NAME=VALUE ...]
 
 ``--set`` overrides one of the statistics' stated constants for a sensitivity run (e.g.
-``--set explorer.model.stats.SCALE_PRIOR_DOF=4``, ``--set explorer.search.acquisition.EVIDENCE_LEVEL=0.2``,
+``--set explorer.model.stats.SCALE_PRIOR_DOF=4``, ``--set explorer.search.acquisition.EVIDENCE_SHARE=0.2``,
 ``--set explorer.model.priors._RUN_NOISE_PRIOR=0.02,4``).
 
 Prints Markdown and the machine line.

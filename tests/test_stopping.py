@@ -173,22 +173,22 @@ def test_the_stop_needs_a_tight_bound_and_evidence_that_holds_it():
     targets = shapes[:5]
     width = float(np.max(acquisition.relative_half_width(model, targets)))
     calm = acquisition.stop_decision(model, targets, tolerance=2.5 * width,
-                                     evidence=acquisition.ScaleEvidence(2.0, 12))
+                                     evidence=acquisition.ScaleEvidence(2.0, 12, 0.0025))
     assert calm.stop and [t.name for t in calm.tests] == ["tight", "evidence"]
     assert calm.certified_half_width == pytest.approx(2.0 * width)
     # tight on paper, but the evidence cannot rule out a scale 3x too small: no stop
     doubtful = acquisition.stop_decision(model, targets, tolerance=2.5 * width,
-                                         evidence=acquisition.ScaleEvidence(3.0, 4))
+                                         evidence=acquisition.ScaleEvidence(3.0, 4, 0.0025))
     assert doubtful.tight and not doubtful.stop and not doubtful.tests[1].passed
     untested = acquisition.stop_decision(model, targets, tolerance=2.5 * width, evidence=None)
     assert untested.tight and not untested.stop
     loose = acquisition.stop_decision(model, targets, tolerance=0.5 * width,
-                                      evidence=acquisition.ScaleEvidence(1.0, 30))
+                                      evidence=acquisition.ScaleEvidence(1.0, 30, 0.0025))
     assert not loose.tight and not loose.stop
 
 
 def test_the_evidence_is_each_profile_standardised_by_the_model_fitted_before_it_ran():
-    from explorer.model.stats import scale_confidence_bound
+    from explorer.model.stats import scale_confidence_bound, t_quantile
 
     ask, records, core = size_dependent_loop("gst3d", 1, 0)
     evidence = core.evidence(records)
@@ -198,12 +198,21 @@ def test_the_evidence_is_each_profile_standardised_by_the_model_fitted_before_it
         if model is None or not model.ml2.mean_determined:
             continue
         assert r.shape not in {tuple(s) for s in model.train_shapes}
+        assert model.regime_family == "no regime boundary"  # one family: its share of the level is the first's
         residuals.append(model.standardised([r.shape], [np.mean(r.repeats)], len(r.repeats))[0])
         dofs.append(model.predictive_t([r.shape])[2])
     assert evidence.n_predictions == len(residuals) >= 3
-    assert evidence.factor == max(1.0, scale_confidence_bound(residuals, dofs, acquisition.EVIDENCE_LEVEL))
+    loop_level, quantile = acquisition.risk_split(0.99)
+    assert evidence.level == acquisition.family_level(1, loop_level) == pytest.approx(0.0025)
+    assert quantile == pytest.approx(0.995)
+    assert evidence.factor == max(1.0, scale_confidence_bound(residuals, dofs, evidence.level))
+    # the bound at 99% is the 99.5% quantile widened by the factor (t quantiles of the model's dof)
+    dof = core.fit(records).predictive_t([(64, 64, 64)])[2]
+    assert evidence.quantile_ratio == pytest.approx(t_quantile(0.995, dof) / t_quantile(0.99, dof))
+    assert evidence.quantile_ratio > 1
+    assert evidence.certified_factor == evidence.factor * evidence.quantile_ratio
     # the model the loop ends with is certified by that evidence
-    assert ask.model.hyperparameters["certified_factor"] == pytest.approx(evidence.factor)
+    assert ask.model.hyperparameters["certified_factor"] == pytest.approx(evidence.certified_factor)
     assert ask.model.info["certified"]["predictions"] == evidence.n_predictions
 
 
@@ -216,11 +225,6 @@ def test_the_latent_scale_learns_from_predictions_the_misfit_the_fit_did_not_see
     alone = core.base_fit(records)  # the same fit, its own restricted likelihood only
     assert len(core.prequential(records)) >= 5
     assert learnt.hyperparameters["latent_scale"] > 1.5 * alone.hyperparameters["latent_scale"]
-
-
-def _flat_prior_stop(seed):
-    """Profiles at which the loop stops on ``size_dependent_truth`` from scratch."""
-    return len(size_dependent_loop("gst3d", 1, seed)[1])
 
 
 class _ScaledTruthModel:
@@ -238,33 +242,27 @@ class _ScaledTruthModel:
 
 
 @pytest.mark.parametrize("bias", [1.02, 1.10], ids=["prior 2% off", "prior 10% off"])
-def test_a_prior_mean_stops_the_loop_sooner_and_a_wrong_one_does_not_break_the_bound(bias):
-    """The loop given a prior model (as a pipeline's composed model): where the prior is
-    close it stops in fewer profiles than from scratch; wherever it stops, the bound covers
-    the truth's new runs as without a prior, also when the prior is 10% off (wider than its
-    own stated 2%: the profiles must overrule it).  Five seeds where the stops are compared: a
-    loop's stop moves by a profile or two from seed to seed, and the prior saves about one a
-    loop on this truth once the run noise is learnt (a fixed 64 KiB absolute noise had blurred
-    the small blocks' misfit for both loops, and three seeds had sufficed).  Where only the
-    coverage is asserted (10% off), three seeds, as the coverage tests above."""
-    covered, stops, flat_stops = [], [], []
-    seeds = range(5 if bias < 1.05 else 3)
-    with_prior = loops([("gst3d", ("size", 1), s, 60, bias) for s in seeds]
-                       + [("gst3d", ("size", 1), s, 60, None) for s in seeds])  # and without (cached)
-    for seed, (ask, records, core) in zip(seeds, with_prior):
+def test_a_prior_mean_close_or_wrong_does_not_break_the_bound(bias):
+    """The loop given a prior model (as a pipeline's composed model): wherever it stops, the bound
+    covers the truth's new runs as without a prior, also when the prior is 10% off (wider than
+    its own stated 2%: the profiles must overrule it).  That a close prior stops the loop
+    sooner is no longer asserted: since the bound claims its confidence per run
+    (``acquisition.risk_split``), the stop waits on the evidence of predictions, which a prior
+    cannot supply; on five seeds a 2% prior stopped at 45, 33, 36, 32, 23 profiles and the flat
+    prior at 45, 30, 40, 24, 26 (it saved about one a loop before)."""
+    covered, stops = [], []
+    seeds = range(3)
+    for seed, (ask, records, core) in zip(seeds, loops([("gst3d", ("size", 1), s, 60, bias) for s in seeds])):
         assert core.prior is not None and ask.model.info["prior"].startswith("a scaled truth")
         assert ask.stopped_because.startswith("converged"), ask.stopped_because
         stops.append(len(records))
-        flat_stops.append(_flat_prior_stop(seed))
         targets = core.target_shapes(ask.model)
         new_run = size_dependent_truth(targets) * (1 + CV * np.random.default_rng(99 + seed).standard_normal(
             len(targets)))
         covered.append(ask.model.predict_many(targets, 0.99)[1] >= new_run)
     coverage = float(np.mean(np.concatenate(covered)))
-    print(f"\nprior x{bias}: stopped at {stops} profiles (flat prior {flat_stops}), coverage {coverage:.3f}")
+    print(f"\nprior x{bias}: stopped at {stops} profiles, coverage {coverage:.3f}")
     assert coverage >= 0.98
-    if bias < 1.05:
-        assert sum(stops) < sum(flat_stops)
 
 
 def test_with_a_prior_mean_the_loop_profiles_only_where_chunk_sizing_asks():

@@ -27,8 +27,8 @@ assert set(np.unique(BASIS_EXPONENTS)) <= {0, 1}
 #: Terms with a flat prior (the constant and the volume); the others get a vague Gaussian.
 #: They stay the first two columns whatever ties :func:`basis_map` makes (each is its own orbit).
 FLAT_TERMS = (0, 1)
-#: No regime boundary (``regime``'s direction all zero, :func:`regime_side`): every block is on side 0.
-NO_REGIME = np.zeros(5)
+#: No regime boundary (one row whose direction is all zero, :func:`regime_side`): every block is on side 0.
+NO_REGIME = np.zeros((1, 5))
 
 
 def basis_map(axis_classes=(0, 1, 2)) -> np.ndarray:
@@ -93,9 +93,9 @@ def effective_dims(dims: np.ndarray, multiple) -> np.ndarray:
 def _raw_basis(dims: np.ndarray, axis_length: np.ndarray, multiple, mapping=None, regime=NO_REGIME,
                side=None) -> np.ndarray:
     """``[1, V, n1n2, n1n3, n2n3, n1, n2, n3]`` on ``u = effective_dims / axis_length``, (m, 8),
-    tied by ``mapping`` (:func:`basis_map`, (8, q); None: untied) into (m, q); with a regime
-    boundary, the constant and the volume once more times the block's side (``side``, or
-    :func:`regime_side`'s), (m, q + 2): each side its own level and bytes per voxel."""
+    tied by ``mapping`` (:func:`basis_map`, (8, q); None: untied) into (m, q); with ``B`` regime
+    boundaries, the constant and the volume once more times the block's side of each (``side``,
+    or :func:`regime_side`'s), (m, q + 2B): each side its own level and bytes per voxel."""
     u = effective_dims(dims, multiple) / axis_length
     raw = np.empty((len(u), len(BASIS_EXPONENTS)))
     for term, axes in enumerate(_TERM_AXES):  # exponents are 0 or 1: products of columns (hot path)
@@ -107,10 +107,12 @@ def _raw_basis(dims: np.ndarray, axis_length: np.ndarray, multiple, mapping=None
             column *= u[:, axis]
         raw[:, term] = column
     tied = raw if mapping is None else raw @ mapping
-    if not np.asarray(regime)[:3].any():
+    active = regime_rows(regime)[:, :3].any(axis=1)
+    if not active.any():
         return tied
-    side = regime_side(dims, regime, multiple) if side is None else side
-    return np.column_stack([tied, side[:, None] * tied[:, list(FLAT_TERMS)]])
+    side = (regime_side(dims, regime, multiple) if side is None else side)[:, active]
+    flat = tied[:, list(FLAT_TERMS)]
+    return np.column_stack([tied] + [side[:, [b]] * flat for b in range(side.shape[1])])
 
 
 def alike_groups(axis_classes) -> tuple[np.ndarray, ...]:
@@ -131,27 +133,52 @@ def canonical_dims(dims: np.ndarray, groups) -> np.ndarray:
     return dims
 
 
-def regime_side(dims: np.ndarray, regime, multiple) -> np.ndarray:
-    """Which side of the model's regime boundary each block lies on: 0 below, 1 above, 0.5 in
-    the gap between the profiles either side (not determined).
+def regime_rows(regime) -> np.ndarray:
+    """``regime`` as ``(B, 5)`` rows, one per boundary (a model saved with one boundary kept it as ``(5,)``)."""
+    return np.atleast_2d(np.asarray(regime, dtype=np.float64))
 
-    ``regime = (w1, w2, w3, g_lo, g_hi)``: the boundary is a level of ``w . log n`` (``w`` in
-    ``{0, 1}^3``: a product of some of the block's effective dims, such as ``n1 n2``), known
-    to lie between ``g_lo``, the largest value any profile below it had, and ``g_hi``, the
-    smallest above it.  All zero (:data:`NO_REGIME`): every block is on side 0."""
-    regime = np.asarray(regime, dtype=np.float64)
-    direction = regime[:3]
-    if not direction.any():
-        return np.zeros(len(dims))
-    level = np.log(effective_dims(dims, multiple)) @ direction
-    return np.where(level >= regime[4], 1.0, np.where(level <= regime[3], 0.0, 0.5))
+
+def regime_side(dims: np.ndarray, regime, multiple) -> np.ndarray:
+    """Which side of each of the model's regime boundaries each block lies on, ``(m, B)``: 0
+    below, 1 above, 0.5 in the gap between the profiles either side (not determined).
+
+    Each row of ``regime`` is ``(w1, w2, w3, g_lo, g_hi)``: the boundary is a level of
+    ``w . log n`` (``w`` in ``{0, 1}^3``: a product of some of the block's effective dims, such
+    as ``n1 n2``), known to lie between ``g_lo``, the largest value any profile below it had,
+    and ``g_hi``, the smallest above it.  A row all zero (:data:`NO_REGIME`): every block is on
+    side 0."""
+    rows = regime_rows(regime)
+    level = np.log(effective_dims(dims, multiple)) @ rows[:, :3].T
+    side = np.where(level >= rows[:, 4], 1.0, np.where(level <= rows[:, 3], 0.0, 0.5))
+    return np.where(rows[:, :3].any(axis=1), side, 0.0)
+
+
+def regime_family(regime) -> str:
+    """The family of models a ``regime`` array puts its model in: ``"no regime boundary"``, or the
+    directions of its boundaries, e.g. ``"a boundary along n1 n2"`` (wherever their gaps lie,
+    however many along one direction)."""
+    rows = regime_rows(regime)
+    names = sorted({regime_direction_name(row[:3]) for row in rows if row[:3].any()})
+    return f"a boundary along {' and '.join(names)}" if names else "no regime boundary"
+
+
+def regime_direction_name(direction) -> str:
+    """The product of dims ``w . log n`` measures, e.g. ``"n1 n2"`` for ``w = (1, 1, 0)``."""
+    return " ".join(f"n{axis + 1}" for axis in range(3) if direction[axis])
+
+
+def regime_description(regime) -> str | None:
+    """The boundaries of ``regime``, e.g. ``"n1 n2 between 4826 and 5406"``, ``"; "``-joined, or None."""
+    rows = [row for row in regime_rows(regime) if row[:3].any()]
+    return "; ".join(f"{regime_direction_name(row[:3])} between {math.exp(row[3]):.0f} and {math.exp(row[4]):.0f}"
+                     for row in rows) or None
 
 
 def _kernel_inputs(dims: np.ndarray, log_lo: np.ndarray, log_span: np.ndarray, multiple, groups=(),
                    regime=NO_REGIME, side=None) -> np.ndarray:
-    """The kernel's inputs, ``(m, 4)``: the normalised log effective dims ``z = (log n - log n_lo) /
-    span`` (the training box is [0, 1]^3) and the block's side of the regime boundary (``side``,
-    or :func:`regime_side`'s)."""
+    """The kernel's inputs: the normalised log effective dims ``z = (log n - log n_lo) /
+    span`` (the training box is [0, 1]^3) and the block's side of each regime boundary (``side``,
+    or :func:`regime_side`'s), ``(m, 3 + B)``."""
     z = (np.log(canonical_dims(effective_dims(dims, multiple), groups)) - log_lo) / log_span
     return np.column_stack([z, regime_side(dims, regime, multiple) if side is None else side])
 

@@ -91,6 +91,8 @@ from explorer.model.basis import (
     canonical_dims,
     class_lengths,
     effective_dims,
+    regime_description,
+    regime_rows,
 )
 from explorer.model.memory_model import MemoryModel
 from explorer.model.posterior import _SCALAR_NAMES, _posterior_arrays
@@ -221,18 +223,30 @@ def fit(operator: str, shapes, peak_bytes, noise_var, lower_bound, *, halo=(0, 0
 
 
 def _with_boundary(fit_on, as_model) -> tuple[tuple[dict, dict], dict | None]:
-    """The fit with no regime boundary or, when one earns it (``explorer.model.regimes``), the best
-    candidate's, refitted: ``((arrays, fit_info), what was tried or None)``.  ``fit_on(regime)``
-    fits the exact profiles; ``as_model(arrays)`` is the ML-II model of a fit's arrays."""
-    arrays, fit_info = fit_on()
-    boundary = regimes.scan(as_model(arrays))
-    if boundary is None or boundary.gain <= 0:  # no candidate, or none better at these hyperparameters
-        return (arrays, fit_info), None
-    refit = fit_on(np.asarray(boundary.regime))
-    gain = refit[1]["log_evidence"] - fit_info["log_evidence"]
-    kept = regimes.accept(gain, boundary.n_candidates, len(arrays["train_bytes"]))
-    tried = {"boundary": boundary.describe(), "gain": round(gain, 2), "candidates": boundary.n_candidates, "kept": kept}
-    return (refit if kept else (arrays, fit_info)), tried
+    """The fit with no regime boundary or with each that earns it (``explorer.model.regimes``), one
+    at a time: the best candidate the current fit does not have, refitted with the others, kept
+    when it beats the current fit (``regimes.accept``); the first refused ends the search.
+    Returns ``((arrays, fit_info), what was tried or None)``: ``boundary`` the kept ones (or the
+    refused one when none was kept), ``kept``, and each step's ``boundary``, ``gain``, ``candidates``,
+    ``kept`` in ``steps``.  ``fit_on(regime)`` fits the exact profiles; ``as_model(arrays)`` is the
+    ML-II model of a fit's arrays."""
+    current, rows, steps = fit_on(), [], []
+    while True:
+        boundary = regimes.scan(as_model(current[0]))
+        if boundary is None or boundary.gain <= 0:  # no candidate, or none better at these hyperparameters
+            break
+        refit = fit_on(np.vstack(rows + [np.asarray(boundary.regime)]))
+        gain = refit[1]["log_evidence"] - current[1]["log_evidence"]
+        kept = regimes.accept(gain, boundary.n_candidates, len(current[0]["train_bytes"]))
+        steps.append({"boundary": boundary.describe(), "gain": round(gain, 2), "candidates": boundary.n_candidates,
+                      "kept": kept})
+        if not kept:
+            break
+        current, rows = refit, rows + [np.asarray(boundary.regime)]
+    if not steps:
+        return current, None
+    return current, {"boundary": regime_description(np.array(rows)) if rows else steps[-1]["boundary"],
+                     "kept": bool(rows), "steps": steps}
 
 
 @dataclass(frozen=True)
@@ -445,7 +459,7 @@ def _fit_posterior(dims, y, fixed_var, is_lower_bound, *, rel_run_var, abs_var, 
         "amplitude_coef": gamma,
         "log_lo": log_lo,
         "log_span": log_span,
-        "regime": np.asarray(regime, dtype=np.float64),
+        "regime": regime_rows(regime),
     }
     # ML-II on the departure from the prior mean (b_0 = 0 without a prior): the same likelihood
     hyper, reml = torch_fit._fit_hyperparameters(effective_dims(dims, multiple), y_s - offset_s, fixed_s, features,

@@ -43,21 +43,22 @@ class FeatureMap(torch.nn.Module):
         self.groups = [torch.as_tensor(g) for g in alike_groups(features["axis_classes"])]
         self.amp_floor = float(amp_floor)
         self.n_terms = int(self.basis_transform.shape[0])
-        self.has_regime = bool(self.regime[:3].any())
+        self.regime = self.regime.reshape(-1, 5)
+        self.active = [b for b in range(self.regime.shape[0]) if bool(self.regime[b, :3].any())]
 
     def raw_basis(self, dims):
         u = dims / self.axis_length
         tied = torch.prod(u.unsqueeze(-2) ** self.basis_exponents, dim=-1) @ self.basis_map
-        if not self.has_regime:
+        if not self.active:
             return tied
-        return torch.cat([tied, self.side(dims).unsqueeze(-1) * tied[..., list(FLAT_TERMS)]], dim=-1)
+        side, flat = self.side(dims), tied[..., list(FLAT_TERMS)]
+        return torch.cat([tied] + [side[..., b:b + 1] * flat for b in self.active], dim=-1)
 
     def side(self, dims):
-        """``regime_side`` of effective dims."""
-        if not self.has_regime:
-            return torch.zeros(dims.shape[:-1], dtype=dims.dtype)
-        level = torch.log(dims) @ self.regime[:3]
-        return torch.where(level >= self.regime[4], 1.0, torch.where(level <= self.regime[3], 0.0, 0.5))
+        """``regime_side`` of effective dims, ``(..., B)``."""
+        level = torch.log(dims) @ self.regime[:, :3].T
+        side = torch.where(level >= self.regime[:, 4], 1.0, torch.where(level <= self.regime[:, 3], 0.0, 0.5))
+        return side * self.regime[:, :3].any(dim=-1).to(side.dtype)
 
     def basis(self, dims):
         return self.raw_basis(dims) @ self.basis_transform
@@ -75,7 +76,7 @@ class FeatureMap(torch.nn.Module):
             dims = dims.clone()
             for group in self.groups:
                 dims[..., group] = torch.sort(dims[..., group], dim=-1).values
-        return torch.cat([(torch.log(dims) - self.log_lo) / self.log_span, side.unsqueeze(-1)], dim=-1)
+        return torch.cat([(torch.log(dims) - self.log_lo) / self.log_span, side], dim=-1)
 
 
 class RelativeResidualKernel(gpytorch.kernels.Kernel):
@@ -92,7 +93,7 @@ class RelativeResidualKernel(gpytorch.kernels.Kernel):
         self._set_slope(torch.tensor(_SLOPE_START, dtype=torch.float64))
         self.scaled = gpytorch.kernels.ScaleKernel(
             gpytorch.kernels.MaternKernel(
-                nu=2.5, ard_num_dims=4, lengthscale_prior=lognormal_with_mode(*_LENGTHSCALE_PRIOR),
+                nu=2.5, ard_num_dims=3 + feature_map.regime.shape[0], lengthscale_prior=lognormal_with_mode(*_LENGTHSCALE_PRIOR),
                 lengthscale_constraint=positive_log()),
             outputscale_prior=lognormal_with_mode(*_OUTPUTSCALE_PRIOR),
             outputscale_constraint=positive_log())

@@ -43,10 +43,10 @@ those permutations, so that one profile informs every permutation of its block:
 A pipeline's axes are alike where every member's are and the members' halos and padding
 agree on them (``operators.pipeline.Pipeline``).
 
-*A regime boundary* (``explorer.model.regimes``, where the peak jumps with the block's shape):
-the basis gets the constant and the volume once more times the block's side of it, and the
-kernel below the side as a fourth input; a block in the gap between the profiles either side
-gets the larger mean and variance of its two sides (:meth:`MemoryModel._latent`).
+*Regime boundaries* (``explorer.model.regimes``, where the peak jumps with the block's shape):
+for each, the basis gets the constant and the volume once more times the block's side of it,
+and the kernel below the side as one more input; a block in a gap between the profiles either
+side gets the largest mean and variance of the sides it may be on (:meth:`MemoryModel._latent`).
 
 *Prior on beta*: flat on the constant and volume coefficients; a vague
 Gaussian ``N(0, (tau * s_c)^2)`` on each face and edge coefficient, with
@@ -103,7 +103,7 @@ coefficients integrated out) and the residuals of the profiles predicted before 
 
 *Prediction of a new single run* (what ``predict`` bounds): a Student-t with
 ``nu = min(nu_lambda, nu_run)`` degrees of freedom, location ``mean_g`` and squared scale
-``s^2 (var_g + rho_nug^2 mean^2) + rho_run^2 mean^2 + a^2``, times the evidence's factor
+``s^2 (var_g + rho_nug^2 mean^2) + rho_run^2 mean^2 + a^2``, times the certified factor
 (:meth:`MemoryModel.certified`); ``upper = mean + t_nu(confidence) * scale``.
 ``latent_moments``, ``noise_var`` and ``posterior_cov`` return the scaled quantities;
 ``scores`` turns residuals into normal scores under this predictive.
@@ -124,6 +124,7 @@ inside ``fit`` (``explorer.model.fit``, ``explorer.model.torch_fit``).
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from pathlib import Path
@@ -138,7 +139,7 @@ from explorer.model.basis import (
     BASIS_NAMES,
     FLAT_TERMS,
     _amplitude,
-    regime_side,
+    regime_description, regime_family, regime_side,
     _as_dims,
     _bound_quantile,
     _kernel_inputs,
@@ -221,14 +222,12 @@ class MemoryModel:
         self._amp_slope = s["amplitude_slope"]
         self._ml2 = (s["ml2_outputscale"], s["ml2_relative_nugget_var"])
         self._certified_factor = s["certified_factor"]
-        #: Degrees of freedom of the predictive of a new run: the smaller of the latent scale's and
-        #: the run noise's (a Welch-Satterthwaite t lies between them: never fewer).
+        #: The predictive's dof: the latent scale's or the run noise's, the smaller (Welch-Satterthwaite: never fewer).
         self._predictive_dof = float(min(self._latent_dof, self._noise_dof))
         mapping = self._a["basis_map"]
         self._map = None if mapping.shape[0] == mapping.shape[1] and np.allclose(mapping, np.eye(len(mapping))) \
             else mapping  # untied: skip the product on the hot path
         self._groups = alike_groups(self._a["axis_classes"])
-        # Derived training quantities.
         self._train_z = self._z(self._a["train_dims"])
         self._train_amp = self._amplitude(self._a["train_dims"])
         # The training side of the predictive's kernel (``_parts``), once.
@@ -278,16 +277,17 @@ class MemoryModel:
         """Mean and variance of the latent peak (working units), the nugget's misfit included
         (both scaled by ``lambda``: module docstring).
 
-        A block in the gap of the regime boundary (``basis.regime_side`` 0.5: the profiles do not
-        say which side it is on) gets the larger mean and the larger variance of its two sides',
-        so that every upper quantile of its predictive is at or above either side's."""
+        A block in the gap of a regime boundary (``basis.regime_side`` 0.5: the profiles do not
+        say which side it is on) gets the largest mean and the largest variance of the sides it
+        may be on, so that every upper quantile of its predictive is at or above each one's."""
         side = regime_side(dims, self._a["regime"], self._a["block_multiple"])  # once, for z and the basis
         mean, var = self._latent_at(dims, side)
         gap = side == 0.5
-        if gap.any():
-            (mean_0, var_0), (mean_1, var_1) = (self._latent_at(dims[gap], np.full(int(gap.sum()), side))
-                                                for side in (0.0, 1.0))
-            mean[gap], var[gap] = np.maximum(mean_0, mean_1), np.maximum(var_0, var_1)
+        rows = gap.any(axis=1)
+        if rows.any():
+            moments = [self._latent_at(dims[rows], np.where(gap[rows], sides, side[rows]))
+                       for sides in itertools.product((0.0, 1.0), repeat=side.shape[1])]
+            mean[rows], var[rows] = (np.max(np.array(x), axis=0) for x in zip(*moments))
         return mean, var
 
     def _latent_at(self, dims, side=None):
@@ -307,17 +307,14 @@ class MemoryModel:
     def latent_moments(self, shapes) -> tuple[np.ndarray, np.ndarray]:
         """Posterior mean (bytes) and variance (bytes^2) of the noise-free peak ``g`` at each
         shape, its misfit (the nugget) and the basis-coefficient term included, at the learnt
-        latent scale (the square of the Student-t's latent scale).  Isolated peak.
-        """
+        latent scale (the square of the Student-t's latent scale).  Isolated peak."""
         mean, var = self._latent(_as_dims(shapes))
-        s = self._bytes_scale
-        return mean * s, var * s * s
+        return mean * self._bytes_scale, var * self._bytes_scale**2
 
     def noise_var(self, shapes_or_mean, *, from_mean: bool = False) -> np.ndarray:
         """Variance (bytes^2) of one new profiling run about the latent peak: the run noise
         ``rho_run^2 m^2 + a^2`` with ``m`` the posterior mean at the shapes (or the given
-        means in bytes when ``from_mean=True``).
-        """
+        means in bytes when ``from_mean=True``)."""
         s = self._bytes_scale
         if from_mean:
             mean = np.asarray(shapes_or_mean, dtype=np.float64) / s
@@ -350,9 +347,8 @@ class MemoryModel:
         The one description of the predictive that other models build on (the in-worker
         task model adds its own shared and per-task terms to it)."""
         mean, var = self._latent(_as_dims(shapes))
-        var = var + self._run_noise_var(mean)
-        scale = self._bytes_scale * self._certified_factor
-        return mean * self._bytes_scale, np.sqrt(var) * scale, self._predictive_dof
+        scale = np.sqrt(var + self._run_noise_var(mean)) * self._bytes_scale * self._certified_factor
+        return mean * self._bytes_scale, scale, self._predictive_dof
 
     def predict_many(self, shapes, confidence: float = 0.99) -> tuple[np.ndarray, np.ndarray]:
         """Mean and one-sided upper bound (bytes) of the isolated peak of a new run.
@@ -364,9 +360,7 @@ class MemoryModel:
         """
         t = _bound_quantile(float(confidence), self._predictive_dof) * self._certified_factor
         mean, var = self._latent(_as_dims(shapes))
-        var = var + self._run_noise_var(mean)
-        scale = self._bytes_scale
-        return mean * scale, (mean + t * np.sqrt(var)) * scale
+        return mean * self._bytes_scale, (mean + t * np.sqrt(var + self._run_noise_var(mean))) * self._bytes_scale
 
     def scores(self, shapes, peak_bytes, n_repeats=1) -> np.ndarray:
         """Normal scores of observed values under this model's predictive (``explorer.model.stats``).
@@ -433,9 +427,9 @@ class MemoryModel:
                            environment=self.environment)
 
     def certified(self, factor: float, evidence: dict | None = None) -> "MemoryModel":
-        """This model with its predictive's scale multiplied by ``max(1, factor)``: ``factor`` an
-        upper confidence bound on how much the model's predictions understated their scale
-        (``explorer.model.stats.scale_confidence_bound``; module docstring, *The bound, certified*).
+        """This model with its predictive's scale multiplied by ``max(1, factor)``: the evidence's bound
+        on how much the predictions understated their scale, moved to the quantile the risk split
+        leaves the run (``explorer.search.acquisition.ScaleEvidence.certified_factor``).
         ``evidence`` is kept in ``info["certified"]``."""
         a = dict(self._a)
         names = dict(zip(_SCALAR_NAMES, a["scalars"].tolist()))
@@ -488,8 +482,13 @@ class MemoryModel:
 
     @property
     def regime(self) -> str | None:
-        """The model's regime boundary (``explorer.model.regimes``), e.g. ``"n1 n2 between 4826 and 5406"``, or None."""
-        return (self.info.get("regime") or {}).get("boundary") if (self.info.get("regime") or {}).get("kept") else None
+        """The model's regime boundaries (``explorer.model.regimes``), e.g. ``"n1 n2 between 4826 and 5406"``, or None."""
+        return regime_description(self._a["regime"])
+
+    @property
+    def regime_family(self) -> str:
+        """Which models' predictions are this model's evidence (``regimes.family``): its boundary's direction."""
+        return regime_family(self._a["regime"])
 
     @property
     def mean_determined(self) -> bool:
@@ -526,16 +525,17 @@ class MemoryModel:
 
     @property
     def coefficients(self) -> dict[str, float]:
-        """``beta_bar`` in physical units: bytes, bytes/voxel, bytes/face-sample, ...; with a regime
-        boundary, those below it and, as ``constant_above`` and ``volume_above``, what the
-        constant and the volume add above it."""
+        """``beta_bar`` in physical units: bytes, bytes/voxel, bytes/face-sample, ...; with regime
+        boundaries, those below them and, as ``constant_above`` and ``volume_above`` (``_2``, ...
+        for a second boundary), what the constant and the volume add above each."""
         scale = self._a["axis_length"]
         per_unit = np.prod(scale[None, :] ** BASIS_EXPONENTS, axis=1)
         mapping, tied = self._a["basis_map"], self._a["basis_transform"] @ self._a["beta"] * self._bytes_scale
         beta_raw = mapping @ tied[:mapping.shape[1]]  # each monomial's own: a tied one is shared by its orbit
         out = {name: float(b / u) for name, b, u in zip(BASIS_NAMES, beta_raw, per_unit)}
-        for name, b, term in zip(("constant_above", "volume_above"), tied[mapping.shape[1]:], FLAT_TERMS):
-            out[name] = float(b / per_unit[term])
+        for j, b in enumerate(tied[mapping.shape[1]:]):
+            suffix = "" if j < 2 else f"_{j // 2 + 1}"
+            out[("constant_above", "volume_above")[j % 2] + suffix] = float(b / per_unit[FLAT_TERMS[j % 2]])
         return out
 
     @property

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from explorer.model.basis import NO_REGIME, _amplitude, _kernel_inputs, _matern52, _raw_basis, alike_groups
+from explorer.model.basis import NO_REGIME, _amplitude, _kernel_inputs, _matern52, _raw_basis, alike_groups, regime_rows
 
 if TYPE_CHECKING:
     from explorer.model.memory_model import MemoryModel
@@ -37,8 +37,8 @@ _ARRAY_FIELDS = (
     "amplitude_coef",  # (p,) gamma >= 0: s(x) = max(raw_basis(x) @ gamma, amplitude_floor)
     "log_lo",  # (3,) kernel input normalisation
     "log_span",  # (3,)
-    "regime",  # (5,) the regime boundary: direction w and the gap (g_lo, g_hi) of w . log n (basis.regime_side)
-    "lengthscale",  # (4,) of the three normalised log-dims and of the side of the regime boundary
+    "regime",  # (B, 5) the regime boundaries: direction w and the gap (g_lo, g_hi) of w . log n (basis.regime_side)
+    "lengthscale",  # (3 + B,) of the three normalised log-dims and of the side of each regime boundary
     "scalars",  # (6,) see _SCALAR_NAMES
     "chol_inv",  # (n, n) L^{-1}, K_y = L L^T
     "alpha",  # (n,) K_y^{-1} (y - H^T beta_bar)
@@ -67,8 +67,8 @@ def _with_regime(arrays: dict) -> dict:
     """A model's arrays with the regime fields of a model saved before they existed: no regime
     boundary (``basis.NO_REGIME``), and a lengthscale for the kernel's regime input that then
     never acts (every block is on side 0)."""
-    if "regime" in arrays:
-        return arrays
+    if "regime" in arrays:  # one boundary's was saved as (5,) before there could be several
+        return {**arrays, "regime": regime_rows(arrays["regime"])}
     lengthscale = np.asarray(arrays["lengthscale"], dtype=np.float64).reshape(-1)
     return {**arrays, "regime": NO_REGIME, "lengthscale": np.append(lengthscale, 1.0)}
 

@@ -28,7 +28,9 @@ comparable between the two models' mean terms) exceeds the no-regime fit's by mo
 spreads the other half evenly over the ``K`` candidates, so
 the posterior odds of the best candidate against none are about ``exp(gain) / K``, each model
 at its own optimum, times the Occam factor of the side's lengthscale, which Schwarz's
-approximation puts at ``n^(-1/2)`` for ``n`` exact profiles.
+approximation puts at ``n^(-1/2)`` for ``n`` exact profiles.  Once one is kept, the scan runs again
+on the model that has it, and so on until one is refused (``explorer.model.fit._with_boundary``):
+a stack of layers can switch algorithm at a different threshold each.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from explorer.model.basis import FLAT_TERMS, _matern52, effective_dims
+from explorer.model.basis import FLAT_TERMS, _matern52, effective_dims, regime_description, regime_rows
 from explorer.model.priors import _FACE_EDGE_PRIOR_RELATIVE_SD
 
 __all__ = ["Boundary", "accept", "candidate_boundaries", "scan"]
@@ -63,9 +65,7 @@ class Boundary:
     n_candidates: int
 
     def describe(self) -> str:
-        w = self.regime[:3]
-        product = " ".join(f"n{axis + 1}" for axis in range(3) if w[axis])
-        return (f"{product} between {math.exp(self.regime[3]):.0f} and {math.exp(self.regime[4]):.0f}")
+        return regime_description(self.regime)
 
 
 def candidate_boundaries(dims: np.ndarray, multiple, axis_classes) -> list[np.ndarray]:
@@ -91,29 +91,35 @@ def candidate_boundaries(dims: np.ndarray, multiple, axis_classes) -> list[np.nd
 
 def scan(model) -> Boundary | None:
     """The best of :func:`candidate_boundaries` on ``model``'s exact profiles (an ML-II model with
-    no regime), by the restricted log-likelihood at its hyperparameters with the side's constant
-    and volume terms (their prior's normaliser included) and kernel input (at
-    :data:`SIDE_LENGTHSCALES`) added, the latent scale profiled over its grid, less the same
-    without a side; None when there is no candidate."""
+    the boundaries it has, if any) that it does not have yet, by the restricted log-likelihood at
+    its hyperparameters with the new side's constant and volume terms (their prior's normaliser
+    included) and kernel input (at :data:`SIDE_LENGTHSCALES`) added, the latent scale profiled
+    over its grid, less the same without it; None when there is no candidate, or when the exact
+    profiles do not outnumber the mean terms with the side's two (the boundary's model would
+    have no residual to be judged by)."""
     from explorer.model.posterior import restricted_log_likelihood_in_scale
 
     a = model._a
     exact = ~a["train_is_lower_bound"]
     dims = a["train_dims"][exact]
-    candidates = candidate_boundaries(dims, a["block_multiple"], a["axis_classes"])
-    if not candidates:
+    existing = [row for row in regime_rows(a["regime"]) if row[:3].any()]
+    candidates = [c for c in candidate_boundaries(dims, a["block_multiple"], a["axis_classes"])
+                  if not any(np.array_equal(c, row) for row in existing)]
+    if not candidates or len(dims) <= a["basis_transform"].shape[0] + 2:
         return None
     y_s = a["train_bytes"][exact] / model._bytes_scale
     outputscale, nugget = model._ml2
-    z = model._z(dims)[:, :3]
+    n_inputs = 3 + len(existing)  # the log-dims and the sides of the boundaries it has
+    z = model._z(dims)[:, :n_inputs]
     amp = model._amplitude(dims)
     basis = model._basis(dims)
     flat = model._raw_basis(dims)[:, list(FLAT_TERMS)]
     noise = a["train_noise_var"][exact] / model._bytes_scale**2
     y = y_s - basis @ a["basis_prior_mean"]
-    lengthscale = a["lengthscale"][:3]
+    lengthscale = a["lengthscale"][:n_inputs]
     # the side's constant and volume terms (fit._fit_posterior's prior: vague Gaussians of sd tau s_c)
-    side_precision = 1.0 / (_FACE_EDGE_PRIOR_RELATIVE_SD * float(a["amplitude_coef"].sum())) ** 2
+    s_c = float(a["amplitude_coef"][:a["basis_map"].shape[1]].sum())
+    side_precision = 1.0 / (_FACE_EDGE_PRIOR_RELATIVE_SD * s_c) ** 2
     prior_precision = np.zeros((basis.shape[1] + 2,) * 2)
     prior_precision[:basis.shape[1], :basis.shape[1]] = a["basis_prior_precision"]
     prior_precision[basis.shape[1]:, basis.shape[1]:] = side_precision * np.eye(2)

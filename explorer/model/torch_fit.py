@@ -75,7 +75,8 @@ def _start_mll(t, x, y, y_ref, fixed, features, amp_floor, lengthscale, residual
     torch = t.torch
     likelihood = t.RelativeNuggetLikelihood(fixed, y_ref)
     gp = t.ExplicitBasisGP(x, y, likelihood, t.FeatureMap(features, amp_floor))
-    gp.covar_module.scaled.base_kernel.lengthscale = torch.full((1, 4), lengthscale, dtype=torch.float64)
+    n_inputs = gp.covar_module.scaled.base_kernel.ard_num_dims  # the three log-dims and each boundary's side
+    gp.covar_module.scaled.base_kernel.lengthscale = torch.full((1, n_inputs), lengthscale, dtype=torch.float64)
     gp.covar_module.scaled.outputscale = torch.tensor(residual_sd**2, dtype=torch.float64)
     likelihood.noise_covar._set_nugget(nugget_sd**2)
     return t.RestrictedMarginalLogLikelihood(likelihood, gp)
@@ -140,7 +141,7 @@ def _torch_posterior(model: MemoryModel, shapes):
         likelihood = gpytorch.likelihoods.FixedNoiseGaussianLikelihood(noise=noise)
         gp = t.ExplicitBasisGP(x, y, likelihood, feature_map,
                                   beta=torch.as_tensor(a["beta"], dtype=torch.float64))
-        gp.covar_module.scaled.base_kernel.lengthscale = torch.as_tensor(a["lengthscale"]).reshape(1, 4)
+        gp.covar_module.scaled.base_kernel.lengthscale = torch.as_tensor(a["lengthscale"]).reshape(1, -1)
         gp.covar_module.scaled.outputscale = torch.tensor(model._outputscale, dtype=torch.float64)
         gp.covar_module.slope = torch.tensor(model._amp_slope, dtype=torch.float64)
         gp.eval()

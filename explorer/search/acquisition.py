@@ -382,9 +382,38 @@ def relative_half_width(model, targets, confidence: float = 0.99) -> np.ndarray:
         return np.where(mean > 0, (upper - mean) / mean, np.inf)
 
 
-#: The level of the evidence's anytime-valid bound on how much the predictions understate their
-#: scale (``explorer.model.stats.scale_confidence_bound``): it holds with probability ``1 - level``.
-EVIDENCE_LEVEL = 0.05
+#: The share of the bound's ``1 - confidence`` that the loop's evidence takes (:func:`risk_split`).
+EVIDENCE_SHARE = 0.5
+
+
+def risk_split(confidence: float, share: float | None = None) -> tuple[float, float]:
+    r"""``(level, quantile)``: how a saved bound at ``confidence`` spends its ``1 - confidence``.
+
+    A new run exceeds the saved bound only if the loop's evidence failed (its anytime-valid
+    bound on how much the predictions understate their scale, :class:`ScaleEvidence`, does not
+    hold: probability at most ``level``) or, the evidence holding, the run lies above the
+    ``quantile`` of the certified predictive (probability at most ``1 - quantile``).  So
+    ``P(run > bound) <= level + (1 - quantile) = 1 - confidence`` (a union bound) with
+    ``level = share (1 - confidence)`` and ``quantile = 1 - (1 - share)(1 - confidence)``:
+    the claim is per run, whatever loop made the model.  ``share``: :data:`EVIDENCE_SHARE`."""
+    share = EVIDENCE_SHARE if share is None else share
+    return share * (1.0 - confidence), 1.0 - (1.0 - share) * (1.0 - confidence)
+
+
+def family_level(k: int, level: float) -> float:
+    r"""The share of ``level`` the ``k``-th family of models (``k = 1, 2, ...``, in the order their
+    first prediction was made; ``MemoryModel.regime_family``) bounds its own predictions at:
+    ``level / (k (k + 1))``.
+
+    A model's evidence is the predictions made by models of its own family (those of a model
+    with no regime boundary say nothing of how one with a boundary understates its scale).
+    Which family predicts the next profile is decided before it runs, so each family's
+    product of likelihood ratios, from its first prediction on, is an e-process of its own
+    (Ville's inequality holds for it at its own level); the shares sum to
+    ``level (1 - 1 / (K + 1)) < level`` over any number ``K`` of families, so with probability
+    at least ``1 - level`` every family's bound holds at every step at once (a union bound).
+    """
+    return level / (k * (k + 1))
 
 
 @dataclass(frozen=True)
@@ -403,14 +432,27 @@ class StopTest:
 class ScaleEvidence:
     """How much a loop's predictions understated their scale, at most, with confidence: the
     anytime-valid bound ``factor`` (``explorer.model.stats.scale_confidence_bound``, taken no smaller
-    than 1) from ``n_predictions`` profiles each predicted before it ran, at ``level``."""
+    than 1) from ``n_predictions`` profiles each predicted before it ran, at ``level`` (the share
+    of its family, :func:`family_level`, of the loop's share of the risk, :func:`risk_split`);
+    and ``quantile_ratio``, ``t(quantile) / t(confidence)`` of the model's predictive: the
+    bound at ``confidence`` is the ``quantile`` of the predictive widened by ``factor``."""
 
     factor: float
     n_predictions: int
-    level: float = EVIDENCE_LEVEL
+    level: float
+    #: The family of models whose predictions these are (``MemoryModel.regime_family``).
+    family: str = "no regime boundary"
+    quantile: float = 0.99
+    quantile_ratio: float = 1.0
+
+    @property
+    def certified_factor(self) -> float:
+        """What the saved model's predictive scale is multiplied by: ``factor * quantile_ratio``."""
+        return self.factor * self.quantile_ratio
 
     def describe(self) -> dict:
-        return {"factor": self.factor, "predictions": self.n_predictions, "level": self.level}
+        return {"factor": self.factor, "predictions": self.n_predictions, "level": self.level, "family": self.family,
+                "quantile": self.quantile, "quantile_ratio": self.quantile_ratio}
 
 
 @dataclass(frozen=True)
@@ -434,7 +476,7 @@ class StopDecision:
     @property
     def certified_half_width(self) -> float:
         """The largest relative half-width once the bound is widened by the evidence's factor."""
-        return self.half_width * (self.evidence.factor if self.evidence is not None else math.inf)
+        return self.half_width * (self.evidence.certified_factor if self.evidence is not None else math.inf)
 
     def describe(self) -> str:
         return "; ".join(str(t) for t in self.tests)
@@ -447,7 +489,7 @@ def stop_decision(model, targets, *, tolerance: float = DEFAULT_TOLERANCE, confi
 
     1. **tight**: the relative half-width ``w = (upper - mean) / mean`` of the model's bound at
        ``confidence`` is ``<= tolerance`` at every target.
-    2. **evidence**: ``kappa_U w <= tolerance`` at every target, where ``kappa_U >= 1``
+    2. **evidence**: ``kappa_U r w <= tolerance`` at every target, where ``kappa_U >= 1``
        (``evidence.factor``) bounds, with confidence ``1 - level`` and however often it is
        looked at, how much the loop's predictions understated their scale: each profile was
        predicted by the model fitted before it ran, and its standardised residual is data on
@@ -455,10 +497,13 @@ def stop_decision(model, targets, *, tolerance: float = DEFAULT_TOLERANCE, confi
        factor).  A loop with few predictions has a large ``kappa_U`` (100 with none), so a
        model whose bound is tight on paper but untested does not stop; one whose residuals
        are larger than it claims does not either, until its own scale has learnt them.
+       ``r = t(quantile) / t(confidence)`` (``evidence.quantile_ratio``) moves the bound to the
+       quantile :func:`risk_split` leaves the run when the evidence takes its share.
 
-    The saved model is ``model.certified(kappa_U)`` (``explorer.exploration.explore``): its
-    bound is this widened one, which the evidence says is wide enough with probability at
-    least ``1 - level``, and which test 2 says is within ``tolerance``.
+    The saved model is ``model.certified(kappa_U r)`` (``ExplorationCore.certify``): its bound at
+    ``confidence`` is the ``quantile`` of the predictive widened by ``kappa_U``, which a new run
+    exceeds with probability at most ``1 - confidence`` (:func:`risk_split`), and which test 2
+    says is within ``tolerance``.
     """
     targets = _shapes(targets)
     widths = relative_half_width(model, targets, confidence)
@@ -468,9 +513,10 @@ def stop_decision(model, targets, *, tolerance: float = DEFAULT_TOLERANCE, confi
     if evidence is None:
         tests.append(StopTest("evidence", False, "no profile was predicted before it ran"))
     else:
-        certified = half_width * evidence.factor
+        certified = half_width * evidence.certified_factor
         tests.append(StopTest(
             "evidence", certified <= tolerance,
-            f"{evidence.n_predictions} profiles predicted before they ran bound the scale's understatement "
-            f"by {evidence.factor:.2f} at {1 - evidence.level:.0%} (anytime): half-width {certified:.1%}"))
+            f"{evidence.n_predictions} profiles predicted before they ran, by models with {evidence.family}, bound "
+            f"the scale's understatement by {evidence.factor:.2f} at {1 - evidence.level:.2%} (anytime); "
+            f"at the {evidence.quantile:.1%} quantile that leaves: half-width {certified:.1%}"))
     return StopDecision(half_width, tuple(tests), widths, evidence)

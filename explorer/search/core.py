@@ -172,12 +172,16 @@ class ExplorationCore:
 
     def prequential(self, records: list[Record]):
         """Every exact profile predicted by the ML-II fit on the profiles before it (store
-        order) once that fit's mean was determined (``MemoryModel.mean_determined``), as
+        order) once that fit's mean was determined (``MemoryModel.mean_determined``), by a fit of
+        the same family as ``records``' own (``MemoryModel.regime_family``: the residuals of a fit
+        with no regime boundary are no data on the scale of one with a boundary), as
         ``surrogate.Prequential``."""
         from explorer.model import fit as model_fit
 
+        family = self.base_fit(records).regime_family
         terms = [[float(x[0]) for x in model.ml2.prequential_terms([shape], [value], runs)]
-                 for shape, value, runs, model in self._predicted(records, self.base_fit)]
+                 for shape, value, runs, model in self._predicted(records, self.base_fit)
+                 if model.regime_family == family]
         if not terms:
             return model_fit.Prequential()
         e, c, s = zip(*terms)
@@ -223,19 +227,33 @@ class ExplorationCore:
         return self._fits[key]
 
     def evidence(self, records: list[Record]):
-        """``acquisition.ScaleEvidence`` of ``records``: every exact profile standardised by the
-        predictive of the model fitted on the profiles before it (``MemoryModel.standardised``,
-        with that model's degrees of freedom), once that model's mean was determined, and the
-        anytime-valid bound on the factor by which those predictions understated their scale."""
+        """``acquisition.ScaleEvidence`` of ``records``' model: every exact profile standardised by
+        the predictive of the model fitted on the profiles before it (``MemoryModel.standardised``,
+        with that model's degrees of freedom), once that model's mean was determined and when it
+        was of the same family as ``records``' own (``MemoryModel.regime_family``); the
+        anytime-valid bound on the factor by which those predictions understated their scale, at
+        that family's share (``acquisition.family_level``) of the loop's share of the risk
+        (``acquisition.risk_split`` of the loop's confidence); and the ratio of the model's
+        predictive quantiles that moves its bound to the quantile the split leaves the run."""
         from explorer.search import acquisition
-        from explorer.model.stats import scale_confidence_bound
+        from explorer.model.stats import scale_confidence_bound, t_quantile
 
-        residuals, dofs = [], []
+        current = self.fit(records)
+        family = current.regime_family
+        families, residuals, dofs = [], [], []
         for shape, value, runs, model in self._predicted(records, self.fit):
-            residuals.append(float(model.standardised([shape], [value], runs)[0]))
-            dofs.append(model.predictive_t(np.asarray([shape]))[2])
-        factor = scale_confidence_bound(residuals, dofs, acquisition.EVIDENCE_LEVEL)
-        return acquisition.ScaleEvidence(max(1.0, factor), len(residuals))
+            if model.regime_family not in families:
+                families.append(model.regime_family)
+            if model.regime_family == family:
+                residuals.append(float(model.standardised([shape], [value], runs)[0]))
+                dofs.append(model.predictive_t(np.asarray([shape]))[2])
+        loop_level, quantile = acquisition.risk_split(self.confidence)
+        k = families.index(family) + 1 if family in families else len(families) + 1
+        level = acquisition.family_level(k, loop_level)
+        dof = current.predictive_t(np.ones((1, 3)))[2]
+        return acquisition.ScaleEvidence(max(1.0, scale_confidence_bound(residuals, dofs, level)), len(residuals),
+                                         level, family, quantile,
+                                         t_quantile(quantile, dof) / t_quantile(self.confidence, dof))
 
     def conclude(self, records: list[Record], stopped_because: str):
         """The model a loop that stopped for ``stopped_because`` saves, fitted on ``records``:
@@ -258,7 +276,7 @@ class ExplorationCore:
     def certify(model, decision, converged: bool):
         """The model a loop ends with: its bound widened by the evidence's factor
         (``MemoryModel.certified``), and whether it converged (``info["converged"]``)."""
-        certified = model.certified(decision.evidence.factor, decision.evidence.describe())
+        certified = model.certified(decision.evidence.certified_factor, decision.evidence.describe())
         certified.info["converged"] = bool(converged)
         # the saved bound's largest relative half-width over the target region (certified)
         certified.info["half_width"] = decision.certified_half_width
