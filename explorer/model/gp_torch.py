@@ -91,9 +91,10 @@ class RelativeResidualKernel(gpytorch.kernels.Kernel):
         self.register_prior("slope_prior", NormalPrior(0.0, _SLOPE_PRIOR_SD), lambda m: m.slope,
                             lambda m, v: m._set_slope(v))
         self._set_slope(torch.tensor(_SLOPE_START, dtype=torch.float64))
+        n_inputs = 3 + feature_map.regime.shape[0]  # the log-dims and each regime boundary's side
         self.scaled = gpytorch.kernels.ScaleKernel(
             gpytorch.kernels.MaternKernel(
-                nu=2.5, ard_num_dims=3 + feature_map.regime.shape[0], lengthscale_prior=lognormal_with_mode(*_LENGTHSCALE_PRIOR),
+                nu=2.5, ard_num_dims=n_inputs, lengthscale_prior=lognormal_with_mode(*_LENGTHSCALE_PRIOR),
                 lengthscale_constraint=positive_log()),
             outputscale_prior=lognormal_with_mode(*_OUTPUTSCALE_PRIOR),
             outputscale_constraint=positive_log())

@@ -482,12 +482,12 @@ class MemoryModel:
 
     @property
     def regime(self) -> str | None:
-        """The model's regime boundaries (``explorer.model.regimes``), e.g. ``"n1 n2 between 4826 and 5406"``, or None."""
+        """Its regime boundaries (``explorer.model.regimes``), e.g. ``"n1 n2 between 4826 and 5406"``, or None."""
         return regime_description(self._a["regime"])
 
     @property
     def regime_family(self) -> str:
-        """Which models' predictions are this model's evidence (``regimes.family``): its boundary's direction."""
+        """Which models' predictions are its evidence (``basis.regime_family``): its boundaries' directions."""
         return regime_family(self._a["regime"])
 
     @property
