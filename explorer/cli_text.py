@@ -95,10 +95,10 @@ def print_explore(result) -> None:
         print(f"prior mean: {result.prior}")
     if unc is not None:
         print(f"max relative half-width of the {result.confidence:.0%} bound over the target region: {unc:.1%}"
-              f" (widened x{result.certified_factor:.2f} by the evidence)")
+              f" (widened x{result.certified_factor:.2f} by the evidence and the run's share of the risk)")
     if result.regime:
         print(f"regime boundary: {result.regime} (the peak jumps there: each side has its own level and "
-              "bytes per voxel; a block between the two profiles is bounded as the higher side)")
+              "bytes per voxel; a block between the profiles either side is bounded as the higher side)")
     print_probes(result.probes)
     if result.model_path:
         print(f"model:  {result.model_path}")

@@ -251,7 +251,7 @@ def test_a_prior_mean_close_or_wrong_does_not_break_the_bound(bias):
     cannot supply; on five seeds a 2% prior stopped at 45, 33, 36, 32, 23 profiles and the flat
     prior at 45, 30, 40, 24, 26 (it saved about one a loop before)."""
     covered, stops = [], []
-    seeds = range(3)
+    seeds = range(2)  # two loops a prior: each stops later than it did, and the coverage is pooled over ~600 shapes
     for seed, (ask, records, core) in zip(seeds, loops([("gst3d", ("size", 1), s, 60, bias) for s in seeds])):
         assert core.prior is not None and ask.model.info["prior"].startswith("a scaled truth")
         assert ask.stopped_because.startswith("converged"), ask.stopped_because
