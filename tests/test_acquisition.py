@@ -263,3 +263,16 @@ def test_validation_picks_are_a_seeded_uniform_sample_of_the_safe_targets(model,
     widest = {tuple(int(d) for d in s) for s in targets[safe][np.argsort(-width[safe])[:len(allowed) // 4]]}
     picked_widest = sum(c for s, c in counts.items() if s in widest) / 400
     assert picked_widest < 0.5  # a quarter of the targets; the old rule picked only these
+
+
+@pytest.mark.parametrize("confidence", [0.9, 0.99, 0.999])
+def test_the_risk_of_a_run_over_its_bound_is_split_between_the_evidence_and_the_run(confidence):
+    """``P(run > bound) <= level + (1 - quantile) = 1 - confidence`` (``acq.risk_split``): the
+    evidence takes ``EVIDENCE_SHARE`` of the risk, the run's quantile the rest, and a different
+    share moves risk between them without changing the total."""
+    level, quantile = acq.risk_split(confidence)
+    assert level + (1 - quantile) == pytest.approx(1 - confidence)
+    assert level == pytest.approx(acq.EVIDENCE_SHARE * (1 - confidence)) and quantile > confidence
+    other_level, other_quantile = acq.risk_split(confidence, share=0.2)
+    assert other_level < level and other_quantile < quantile
+    assert other_level + (1 - other_quantile) == pytest.approx(1 - confidence)
