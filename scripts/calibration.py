@@ -155,7 +155,7 @@ def measure(operator: str, seed: int, args, work: Path) -> dict:
     entry = {"operator": operator, "seed": seed, "profiles": result.profiles, "converged": result.converged,
              "stopped_because": result.stopped_because, "seconds": result.seconds,
              "operator_seconds": result.operator_seconds, "certified_factor": result.certified_factor,
-             "half_width": result.max_relative_uncertainty, "held_out": [], "skipped": []}
+             "half_width": result.max_relative_uncertainty, "regime": result.regime, "held_out": [], "skipped": []}
     if result.model_path is None:
         return entry
     model = load_model(operator, runs)
