@@ -148,6 +148,8 @@ def regime_side(dims: np.ndarray, regime, multiple) -> np.ndarray:
     and ``g_hi``, the smallest above it.  A row all zero (:data:`NO_REGIME`): every block is on
     side 0."""
     rows = regime_rows(regime)
+    if not rows[:, :3].any():  # no boundary: the planner's hot path
+        return np.zeros((len(dims), len(rows)))
     level = np.log(effective_dims(dims, multiple)) @ rows[:, :3].T
     side = np.where(level >= rows[:, 4], 1.0, np.where(level <= rows[:, 3], 0.0, 0.5))
     return np.where(rows[:, :3].any(axis=1), side, 0.0)

@@ -235,14 +235,15 @@ def _with_boundary(fit_on, as_model) -> tuple[tuple[dict, dict], dict | None]:
         boundary = regimes.scan(as_model(current[0]))
         if boundary is None or boundary.gain <= 0:  # no candidate, or none better at these hyperparameters
             break
-        refit = fit_on(np.vstack(rows + [np.asarray(boundary.regime)]))
+        candidate = np.asarray(boundary.regime)
+        refit = fit_on(np.vstack(rows + [candidate]))
         gain = refit[1]["log_evidence"] - current[1]["log_evidence"]
         kept = regimes.accept(gain, boundary.n_candidates, len(current[0]["train_bytes"]))
         steps.append({"boundary": boundary.describe(), "gain": round(gain, 2), "candidates": boundary.n_candidates,
                       "kept": kept})
         if not kept:
             break
-        current, rows = refit, rows + [np.asarray(boundary.regime)]
+        current, rows = refit, rows + [candidate]
     if not steps:
         return current, None
     return current, {"boundary": regime_description(np.array(rows)) if rows else steps[-1]["boundary"],

@@ -250,7 +250,7 @@ class ExplorationCore:
         loop_level, quantile = acquisition.risk_split(self.confidence)
         k = families.index(family) + 1 if family in families else len(families) + 1
         level = acquisition.family_level(k, loop_level)
-        dof = current.predictive_t(np.ones((1, 3)))[2]
+        dof = current.hyperparameters["predictive_dof"]
         return acquisition.ScaleEvidence(max(1.0, scale_confidence_bound(residuals, dofs, level)), len(residuals),
                                          level, family, quantile,
                                          t_quantile(quantile, dof) / t_quantile(self.confidence, dof))
