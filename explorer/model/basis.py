@@ -155,15 +155,6 @@ def regime_side(dims: np.ndarray, regime, multiple) -> np.ndarray:
     return np.where(rows[:, :3].any(axis=1), side, 0.0)
 
 
-def regime_family(regime) -> str:
-    """The family of models a ``regime`` array puts its model in: ``"no regime boundary"``, or the
-    directions of its boundaries, e.g. ``"a boundary along n1 n2"`` (wherever their gaps lie,
-    however many along one direction)."""
-    rows = regime_rows(regime)
-    names = sorted({regime_direction_name(row[:3]) for row in rows if row[:3].any()})
-    return f"a boundary along {' and '.join(names)}" if names else "no regime boundary"
-
-
 def regime_direction_name(direction) -> str:
     """The product of dims ``w . log n`` measures, e.g. ``"n1 n2"`` for ``w = (1, 1, 0)``."""
     return " ".join(f"n{axis + 1}" for axis in range(3) if direction[axis])

@@ -139,7 +139,7 @@ from explorer.model.basis import (
     BASIS_NAMES,
     FLAT_TERMS,
     _amplitude,
-    regime_description, regime_family, regime_side,
+    regime_description, regime_side,
     _as_dims,
     _bound_quantile,
     _kernel_inputs,
@@ -484,11 +484,6 @@ class MemoryModel:
     def regime(self) -> str | None:
         """Its regime boundaries (``explorer.model.regimes``), e.g. ``"n1 n2 between 4826 and 5406"``, or None."""
         return regime_description(self._a["regime"])
-
-    @property
-    def regime_family(self) -> str:
-        """Which models' predictions are its evidence (``basis.regime_family``): its boundaries' directions."""
-        return regime_family(self._a["regime"])
 
     @property
     def mean_determined(self) -> bool:

@@ -219,44 +219,67 @@ def _dof_from_log_variance(var_log: float, polygamma) -> float:
 
 #: The candidate factors of :func:`scale_confidence_bound` (0.25 .. 100).
 _FACTOR_GRID = np.geomspace(0.25, 100.0, 241)
+#: The bets of :func:`scale_confidence_bound`'s mixture: the midpoints of ``K = 20`` equal cells of
+#: ``[0, 1]`` (a uniform prior on the fraction of the evidence staked on each prediction).
+BET_FRACTIONS = (np.arange(20) + 0.5) / 20
+#: The median of ``chi^2_1``: ``u^2 / MEDIAN_CHI2_1`` has median 1 for a standard normal ``u``.
+MEDIAN_CHI2_1 = 0.454936423119572
 
 
-def scale_confidence_bound(standardised, dof, level: float) -> float:
+def scale_confidence_bound(standardised, dof, level: float, bets=BET_FRACTIONS) -> float:
     r"""An anytime-valid upper confidence bound on ``kappa``: how much predictive distributions
     understated their scale, from residuals each standardised by its own predictive before it
     was observed.
 
     Residual ``j`` is ``r_j = (y_j - m_j) / a_j`` with the predictive ``m_j + a_j T_{nu_j}``
     (a Student-t); the hypothesis ``H_kappa`` is that every ``r_j`` is in fact ``sigma_j T_{nu_j}``
-    with ``sigma_j >= kappa``.  Against it, the product of likelihood ratios
+    with ``sigma_j >= kappa``.  Against it, each prediction's likelihood ratio
 
     .. math::
 
-        E_m(\kappa) = \prod_{j \le m} \frac{f_{\nu_j}(r_j / \hat\sigma_{j-1}) / \hat\sigma_{j-1}}
-                                            {f_{\nu_j}(r_j / \kappa) / \kappa},
-        \qquad \hat\sigma_{j-1} = \mathrm{clip}\Big(\sqrt{\tfrac{1 + \sum_{i<j} u_i^2}{j}},\;
-                                  \tfrac12,\; \kappa\Big)
+        L_j(\kappa) = \frac{f_{\nu_j}(r_j / \hat\sigma_{j-1}) / \hat\sigma_{j-1}}
+                             {f_{\nu_j}(r_j / \kappa) / \kappa},
+        \qquad \hat\sigma_{j-1} = \mathrm{clip}\Big(\sqrt{\mathrm{median}\big(\{1\} \cup
+        \{u_i^2 / m_1\}_{i<j}\big)},\; \tfrac12,\; \kappa\Big)
 
-    (``u_i = Phi^{-1}(F_{nu_i}(r_i))``, a predictable plug-in) is a nonnegative supermartingale
-    under ``H_kappa``: each factor has expectation 1 at ``sigma_j = kappa`` and less above it
-    (the t family has a likelihood ratio monotone in ``|r|``).  By Ville's inequality,
-    ``P(sup_m E_m(kappa) >= 1 / level) <= level`` however often it is looked at, so the
-    bound ``inf {kappa : E_m(kappa') >= 1 / level for every kappa' >= kappa}`` (on a grid
-    of 0.25 .. 100; 100 when nothing is rejected) covers the true factor with probability at
-    least ``1 - level`` at every ``m`` at once (a confidence sequence; Howard et al. 2021).
+    (``u_i = Phi^{-1}(F_{nu_i}(r_i))``, ``m_1`` the median of ``chi^2_1``: a predictable plug-in
+    that a few far-off predictions do not move, the ``{1}`` its value before any) has expectation
+    at most 1 under ``H_kappa`` (1 at ``sigma_j = kappa``, less above: the t family's likelihood
+    ratio is monotone in ``|r|``).  A bet of a fraction ``lambda`` of the evidence on each
+    prediction, ``prod_j (1 - lambda + lambda L_j)``, is then a nonnegative supermartingale, and
+    so is the mixture
+
+    .. math::
+
+        E_m(\kappa) = \frac1K \sum_{k} \prod_{j \le m} \big(1 - \lambda_k + \lambda_k L_j(\kappa)\big)
+
+    over ``bets`` (:data:`BET_FRACTIONS`: a uniform prior on ``lambda``, Cover's universal portfolio): a
+    prediction far off costs each bet at most the fraction it staked, so a model's early misses
+    (before it found a boundary, say) do not outweigh every later prediction, and the mixture
+    grows nearly as fast as the best single bet in hindsight.  By Ville's inequality,
+    ``P(sup_m E_m(kappa) >= 1 / level) <= level`` however often it is looked at, so the bound
+    ``inf {kappa : E_m(kappa') >= 1 / level for every kappa' >= kappa}`` (on a grid of
+    0.25 .. 100; 100 when nothing is rejected) covers the true factor with probability at least
+    ``1 - level`` at every ``m`` at once (a confidence sequence; Waudby-Smith & Ramdas 2023 for
+    the betting form).
     """
-    from scipy.special import ndtri, stdtr
+    from scipy.special import logsumexp, ndtri, stdtr
 
     r = np.asarray(standardised, dtype=np.float64).reshape(-1)
     nu = np.broadcast_to(np.asarray(dof, dtype=np.float64), r.shape)
     if not len(r):
         return float(_FACTOR_GRID[-1])
     u = ndtri(np.clip(stdtr(nu, r), 1e-300, 1 - 1e-16))
-    running = np.sqrt((1.0 + np.concatenate([[0.0], np.cumsum(u * u)[:-1]])) / np.arange(1, len(r) + 1))
+    scaled = u * u / MEDIAN_CHI2_1
+    running = np.sqrt([np.median(np.append(scaled[:j], 1.0)) for j in range(len(r))])
     kappa = _FACTOR_GRID[:, None]
     sigma = np.clip(running[None, :], 0.5, kappa)
-    log_e = np.sum(_log_t_density(r[None, :] / sigma, nu[None, :]) - np.log(sigma)
-                   - _log_t_density(r[None, :] / kappa, nu[None, :]) + np.log(kappa), axis=1)
+    log_lr = (_log_t_density(r[None, :] / sigma, nu[None, :]) - np.log(sigma)
+              - _log_t_density(r[None, :] / kappa, nu[None, :]) + np.log(kappa))  # (grid, m)
+    fractions = np.asarray(bets, dtype=np.float64)[:, None, None]
+    with np.errstate(divide="ignore"):  # a whole bet (lambda = 1) keeps nothing back: log 0
+        log_wealth = np.logaddexp(np.log1p(-fractions), np.log(fractions) + log_lr[None]).sum(axis=2)  # (bets, grid)
+    log_e = logsumexp(log_wealth, axis=0) - math.log(len(fractions))
     rejected = log_e >= math.log(1.0 / level)
     # the bound: the smallest grid factor above which every factor is rejected
     not_rejected = np.flatnonzero(~rejected)

@@ -400,22 +400,6 @@ def risk_split(confidence: float, share: float | None = None) -> tuple[float, fl
     return share * (1.0 - confidence), 1.0 - (1.0 - share) * (1.0 - confidence)
 
 
-def family_level(k: int, level: float) -> float:
-    r"""The share of ``level`` the ``k``-th family of models (``k = 1, 2, ...``, in the order their
-    first prediction was made; ``MemoryModel.regime_family``) bounds its own predictions at:
-    ``level / (k (k + 1))``.
-
-    A model's evidence is the predictions made by models of its own family (those of a model
-    with no regime boundary say nothing of how one with a boundary understates its scale).
-    Which family predicts the next profile is decided before it runs, so each family's
-    product of likelihood ratios, from its first prediction on, is an e-process of its own
-    (Ville's inequality holds for it at its own level); the shares sum to
-    ``level (1 - 1 / (K + 1)) < level`` over any number ``K`` of families, so with probability
-    at least ``1 - level`` every family's bound holds at every step at once (a union bound).
-    """
-    return level / (k * (k + 1))
-
-
 @dataclass(frozen=True)
 class StopTest:
     """One test of the stop rule: its name, whether it passed, and its numbers."""
@@ -432,16 +416,14 @@ class StopTest:
 class ScaleEvidence:
     """How much a loop's predictions understated their scale, at most, with confidence: the
     anytime-valid bound ``factor`` (``explorer.model.stats.scale_confidence_bound``, taken no smaller
-    than 1) from ``n_predictions`` profiles each predicted before it ran, at ``level`` (the share
-    of its family, :func:`family_level`, of the loop's share of the risk, :func:`risk_split`);
+    than 1) from ``n_predictions`` profiles each predicted before it ran, at ``level`` (the loop's
+    share of the risk, :func:`risk_split`);
     and ``quantile_ratio``, ``t(quantile) / t(confidence)`` of the model's predictive: the
     bound at ``confidence`` is the ``quantile`` of the predictive widened by ``factor``."""
 
     factor: float
     n_predictions: int
     level: float
-    #: The family of models whose predictions these are (``MemoryModel.regime_family``).
-    family: str = "no regime boundary"
     quantile: float = 0.99
     quantile_ratio: float = 1.0
 
@@ -451,7 +433,7 @@ class ScaleEvidence:
         return self.factor * self.quantile_ratio
 
     def describe(self) -> dict:
-        return {"factor": self.factor, "predictions": self.n_predictions, "level": self.level, "family": self.family,
+        return {"factor": self.factor, "predictions": self.n_predictions, "level": self.level,
                 "quantile": self.quantile, "quantile_ratio": self.quantile_ratio}
 
 
@@ -516,7 +498,7 @@ def stop_decision(model, targets, *, tolerance: float = DEFAULT_TOLERANCE, confi
         certified = half_width * evidence.certified_factor
         tests.append(StopTest(
             "evidence", certified <= tolerance,
-            f"{evidence.n_predictions} profiles predicted before they ran, by models with {evidence.family}, bound "
+            f"{evidence.n_predictions} profiles predicted before they ran bound "
             f"the scale's understatement by {evidence.factor:.2f} at {1 - evidence.level:.2%} (anytime); "
             f"at the {evidence.quantile:.1%} quantile that leaves: half-width {certified:.1%}"))
     return StopDecision(half_width, tuple(tests), widths, evidence)

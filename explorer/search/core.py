@@ -172,16 +172,12 @@ class ExplorationCore:
 
     def prequential(self, records: list[Record]):
         """Every exact profile predicted by the ML-II fit on the profiles before it (store
-        order) once that fit's mean was determined (``MemoryModel.mean_determined``), by a fit of
-        the same family as ``records``' own (``MemoryModel.regime_family``: the residuals of a fit
-        with no regime boundary are no data on the scale of one with a boundary), as
+        order) once that fit's mean was determined (``MemoryModel.mean_determined``), as
         ``surrogate.Prequential``."""
         from explorer.model import fit as model_fit
 
-        family = self.base_fit(records).regime_family
         terms = [[float(x[0]) for x in model.ml2.prequential_terms([shape], [value], runs)]
-                 for shape, value, runs, model in self._predicted(records, self.base_fit)
-                 if model.regime_family == family]
+                 for shape, value, runs, model in self._predicted(records, self.base_fit)]
         if not terms:
             return model_fit.Prequential()
         e, c, s = zip(*terms)
@@ -229,31 +225,22 @@ class ExplorationCore:
     def evidence(self, records: list[Record]):
         """``acquisition.ScaleEvidence`` of ``records``' model: every exact profile standardised by
         the predictive of the model fitted on the profiles before it (``MemoryModel.standardised``,
-        with that model's degrees of freedom), once that model's mean was determined and when it
-        was of the same family as ``records``' own (``MemoryModel.regime_family``); the
-        anytime-valid bound on the factor by which those predictions understated their scale, at
-        that family's share (``acquisition.family_level``) of the loop's share of the risk
-        (``acquisition.risk_split`` of the loop's confidence); and the ratio of the model's
-        predictive quantiles that moves its bound to the quantile the split leaves the run."""
+        with that model's degrees of freedom), once that model's mean was determined; the
+        anytime-valid bound on the factor by which those predictions understated their scale at
+        the loop's share of the risk (``acquisition.risk_split`` of the loop's confidence); and
+        the ratio of the model's predictive quantiles that moves its bound to the quantile the
+        split leaves the run."""
         from explorer.search import acquisition
         from explorer.model.stats import scale_confidence_bound, t_quantile
 
-        current = self.fit(records)
-        family = current.regime_family
-        families, residuals, dofs = [], [], []
+        residuals, dofs = [], []
         for shape, value, runs, model in self._predicted(records, self.fit):
-            if model.regime_family not in families:
-                families.append(model.regime_family)
-            if model.regime_family == family:
-                residuals.append(float(model.standardised([shape], [value], runs)[0]))
-                dofs.append(model.predictive_t(np.asarray([shape]))[2])
-        loop_level, quantile = acquisition.risk_split(self.confidence)
-        k = families.index(family) + 1 if family in families else len(families) + 1
-        level = acquisition.family_level(k, loop_level)
-        dof = current.hyperparameters["predictive_dof"]
+            residuals.append(float(model.standardised([shape], [value], runs)[0]))
+            dofs.append(model.predictive_t(np.asarray([shape]))[2])
+        level, quantile = acquisition.risk_split(self.confidence)
+        dof = self.fit(records).hyperparameters["predictive_dof"]
         return acquisition.ScaleEvidence(max(1.0, scale_confidence_bound(residuals, dofs, level)), len(residuals),
-                                         level, family, quantile,
-                                         t_quantile(quantile, dof) / t_quantile(self.confidence, dof))
+                                         level, quantile, t_quantile(quantile, dof) / t_quantile(self.confidence, dof))
 
     def conclude(self, records: list[Record], stopped_because: str):
         """The model a loop that stopped for ``stopped_because`` saves, fitted on ``records``:
