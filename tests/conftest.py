@@ -56,6 +56,10 @@ MODULE_TIERS = {
 }
 
 
+#: Modules that take minutes (the loops on known truths), collected before the rest.
+LONGEST_FIRST = ("test_stopping",)
+
+
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by these marks
 def pytest_collection_modifyitems(config, items):
     problems = []
@@ -71,6 +75,9 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(MODULE_TIERS[module])
     if problems:
         raise pytest.UsageError("tests without exactly one tier:\n" + "\n".join(problems))
+    # The longest module first: the suite runs in two processes a module at a time (pyproject's
+    # addopts), and started last it would run alone at the end.
+    items.sort(key=lambda item: item.module.__name__.rpartition(".")[2] not in LONGEST_FIRST)
 
 
 @pytest.fixture(scope="session")
