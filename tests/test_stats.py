@@ -98,14 +98,16 @@ def test_the_evidence_bound_holds_under_repeated_looks_and_tightens_with_evidenc
     """Ville's inequality: over 40 looks at honest residuals (t with 8 dof), the bound on how
     much they understate their scale falls below the truth (1) in at most ~5% of sequences;
     with 40 predictions it is below 2; residuals twice too large are caught."""
-    from explorer.model.stats import scale_confidence_bound
+    from explorer.model.stats import scale_confidence_bound, scale_confidence_sequence
 
     rng = np.random.default_rng(3)
     fell, last = 0, []
     for _ in range(300):
         r = rng.standard_t(8, 40)
-        bounds = [scale_confidence_bound(r[:m], 8.0, 0.05) for m in range(1, 41)]
-        fell += min(bounds) < 1.0
+        bounds = scale_confidence_sequence(r, 8.0, 0.05)  # the bound at each of the 40 looks
+        assert bounds[-1] == scale_confidence_bound(r, 8.0, 0.05)
+        assert bounds[9] == scale_confidence_bound(r[:10], 8.0, 0.05)  # each look sees only its past
+        fell += bounds.min() < 1.0
         last.append(bounds[-1])
     assert fell / 300 <= 0.05 + 3 * np.sqrt(0.05 * 0.95 / 300)
     assert np.median(last) < 2.0

@@ -226,10 +226,10 @@ BET_FRACTIONS = (np.arange(20) + 0.5) / 20
 MEDIAN_CHI2_1 = 0.454936423119572
 
 
-def scale_confidence_bound(standardised, dof, level: float, bets=BET_FRACTIONS) -> float:
-    r"""An anytime-valid upper confidence bound on ``kappa``: how much predictive distributions
-    understated their scale, from residuals each standardised by its own predictive before it
-    was observed.
+def scale_confidence_sequence(standardised, dof, level: float, bets=BET_FRACTIONS) -> np.ndarray:
+    r"""Anytime-valid upper confidence bounds on ``kappa``, one after each residual: how much
+    predictive distributions understated their scale, from residuals each standardised by its
+    own predictive before it was observed (:func:`scale_confidence_bound` is the last).
 
     Residual ``j`` is ``r_j = (y_j - m_j) / a_j`` with the predictive ``m_j + a_j T_{nu_j}``
     (a Student-t); the hypothesis ``H_kappa`` is that every ``r_j`` is in fact ``sigma_j T_{nu_j}``
@@ -267,8 +267,6 @@ def scale_confidence_bound(standardised, dof, level: float, bets=BET_FRACTIONS) 
 
     r = np.asarray(standardised, dtype=np.float64).reshape(-1)
     nu = np.broadcast_to(np.asarray(dof, dtype=np.float64), r.shape)
-    if not len(r):
-        return float(_FACTOR_GRID[-1])
     u = ndtri(np.clip(stdtr(nu, r), 1e-300, 1 - 1e-16))
     scaled = u * u / MEDIAN_CHI2_1
     running = np.sqrt([np.median(np.append(scaled[:j], 1.0)) for j in range(len(r))])
@@ -278,15 +276,19 @@ def scale_confidence_bound(standardised, dof, level: float, bets=BET_FRACTIONS) 
               - _log_t_density(r[None, :] / kappa, nu[None, :]) + np.log(kappa))  # (grid, m)
     fractions = np.asarray(bets, dtype=np.float64)[:, None, None]
     with np.errstate(divide="ignore"):  # a whole bet (lambda = 1) keeps nothing back: log 0
-        log_wealth = np.logaddexp(np.log1p(-fractions), np.log(fractions) + log_lr[None]).sum(axis=2)  # (bets, grid)
-    log_e = logsumexp(log_wealth, axis=0) - math.log(len(fractions))
+        log_wealth = np.cumsum(np.logaddexp(np.log1p(-fractions), np.log(fractions) + log_lr[None]), axis=2)
+    log_e = logsumexp(log_wealth, axis=0) - math.log(len(fractions))  # (grid, m): E_1 .. E_m
     rejected = log_e >= math.log(1.0 / level)
-    # the bound: the smallest grid factor above which every factor is rejected
-    not_rejected = np.flatnonzero(~rejected)
-    if not len(not_rejected):
-        return float(_FACTOR_GRID[0])
-    last = int(not_rejected[-1])
-    return float(_FACTOR_GRID[min(last + 1, len(_FACTOR_GRID) - 1)])
+    # each bound: the smallest grid factor above which every factor is rejected
+    last_kept = np.where(~rejected, np.arange(len(_FACTOR_GRID))[:, None], -1).max(axis=0)
+    return np.where(last_kept < 0, _FACTOR_GRID[0], _FACTOR_GRID[np.minimum(last_kept + 1, len(_FACTOR_GRID) - 1)])
+
+
+def scale_confidence_bound(standardised, dof, level: float, bets=BET_FRACTIONS) -> float:
+    """The bound of :func:`scale_confidence_sequence` after every residual; 100 (the grid's
+    largest) with none."""
+    bounds = scale_confidence_sequence(standardised, dof, level, bets)
+    return float(bounds[-1]) if len(bounds) else float(_FACTOR_GRID[-1])
 
 
 def _log_t_density(x, nu):
