@@ -224,4 +224,4 @@ def test_a_boundary_found_late_keeps_the_evidence_of_every_prediction():
     assert evidence.n_predictions == len(every) == len(core.prequential(records))
     assert evidence.factor == max(1.0, scale_confidence_bound(*zip(*every), evidence.level))
     assert max(abs(z) for z, _ in every) > 5  # the early misses are in it
-    assert evidence.factor < 20.0  # 64 by the product of whole bets, which never forgives the miss
+    assert evidence.factor < 20.0  # 64 by the rule before 8a7746c (whole bets, a running-mean plug-in)
