@@ -279,3 +279,39 @@ def test_a_concurrent_figure_is_bounded_by_the_task_term_of_its_form():
     assert live.Observation(**common, windowed=True).bound_bytes == 2 * upper
     exact = dict(common, exact=True)
     assert live.Observation(**exact).bound_bytes == live.Observation(**exact, windowed=True).bound_bytes == upper
+
+
+class _SlowStore(Store):
+    """A real SQLite store whose writes take ``seconds`` longer and note the thread that made them."""
+
+    def __init__(self, runs_dir, seconds):
+        super().__init__(runs_dir)
+        self.seconds, self.threads = seconds, []
+
+    def add_observation(self, *args, **kwargs):
+        import threading
+        import time
+
+        time.sleep(self.seconds)
+        self.threads.append(threading.current_thread().name)
+        super().add_observation(*args, **kwargs)
+
+
+def test_close_writes_what_is_queued_itself_and_loses_nothing(client, tmp_path):
+    """The writer thread runs at the lowest CPU priority, so that it does not slow the tasks; once
+    the run is over ``close`` writes what is still queued at its own priority (on a busy machine
+    the writer took about 2 s a write) and waits for the one the writer holds."""
+    import threading
+
+    store = _SlowStore(tmp_path, 0.2)
+    observer = live.observe(client, OPERATOR, store=store, warn=False).start()
+    n = 8
+    for i in range(n):
+        observer._on_event((0.0, {
+            "id": f"task-{i}", "operator": OPERATOR, "shape": [20 + i, 20, 20], "peak_bytes": 10**6 + i,
+            "run_peak_bytes": 10**6 + i, "seconds": 0.01, "exact": True, "worker": "w", "threads": 1,
+            "memory_limit": LIMIT, "key": f"k{i}"}))
+    observer.close(expected=n)
+    assert observer.recorded == n and not observer.errors
+    assert len(store.records(OPERATOR, source="production")) == n
+    assert store.threads.count(threading.current_thread().name) >= n - 2, store.threads
