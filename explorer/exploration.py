@@ -281,7 +281,7 @@ def explore(
             model = save_model_unless_superseded(model, model_file)
         with timings.section("in-worker probes"):
             probe_result = _probe(op.name, model, probes, bool(steps), runs_dir, storage, confidence, probe_progress,
-                                  seed, limit, client)
+                                  seed, limit, client, timings)
         if report:
             from explorer.search.report import explore_report
 
@@ -551,7 +551,7 @@ def save_model_unless_superseded(model, path):
 
 
 def _probe(operator, model, probes, profiled_new, runs_dir, storage, confidence, progress, seed,
-           memory_limit=None, client=None) -> dict | None:
+           memory_limit=None, client=None, timings=None) -> dict | None:
     """Run the in-worker probes unless told not to or already done for this model and environment."""
     from explorer.runner import probes as probing
     from explorer.plan.calibration import CalibrationFileError, load_calibration
@@ -568,4 +568,5 @@ def _probe(operator, model, probes, profiled_new, runs_dir, storage, confidence,
         if saved is not None and not saved.stale and saved.n_probe_groups >= n:
             return {"skipped": f"the calibration already holds {saved.n_probe_groups} probes of this environment"}
     return probing.run_probes(operator, model, n=n, runs_dir=runs_dir, storage=storage, confidence=confidence,
-                              progress=progress, seed=seed, memory_limit=memory_limit, client=client).to_dict()
+                              progress=progress, seed=seed, memory_limit=memory_limit, client=client,
+                              timings=timings).to_dict()

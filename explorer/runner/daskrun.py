@@ -554,7 +554,8 @@ def _close_observer(ctx: RunContext) -> None:
     result, observer = ctx.result, ctx.observer
     observed = result.strategy != "staged"  # a staged run's tasks are not wrapped
     expected = result.n_tasks if observed and result.status == OK and result.error is None else None
-    observer.close(expected=expected, timeout=2.0)
+    with ctx.timings.section("records: observations stored"):
+        observer.close(expected=expected, timeout=2.0)
     result.observations_recorded = observer.recorded
     result.tasks_over_bound = observer.tasks_over_bound if ctx.model is not None else None
     result.warnings.extend(observer.warnings)
@@ -564,7 +565,8 @@ def _close_observer(ctx: RunContext) -> None:
                                f"(the worst by {worst - 1:.0%}); the first {MAX_OVER_BOUND_WARNINGS} are above")
     result.warnings.extend(observer.errors)
     try:
-        _record_run(ctx)
+        with ctx.timings.section("records: run record"):
+            _record_run(ctx)
     except Exception as exc:
         result.warnings.append(f"run record not stored: {_one_line(exc)}")
     if not (ctx.calibrate and observer.recorded and ctx.model is not None):
@@ -572,8 +574,9 @@ def _close_observer(ctx: RunContext) -> None:
     try:
         from explorer.plan.calibration import calibrate
 
-        cal = calibrate(ctx.operator.name, observer.store, ctx.model.isolated, confidence=ctx.confidence,
-                        runs_dir=ctx.runs_dir, environment=ctx.baseline.environment)
+        with ctx.timings.section("records: calibration"):
+            cal = calibrate(ctx.operator.name, observer.store, ctx.model.isolated, confidence=ctx.confidence,
+                            runs_dir=ctx.runs_dir, environment=ctx.baseline.environment)
         result.calibration = cal.to_dict() if cal is not None else result.calibration
     except Exception as exc:
         result.warnings.append(f"calibration not updated: {_one_line(exc)}")

@@ -245,7 +245,7 @@ def _branch_order(model, block, confidence: float):
 
 def run_probes(operator: str, model, *, n: int = DEFAULT_PROBES, runs_dir=None, storage=None,
                confidence: float = 0.99, progress=None, seed: int = 0, memory_limit=None,
-               client=None) -> ProbeResult:
+               client=None, timings=None) -> ProbeResult:
     """Run the in-worker probes of ``operator`` (module docstring), fit and save the calibration.
 
     ``model``: the freshly fitted isolated ``MemoryModel``, or a pipeline's composed model
@@ -257,7 +257,8 @@ def run_probes(operator: str, model, *, n: int = DEFAULT_PROBES, runs_dir=None, 
     ``distributed.Client`` of the cluster to probe (its workers' baseline, memory and
     environment: the calibration describes them; the probe volumes are written under the
     system's temporary directory, which its workers must read); None starts a LocalCluster of
-    :data:`PROBE_WORKERS` workers here and saves its baseline as this machine's.
+    :data:`PROBE_WORKERS` workers here and saves its baseline as this machine's.  ``timings``: an
+    ``explorer.core.timings.Timings`` the probes' parts are added to (``probes: ...`` sections).
     """
     import contextlib
     import time
@@ -265,6 +266,7 @@ def run_probes(operator: str, model, *, n: int = DEFAULT_PROBES, runs_dir=None, 
     from distributed import Client
 
     import operators
+    from explorer.core.timings import Timings
     from explorer.plan.calibration import calibrate
     from explorer.runner.daskrun import run
     from explorer.measure.worker_baseline import measure_worker_baseline, save_worker_baseline
@@ -273,18 +275,22 @@ def run_probes(operator: str, model, *, n: int = DEFAULT_PROBES, runs_dir=None, 
     from explorer.measure.workersetup import prepare_workers
 
     started = time.perf_counter()
+    section = (Timings() if timings is None else timings).section
     op = operators.get(operator)
     max_volume = profiled_volume(model)
     result = ProbeResult()
     tmp = Path(tempfile.mkdtemp(prefix=f"explorer-probes-{operator}-"))
     environment = None
     try:
-        with (local_cluster(PROBE_WORKERS) if client is None else contextlib.nullcontext()) as cluster:
+        with contextlib.ExitStack() as stack:
+            with section("probes: cluster start"):
+                cluster = stack.enter_context(local_cluster(PROBE_WORKERS)) if client is None else None
             # The idle, warmed workers before any task (their baseline; this machine's is saved);
             # the workers first get the profiling server's allocator setting (explorer.measure.workersetup).
             address = cluster.scheduler_address if cluster is not None else client.scheduler.address
             result.scheduler = address
-            with (Client(cluster) if cluster is not None else contextlib.nullcontext(client)) as connected:
+            with (Client(cluster) if cluster is not None else contextlib.nullcontext(client)) as connected, \
+                    section("probes: worker set-up and baseline"):
                 prepare_workers(connected, operator)
                 baseline = measure_worker_baseline(connected, operator)
             if cluster is not None:
@@ -302,22 +308,30 @@ def run_probes(operator: str, model, *, n: int = DEFAULT_PROBES, runs_dir=None, 
             for index, (block, per_axis) in enumerate(zip(blocks, grids)):
                 volume, chunks = grid_volume(block, op.halo, op.whole_axes, (per_axis,) * 3)
                 source = tmp / f"probe-{index}.sgy"
-                operators.write_segy(source, operators.synthetic_volume(volume, seed=seed + index))
-                r = run(operator, source, tmp / f"probe-{index}.zarr", scheduler=address,
-                        chunks=chunks, runs_dir=runs_dir, storage=storage, confidence=confidence, replan=False,
-                        calibrate=False, source="probe", context={"probe": index, "grid": per_axis},
-                        branch_order=_branch_order(model, block, confidence), check=False)
+                with section("probes: volumes (synthetic, SEG-Y)"):
+                    operators.write_segy(source, operators.synthetic_volume(volume, seed=seed + index))
+                with section("probes: runs (explore run's path)"):
+                    r = run(operator, source, tmp / f"probe-{index}.zarr", scheduler=address,
+                            chunks=chunks, runs_dir=runs_dir, storage=storage, confidence=confidence, replan=False,
+                            calibrate=False, source="probe", context={"probe": index, "grid": per_axis},
+                            branch_order=_branch_order(model, block, confidence), check=False)
                 source.unlink()
+                if timings is not None:  # the run's own parts, nested in "probes: runs"
+                    for name, entry in r.timings.items():
+                        timings.add(f"probes: runs: {name}", entry["seconds"], entry["count"])
                 result.runs.append(r)
                 if r.status != "ok":
                     result.warnings.append(f"probe {index + 1} ({'x'.join(map(str, block))}) {r.status}: {r.error}")
                 if progress is not None:
                     progress(index + 1, len(blocks), block, r)
+            with section("probes: cluster close"):
+                stack.close()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if environment is not None and any(r.status == "ok" for r in result.runs):
-        result.calibration = calibrate(operator, Store(runs_dir, storage), model, confidence=confidence,
-                                       runs_dir=runs_dir, environment=environment)
+        with section("probes: calibration fit"):
+            result.calibration = calibrate(operator, Store(runs_dir, storage), model, confidence=confidence,
+                                           runs_dir=runs_dir, environment=environment)
     result.seconds = time.perf_counter() - started
     return result
 
