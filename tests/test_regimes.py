@@ -196,8 +196,7 @@ def test_the_fit_runs_on_one_blas_thread_and_gives_the_threads_back():
 
 def test_a_boundary_found_late_keeps_the_evidence_of_every_prediction():
     """A loop that finds its boundary late: the profiles before it were predicted by models with
-    none, off by the step.  The latent scale learns from the predictions of models with the
-    boundary only (``ExplorationCore.prequential``); the evidence is still every prediction, at the loop's whole share of
+    none, off by the step.  The evidence is still every prediction, at the loop's whole share of
     the risk (``acquisition.risk_split``), and its bets forgive the early misses
     (``stats.scale_confidence_bound``)."""
     from explorer.model.stats import scale_confidence_bound
@@ -222,11 +221,7 @@ def test_a_boundary_found_late_keeps_the_evidence_of_every_prediction():
     assert not with_boundary[0] and any(with_boundary)
     evidence = core.evidence(records)
     assert evidence.level == pytest.approx(acquisition.risk_split(0.99)[0])
-    assert evidence.n_predictions == len(every)
-    # the latent scale learns only from predictions of models with the final model's boundaries
-    same = [before.ml2.regime_directions == model.ml2.regime_directions
-            for *_, before in core._predicted(records, core.base_fit)]
-    assert 0 < len(core.prequential(records)) == sum(same) < len(every)
+    assert evidence.n_predictions == len(every) == len(core.prequential(records))
     assert evidence.factor == max(1.0, scale_confidence_bound(*zip(*every), evidence.level))
     assert max(abs(z) for z, _ in every) > 5  # the early misses are in it
     assert evidence.factor < 20.0  # 64 by the rule before 8a7746c (whole bets, a running-mean plug-in)

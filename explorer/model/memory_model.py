@@ -139,7 +139,7 @@ from explorer.model.basis import (
     BASIS_NAMES,
     FLAT_TERMS,
     _amplitude,
-    regime_description, regime_gap_position, regime_rows, regime_side,
+    regime_description, regime_gap_position, regime_side,
     _as_dims,
     _bound_quantile,
     _kernel_inputs,
@@ -495,12 +495,6 @@ class MemoryModel:
     def regime(self) -> str | None:
         """Its regime boundaries (``explorer.model.regimes``), e.g. ``"n1 n2 between 4826 and 5406"``, or None."""
         return regime_description(self._a["regime"])
-
-    @property
-    def regime_directions(self) -> tuple[tuple[int, ...], ...]:
-        """The directions ``w`` of its regime boundaries, sorted: the structure of its mean."""
-        rows = regime_rows(self._a["regime"])
-        return tuple(sorted(tuple(int(x) for x in row[:3]) for row in rows if row[:3].any()))
 
     @property
     def mean_determined(self) -> bool:

@@ -172,17 +172,12 @@ class ExplorationCore:
 
     def prequential(self, records: list[Record]):
         """Every exact profile predicted by the ML-II fit on the profiles before it (store
-        order) once that fit's mean was determined (``MemoryModel.mean_determined``) and when
-        that fit had the regime boundaries ``records``' fit has (``regime_directions``), as
-        ``surrogate.Prequential``: data on the latent scale of this model, which a prediction
-        of a mean without one of its steps is not (its residual is the step, not the scale's;
-        the evidence, :meth:`evidence`, keeps every prediction)."""
+        order) once that fit's mean was determined (``MemoryModel.mean_determined``), as
+        ``surrogate.Prequential``."""
         from explorer.model import fit as model_fit
 
-        structure = self.base_fit(records).ml2.regime_directions
         terms = [[float(x[0]) for x in model.ml2.prequential_terms([shape], [value], runs)]
-                 for shape, value, runs, model in self._predicted(records, self.base_fit)
-                 if model.ml2.regime_directions == structure]
+                 for shape, value, runs, model in self._predicted(records, self.base_fit)]
         if not terms:
             return model_fit.Prequential()
         e, c, s = zip(*terms)
