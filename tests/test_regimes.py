@@ -225,36 +225,3 @@ def test_a_boundary_found_late_keeps_the_evidence_of_every_prediction():
     assert evidence.factor == max(1.0, scale_confidence_bound(*zip(*every), evidence.level))
     assert max(abs(z) for z, _ in every) > 5  # the early misses are in it
     assert evidence.factor < 20.0  # 64 by the rule before 8a7746c (whole bets, a running-mean plug-in)
-
-
-def test_a_gap_is_width_and_the_next_profile_bisects_it():
-    """A block the profiles leave between the two sides of a boundary is bounded by the higher
-    side, so its bound's width is measured from the lower side's mean (``least_mean``): the
-    loop's stop counts the gap as width, and its next profile halves the gap's middle."""
-    from explorer.search import acquisition
-
-    model = fitted(two_algorithm_truth, TWO_ALGORITHM_SEED)
-    lo, hi = np.exp(model._a["regime"][0, 3:5])
-    assert hi / lo > 1.05, (lo, hi)
-    rng = np.random.default_rng(7)
-    n12 = np.exp(rng.uniform(np.log(lo), np.log(hi), 200))
-    n1 = np.sqrt(n12) * np.exp(rng.uniform(-0.3, 0.3, 200))
-    in_gap = np.column_stack([n1, n12 / n1, rng.uniform(20, 200, 200)]).round()
-    in_gap = in_gap[(regime_side(in_gap, model._a["regime"], np.ones(3)) == 0.5)[:, 0]]
-    assert len(in_gap) > 20
-    mean, upper = model.predict_many(in_gap, 0.99)
-    least = model.least_mean(in_gap)
-    assert np.all(least < 0.5 * mean)  # 32 against 118 bytes per input byte
-    width = acquisition.relative_half_width(model, in_gap)
-    np.testing.assert_allclose(width, (upper - least) / least)
-    assert np.all(width > (upper - mean) / mean + 1.0)
-
-    candidates = acquisition.candidate_shapes(2048, seed=0)
-    cost = acquisition.CostModel().predict(candidates)
-    pick = acquisition.gap_bisection(model, candidates, in_gap, np.ones(len(candidates), bool), cost)
-    assert pick is not None and 0.25 <= model.gap_position(candidates[pick : pick + 1])[0, 0] <= 0.75
-    proposed = acquisition.propose(model, candidates, in_gap, acquisition.CostModel(), 1e12, n=2)
-    assert proposed[0] == tuple(int(d) for d in candidates[pick])
-    decided = random_shapes(np.random.default_rng(3), 50)
-    decided = decided[(regime_side(decided, model._a["regime"], np.ones(3)) != 0.5)[:, 0]]
-    assert acquisition.gap_bisection(model, candidates, decided, np.ones(len(candidates), bool), cost) is None

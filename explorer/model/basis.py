@@ -138,11 +138,6 @@ def regime_rows(regime) -> np.ndarray:
     return np.atleast_2d(np.asarray(regime, dtype=np.float64))
 
 
-def _regime_level(dims: np.ndarray, rows: np.ndarray, multiple) -> np.ndarray:
-    """``w . log n`` of each block for each boundary row, ``(m, B)``."""
-    return np.log(effective_dims(dims, multiple)) @ rows[:, :3].T
-
-
 def regime_side(dims: np.ndarray, regime, multiple) -> np.ndarray:
     """Which side of each of the model's regime boundaries each block lies on, ``(m, B)``: 0
     below, 1 above, 0.5 in the gap between the profiles either side (not determined).
@@ -155,20 +150,9 @@ def regime_side(dims: np.ndarray, regime, multiple) -> np.ndarray:
     rows = regime_rows(regime)
     if not rows[:, :3].any():  # no boundary: the planner's hot path
         return np.zeros((len(dims), len(rows)))
-    level = _regime_level(dims, rows, multiple)
+    level = np.log(effective_dims(dims, multiple)) @ rows[:, :3].T
     side = np.where(level >= rows[:, 4], 1.0, np.where(level <= rows[:, 3], 0.0, 0.5))
     return np.where(rows[:, :3].any(axis=1), side, 0.0)
-
-
-def regime_gap_position(dims: np.ndarray, regime, multiple) -> np.ndarray:
-    """Where each block lies in the gap of each regime boundary, ``(m, B)``:
-    ``(w . log n - g_lo) / (g_hi - g_lo)`` (:func:`regime_side`'s rows), strictly between 0 and 1
-    inside the gap (side 0.5), at most 0 below it, at least 1 above; NaN for a row all zero."""
-    rows = regime_rows(regime)
-    level = _regime_level(dims, rows, multiple)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        position = (level - rows[:, 3]) / (rows[:, 4] - rows[:, 3])
-    return np.where(rows[:, :3].any(axis=1), position, np.nan)
 
 
 def regime_direction_name(direction) -> str:

@@ -139,7 +139,7 @@ from explorer.model.basis import (
     BASIS_NAMES,
     FLAT_TERMS,
     _amplitude,
-    regime_description, regime_gap_position, regime_side,
+    regime_description, regime_side,
     _as_dims,
     _bound_quantile,
     _kernel_inputs,
@@ -273,14 +273,13 @@ class MemoryModel:
         q = self._a["chol_a_inv"] @ r  # (p, m)
         return mean, v, q, z, amp
 
-    def _latent(self, dims, least: bool = False):
+    def _latent(self, dims):
         """Mean and variance of the latent peak (working units), the nugget's misfit included
         (both scaled by ``lambda``: module docstring).
 
         A block in the gap of a regime boundary (``basis.regime_side`` 0.5: the profiles do not
         say which side it is on) gets the largest mean and the largest variance of the sides it
-        may be on, so that every upper quantile of its predictive is at or above each one's
-        (``least``: the smallest mean instead, what the block may need at least)."""
+        may be on, so that every upper quantile of its predictive is at or above each one's."""
         side = regime_side(dims, self._a["regime"], self._a["block_multiple"])  # once, for z and the basis
         mean, var = self._latent_at(dims, side)
         gap = side == 0.5
@@ -288,8 +287,7 @@ class MemoryModel:
         if rows.any():
             moments = [self._latent_at(dims[rows], np.where(gap[rows], sides, side[rows]))
                        for sides in itertools.product((0.0, 1.0), repeat=side.shape[1])]
-            means, variances = (np.array(x) for x in zip(*moments))
-            mean[rows], var[rows] = (means.min(axis=0) if least else means.max(axis=0)), variances.max(axis=0)
+            mean[rows], var[rows] = (np.max(np.array(x), axis=0) for x in zip(*moments))
         return mean, var
 
     def _latent_at(self, dims, side=None):
@@ -312,15 +310,6 @@ class MemoryModel:
         latent scale (the square of the Student-t's latent scale).  Isolated peak."""
         mean, var = self._latent(_as_dims(shapes))
         return mean * self._bytes_scale, var * self._bytes_scale**2
-
-    def least_mean(self, shapes) -> np.ndarray:
-        """The smallest posterior mean (bytes) over the sides of the regime boundaries each block
-        may be on: :meth:`latent_moments`' mean, except in a gap (where that is the largest)."""
-        return self._latent(_as_dims(shapes), least=True)[0] * self._bytes_scale
-
-    def gap_position(self, shapes) -> np.ndarray:
-        """Where each block lies in each regime boundary's gap (``basis.regime_gap_position``)."""
-        return regime_gap_position(_as_dims(shapes), self._a["regime"], self._a["block_multiple"])
 
     def noise_var(self, shapes_or_mean, *, from_mean: bool = False) -> np.ndarray:
         """Variance (bytes^2) of one new profiling run about the latent peak: the run noise
@@ -546,11 +535,18 @@ class MemoryModel:
 
     @property
     def hyperparameters(self) -> dict[str, object]:
-        return {"lengthscale": self._a["lengthscale"].tolist(), "relative_residual_sd": math.sqrt(self._outputscale),
-                "relative_nugget_sd": math.sqrt(self._rel_nugget_var), "relative_run_sd": math.sqrt(self._rel_run_var),
-                "run_noise_dof": self._noise_dof, "latent_scale": self._latent_scale, "latent_dof": self._latent_dof,
-                "predictive_dof": self._predictive_dof, "certified_factor": self._certified_factor,
-                "abs_noise_sd_bytes": math.sqrt(self._abs_noise_var) * self._bytes_scale}
+        return {
+            "lengthscale": self._a["lengthscale"].tolist(),
+            "relative_residual_sd": math.sqrt(self._outputscale),
+            "relative_nugget_sd": math.sqrt(self._rel_nugget_var),
+            "relative_run_sd": math.sqrt(self._rel_run_var),
+            "run_noise_dof": self._noise_dof,
+            "latent_scale": self._latent_scale,
+            "latent_dof": self._latent_dof,
+            "predictive_dof": self._predictive_dof,
+            "certified_factor": self._certified_factor,
+            "abs_noise_sd_bytes": math.sqrt(self._abs_noise_var) * self._bytes_scale,
+        }
 
     def __repr__(self) -> str:
         return f"<MemoryModel {self.operator} n={self.n_observations} halo={self.halo}>"
@@ -576,8 +572,14 @@ class MemoryModel:
         path.parent.mkdir(parents=True, exist_ok=True)
         if self.environment is None:
             self.environment = environment_stamp(self.operator)
-        meta = {"format_version": FORMAT_VERSION, "operator": self.operator, "halo": list(self.halo),
-                "n_observations": self.n_observations, "info": self.info, "environment": self.environment}
+        meta = {
+            "format_version": FORMAT_VERSION,
+            "operator": self.operator,
+            "halo": list(self.halo),
+            "n_observations": self.n_observations,
+            "info": self.info,
+            "environment": self.environment,
+        }
         with atomic_path(path) as tmp:
             np.savez(tmp, meta=np.array(json.dumps(meta)), **self._a)
         return path

@@ -51,7 +51,6 @@ __all__ = [
     "candidate_shapes",
     "initial_design",
     "input_bytes",
-    "gap_bisection",
     "integrated_variance_reduction",
     "propose",
     "relative_half_width",
@@ -275,8 +274,7 @@ def safe_mask(model, candidates, memory_cap_bytes: float, confidence: float = 0.
 
 def propose(model, candidates, targets, cost_model, memory_cap_bytes: float, n: int = 1,
             confidence: float = 0.99, *, pending=(), exclude=()) -> list[tuple[int, int, int]]:
-    """Up to ``n`` distinct safe candidates maximising variance reduction per predicted second,
-    the first one bisecting a regime gap instead while ``targets`` lie in one (:func:`gap_bisection`).
+    """Up to ``n`` distinct safe candidates maximising variance reduction per predicted second.
 
     Greedy: pick ``argmax IVR(x) / cost(x)`` among safe, unpicked candidates; then
     condition the posterior covariance on that pick exactly,
@@ -300,12 +298,9 @@ def propose(model, candidates, targets, cost_model, memory_cap_bytes: float, n: 
     pool = np.vstack([candidates, pending])
     available = np.concatenate([available, np.zeros(len(pending), dtype=bool)])
     cost = np.concatenate([cost, np.ones(len(pending))])
-    gap = gap_bisection(model, pool, targets, available, cost)
-    first = [] if gap is None else [gap]
-    available[first] = False
-    picked, _ = _greedy_batch(model, pool, targets, cost, available, n - len(first),
-                              given=[*range(len(candidates), len(pool)), *first])
-    return [tuple(int(d) for d in pool[j]) for j in first + picked]
+    picked, _ = _greedy_batch(model, pool, targets, cost, available, n,
+                              given=range(len(candidates), len(pool)))
+    return [tuple(int(d) for d in pool[j]) for j in picked]
 
 
 def validation_shapes(model, targets, memory_cap_bytes: float, n: int = 1, confidence: float = 0.99, *,
@@ -381,42 +376,10 @@ def _greedy_batch(model, candidates, targets, cost, available, n, given=()):
 
 
 def relative_half_width(model, targets, confidence: float = 0.99) -> np.ndarray:
-    """``(upper - least) / least`` at each target (inf where ``least <= 0``): how far the bound
-    may lie above what the block needs.  ``least`` is the posterior mean, or, for a block in
-    the gap of a regime boundary (no profile says which side it is on), the smallest mean of
-    the sides it may be on (``MemoryModel.least_mean``): its bound is the largest side's, so the
-    gap's ambiguity is width like any other, which the loop narrows (:func:`gap_bisection`)."""
-    targets = _shapes(targets)
-    _, upper = model.predict_many(targets, confidence)
-    least = model.least_mean(targets)
+    """``(upper - mean) / mean`` of the predicted peak at each target (inf where mean <= 0)."""
+    mean, upper = model.predict_many(_shapes(targets), confidence)
     with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(least > 0, (upper - least) / least, np.inf)
-
-
-def gap_bisection(model, candidates, targets, available, cost) -> int | None:
-    """The candidate to profile first when some of ``targets`` lie in the gap of a regime
-    boundary (``MemoryModel.gap_position`` strictly between 0 and 1), or None when none does.
-
-    For the boundary whose gap holds the most targets: the cheapest available candidate in the
-    gap's middle half (position in ``[1/4, 3/4]``), else the one nearest its middle.  Its
-    profile decides the side of a range of blocks no variance reduction can (the side is not
-    a smooth function of the shape): whichever side it falls on, the gap shrinks by at least a
-    quarter of its ``log`` width.
-    """
-    def inside(position):
-        return (position > 0) & (position < 1)
-
-    holds = inside(model.gap_position(targets)).sum(axis=0)
-    if not holds.size or not holds.any():
-        return None
-    position = model.gap_position(candidates)[:, int(np.argmax(holds))]
-    offset = np.where(available & inside(position), np.abs(position - 0.5), np.inf)
-    if not np.isfinite(offset).any():
-        return None
-    middle = offset <= 0.25
-    if middle.any():
-        return int(np.flatnonzero(middle)[np.argmin(np.asarray(cost)[middle])])
-    return int(np.argmin(offset))
+        return np.where(mean > 0, (upper - mean) / mean, np.inf)
 
 
 #: The share of the bound's ``1 - confidence`` that the loop's evidence takes (:func:`risk_split`).
@@ -506,9 +469,8 @@ def stop_decision(model, targets, *, tolerance: float = DEFAULT_TOLERANCE, confi
     r"""The stop rule, the one place it is written: stop when the bound, widened by what the
     evidence cannot rule out, is tight over the target region.
 
-    1. **tight**: the relative half-width ``w = (upper - least) / least`` of the model's bound at
-       ``confidence`` (:func:`relative_half_width`: ``least`` is the mean, the smallest side's in
-       a regime gap) is ``<= tolerance`` at every target.
+    1. **tight**: the relative half-width ``w = (upper - mean) / mean`` of the model's bound at
+       ``confidence`` is ``<= tolerance`` at every target.
     2. **evidence**: ``kappa_U r w <= tolerance`` at every target, where ``kappa_U >= 1``
        (``evidence.factor``) bounds, with confidence ``1 - level`` and however often it is
        looked at, how much the loop's predictions understated their scale: each profile was
