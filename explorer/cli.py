@@ -548,13 +548,14 @@ def main(argv: list[str] | None = None) -> int:
     import warnings
 
     from explorer.core.environment import StaleModelWarning
-    from explorer.core.interrupts import caused_by_interrupt
+    from explorer.core.interrupts import caused_by_interrupt, redeliver_swallowed_interrupts
 
     argv = sys.argv[1:] if argv is None else argv
     # Stale models and calibrations reach the user as the plans' and reports' own
     # "warning:" lines (with the fix), not as Python warnings.
     warnings.simplefilter("ignore", StaleModelWarning)
     signal.signal(signal.SIGTERM, _terminate)  # cleanup (partial outputs) runs as on Ctrl-C
+    redeliver_swallowed_interrupts()
     try:
         return _dispatch(argv)
     except CLIError as exc:

@@ -301,6 +301,48 @@ def test_a_ctrl_c_that_an_import_wrapped_is_still_an_interrupt():
     assert not caused_by_interrupt(RuntimeError("a plain error"))
 
 
+_SWALLOWED = """
+import gc, sys, time
+from explorer.core.interrupts import redeliver_swallowed_interrupts
+if sys.argv[1] == "hook":
+    redeliver_swallowed_interrupts()
+fired = []
+def callback(phase, info):
+    if not fired:
+        fired.append(1)
+        raise KeyboardInterrupt  # as a Ctrl-C landing in distributed.gc's diagnosis
+class Broken:
+    def __del__(self):
+        raise ValueError("an ordinary unraisable error")
+gc.callbacks.append(callback)
+try:
+    gc.collect()
+    Broken()
+    time.sleep(2)  # a blocking call, as the probes' wait on their run: the Ctrl-C interrupts it
+    print("lost")
+except KeyboardInterrupt:
+    print("delivered")
+"""
+
+
+@pytest.mark.unit
+def test_a_ctrl_c_swallowed_by_a_gc_callback_is_delivered_again():
+    """Seen once in the Ctrl-C-during-the-probes test above: the SIGINT landed in the
+    garbage-collector callback that the probes' in-process scheduler installs
+    (``distributed.gc``), Python printed "Exception ignored" and the probes ran to their end
+    (exit 0).  ``redeliver_swallowed_interrupts`` (installed by ``explore``) raises it again;
+    other unraisable errors are still reported as Python reports them."""
+    def run(mode):
+        return subprocess.run([sys.executable, "-c", _SWALLOWED, mode], capture_output=True, text=True,
+                              timeout=60, preexec_fn=_default_sigint)
+
+    without, with_hook = run("none"), run("hook")
+    assert without.stdout.strip() == "lost" and "KeyboardInterrupt" in without.stderr  # the failure it fixes
+    assert with_hook.stdout.strip() == "delivered", with_hook
+    assert "KeyboardInterrupt" not in with_hook.stderr, with_hook.stderr
+    assert "an ordinary unraisable error" in with_hook.stderr  # still reported as Python does
+
+
 def test_a_partial_output_left_by_kill_9_is_removed_by_the_next_run_and_said(tmp_path):
     """kill -9 leaves the run's hidden partial output: the next run of that output removes it
     (its process gone, its content ours), says so, and leaves everything else alone."""
