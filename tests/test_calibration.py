@@ -382,6 +382,12 @@ def test_calibrate_saves_a_stamped_file_that_loads_back(tmp_path, gst3d_model):
     gst3d_model.save(cal.paths.model_path(OPERATOR, tmp_path))
     tasks = task_model.task_model(OPERATOR, tmp_path)
     assert tasks.predict((60, 60, 60))[0] > gst3d_model.predict((60, 60, 60))[0]
+    # plans run where the workers were measured, never beyond: the largest group's block, 72^3
+    assert c.largest_block_voxels == tasks.largest_block_voxels == 72**3
+    from explorer.plan.recommend import recommend_chunks
+
+    plan = recommend_chunks(OPERATOR, (400, 400, 400), "8GiB", runs_dir=tmp_path, baseline_bytes=100 * 2**20)
+    assert math.prod(plan.block) <= 72**3 == plan.max_block_voxels
 
 
 @pytest.mark.integration

@@ -25,7 +25,7 @@ from explorer.plan import grid
 from explorer.plan import planner
 from explorer.plan import staged
 from explorer.plan import time_model
-from explorer.plan.chunk_plan import ChunkPlanError
+from explorer.plan.chunk_plan import ChunkPlan, ChunkPlanError
 from explorer.plan.planner import plan_chunks
 from explorer.plan.predictor import takes_keywords
 from explorer.plan.spec import DEFAULT_MIN_CHUNK, TimeTerms, VolumeGeometry, WorkerSpec
@@ -1067,3 +1067,29 @@ def test_a_candidate_grids_time_model_terms_are_the_row_by_row_ones(halo):
     k = counts[:, None, :]  # (m, 1, 3): neighbour_chunks_held on any leading shape, row by row
     rows = np.array([plan_footprint.neighbour_chunks_held(row, halo, 3) for row in counts])
     np.testing.assert_array_equal(plan_footprint.neighbour_chunks_held(k, halo, 3)[:, 0], rows)
+
+
+def test_no_plan_runs_a_block_larger_than_the_largest_measured_in_a_worker():
+    """``max_block_voxels`` (the largest block a task was measured on inside a worker) drops
+    every larger block: the plan is the fewest tasks among the rest, says its cap, keeps it
+    through JSON and a re-plan; a chunking given by hand is planned as given."""
+    spec = WorkerSpec(LIMIT, BASELINE)
+    free = plan_chunks(VolumeGeometry(SHAPE, HALO), predict, spec)
+    cap = math.prod(free.block) // 3
+    capped = plan_chunks(VolumeGeometry(SHAPE, HALO, max_block_voxels=cap), predict, spec)
+    assert math.prod(capped.block) <= cap < math.prod(free.block)
+    assert capped.n_tasks > free.n_tasks and capped.max_block_voxels == cap
+    # the fewest tasks of any chunking whose block is at most the cap (by hand: every chunk length
+    # that map_overlap keeps, as brute_force_fewest_tasks lists them)
+    options = [[c for c in {-(-n // k) for k in range(1, n // 16 + 1)} if -(-n // c) == 1 or n - (-(-n // c) - 1) * c >= h]
+               for n, h in zip(SHAPE, HALO)]
+    fewest = min(math.prod(-(-n // c) for n, c in zip(SHAPE, chunk)) for chunk in itertools.product(*options)
+                 if math.prod(expected_block(SHAPE, chunk, HALO)) <= cap)
+    assert capped.n_tasks == fewest
+    assert ChunkPlan.from_dict(json.loads(json.dumps(capped.to_dict()))) == capped
+    doubled = lambda blocks, confidence=0.99: tuple(2 * v for v in analytic_peak(blocks))  # noqa: E731
+    again = planner.replan(dataclasses.replace(capped, chunks=free.chunks, block=free.block), doubled,
+                           done_fraction=0.0)
+    assert again is not None and math.prod(again.block) <= cap
+    given = plan_chunks(VolumeGeometry(SHAPE, HALO, max_block_voxels=cap), predict, spec, chunks=free.chunks)
+    assert given.chunks == free.chunks and given.max_block_voxels is None

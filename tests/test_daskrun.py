@@ -263,7 +263,9 @@ def test_a_task_over_the_bound_early_restarts_the_run_with_the_recalibrated_plan
     task exceeds the bound, recalibration against this model shows the plan no longer fits,
     and the run restarts, once, with the recalibrated plan.  (By half, the first plan's task,
     with nothing else held beside it now that it reads its own block, could reach the nanny's
-    terminate threshold before the re-planner saw it: a worker restart, 1 run in 4.)
+    terminate threshold before the re-planner saw it: a worker restart, 1 run in 4.)  At 180 MB the
+    first plan's bound is at its budget; at 260 MB it would stop at the largest probed block
+    (90^3) with room to spare, and an exceeded task would rightly not re-plan it.
 
     Ordered, not raced: a production task runs far longer than the re-planner's decision, these
     take a fraction of a second, so the first plan could finish (and the run end, rightly not
@@ -303,7 +305,7 @@ def test_a_task_over_the_bound_early_restarts_the_run_with_the_recalibrated_plan
     low = fit.fit(OPERATOR, gst3d_model.train_shapes, 0.7 * gst3d_model.train_bytes, np.zeros(n),
                         np.zeros(n, bool), halo=gst3d_model.halo, n_repeats=[2] * n)
     low.save(paths.model_path(OPERATOR, runs))
-    shape, limit = (160, 160, 160), "260MB"
+    shape, limit = (160, 160, 160), "180MB"
     source = tmp_path / "in.sgy"
     volume = operators.synthetic_volume(shape, seed=4)
     operators.write_segy(source, volume)

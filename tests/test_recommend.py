@@ -97,8 +97,9 @@ def test_the_local_baseline_is_measured_once_per_environment_and_saved(runs):
 
 def test_a_given_baseline_is_planned_for_and_one_too_large_is_one_line(runs):
     light = recommend_chunks(OPERATOR, SHAPE, "1.5GiB", runs_dir=runs, baseline_bytes=100 * MiB)
-    heavy = recommend_chunks(OPERATOR, SHAPE, "1.5GiB", runs_dir=runs, baseline_bytes=750 * MiB)
-    assert heavy.baseline_source == "given" and heavy.footprint.baseline_bytes == 750 * MiB
+    # 1200 MiB of 1.5 GiB leaves less room than the largest probed block needs: memory binds
+    heavy = recommend_chunks(OPERATOR, SHAPE, "1.5GiB", runs_dir=runs, baseline_bytes=1200 * MiB)
+    assert heavy.baseline_source == "given" and heavy.footprint.baseline_bytes == 1200 * MiB
     assert heavy.n_tasks > light.n_tasks and heavy.upper_bytes <= heavy.budget_bytes
     with pytest.raises(ChunkPlanError) as err:
         recommend_chunks(OPERATOR, SHAPE, "1.5GiB", runs_dir=runs, baseline_bytes=1300 * MiB)

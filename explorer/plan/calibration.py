@@ -91,6 +91,12 @@ class WorkerCalibration:
     #: Differences from this process's environment, set by :func:`load_calibration`.
     stale: list = field(default_factory=list)
 
+    @property
+    def largest_block_voxels(self) -> int | None:
+        """The largest block (voxels) of a group of exact in-worker observations (the excess
+        line's ``V_ref``); None while the excess is not identified."""
+        return None if self.excess is None else int(round(self.excess.v_ref))
+
     def to_dict(self) -> dict:
         out = asdict(self)
         out.pop("stale")

@@ -156,7 +156,10 @@ def chunk_candidates(geometry: VolumeGeometry, *, footprint, budget: int, slots:
     n_tasks = functools.reduce(np.multiply.outer, axis_counts).ravel()
     # The footprint depends on a block only through its volume: volumes as 1-axis shapes.
     floor_total = footprint(block_samples[:, None], 0).total
-    keep = np.flatnonzero(floor_total <= budget)
+    allowed = floor_total <= budget
+    if chunks is None and geometry.max_block_voxels is not None:
+        allowed &= block_samples <= geometry.max_block_voxels
+    keep = np.flatnonzero(allowed)
     if keep.size == 0:
         keep = np.array([np.argmin(floor_total)])
     grid = np.unravel_index(keep, [len(c) for c in axis_chunks])

@@ -81,6 +81,9 @@ class ChunkPlan:
     output_itemsize: int = FLOAT32_BYTES
     #: The smallest chunk along a free axis the planner considered.
     min_chunk: int = DEFAULT_MIN_CHUNK
+    #: The largest block (voxels) the planner considered: the largest the operator's tasks
+    #: were measured on inside a worker (``VolumeGeometry.max_block_voxels``); None: any.
+    max_block_voxels: int | None = None
     #: The time model's seconds of overhead per Dask graph task.
     graph_task_seconds: float = DEFAULT_GRAPH_TASK_SECONDS
     #: A run's fixed seconds in ``predicted_seconds`` (:func:`plan_seconds`).
@@ -157,6 +160,7 @@ class ChunkPlan:
             "itemsize": self.itemsize,
             "output_itemsize": self.output_itemsize,
             "min_chunk": self.min_chunk,
+            "max_block_voxels": self.max_block_voxels,
             "task_clock": None if self.task_clock is None else self.task_clock.to_dict(),
         }
 
@@ -178,7 +182,7 @@ class ChunkPlan:
             "predicted_seconds": optional(float), "seconds_per_voxel": optional(float),
             "task_spread": optional(float), "task_clock": optional(TaskClock.from_dict), "block_clocked": bool,
             "neighbour_chunks": int, "workers": int, "itemsize": int, "output_itemsize": int, "min_chunk": int,
-            "graph_task_seconds": float, "run_fixed_seconds": float, "warnings": tuple, "baseline_source": str,
+            "max_block_voxels": optional(int), "graph_task_seconds": float, "run_fixed_seconds": float, "warnings": tuple, "baseline_source": str,
             "block_multiple": optional(ints), "branch_order": tuple, "strategy": str,
             "stages": lambda v: tuple(dict(stage) for stage in v),
             "considered": lambda v: {k: dict(c) for k, c in v.items()},

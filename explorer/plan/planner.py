@@ -9,7 +9,9 @@ Per non-whole axis of length ``N``, the candidates are ``c = ceil(N / k)`` for c
 counts ``k = 1 .. N // c_min`` (all distinct values, log-thinned beyond a cap so the
 product over axes stays <= :data:`MAX_CANDIDATES`), with ``c_min = max(min_chunk,
 2h + 1)`` and the last chunk ``N - (k - 1) c >= h`` (else ``map_overlap`` would
-rechunk).  A whole axis has the one candidate ``N``.  A candidate fits when
+rechunk).  A whole axis has the one candidate ``N``.  A block larger than
+``VolumeGeometry.max_block_voxels`` (the largest the operator's tasks were measured on in a
+worker) is no candidate: beyond it the in-worker bound's spread and the clock are unseen.  A candidate fits when
 ``upper total <= pause_fraction * limit_bytes`` (Dask pauses a worker at that
 fraction of its memory limit).  Footprints are evaluated vectorised, never one shape
 at a time: candidates whose footprint exceeds the budget even with ``peak = 0`` are
@@ -147,6 +149,7 @@ def plan_chunks(
         predicted_seconds=float(candidates.seconds[index]), **_time_at_block(time_terms, block),
         neighbour_chunks=int(candidates.neighbours[index]), workers=workers, itemsize=int(geometry.itemsize),
         output_itemsize=int(geometry.output_itemsize), min_chunk=geometry.min_chunk,
+        max_block_voxels=None if chunks is not None else geometry.max_block_voxels,
         graph_task_seconds=float(time_terms.graph_task_seconds), run_fixed_seconds=float(time_terms.run_fixed_seconds),
         warnings=tuple(warnings), baseline_source=str(worker_spec.baseline_source),
         block_multiple=None if geometry.block_multiple is None else tuple(int(m) for m in geometry.block_multiple),
@@ -277,7 +280,8 @@ def replan(plan: ChunkPlan, predict: Predictor, *, done_fraction: float) -> Chun
     if plan.strategy != "fused" or done_fraction > REPLAN_MAX_DONE_FRACTION or plan_fits(plan, predict):
         return None
     geometry = VolumeGeometry(plan.shape, plan.halo, whole_axes=plan.whole_axes, block_multiple=plan.block_multiple,
-                              itemsize=plan.itemsize, output_itemsize=plan.output_itemsize, min_chunk=plan.min_chunk)
+                              itemsize=plan.itemsize, output_itemsize=plan.output_itemsize, min_chunk=plan.min_chunk,
+                              max_block_voxels=plan.max_block_voxels)
     worker_spec = WorkerSpec(plan.limit_bytes, plan.footprint.baseline_bytes,
                              threads_per_worker=plan.threads_per_worker, workers=plan.workers,
                              pause_fraction=plan.pause_fraction, baseline_source=plan.baseline_source)

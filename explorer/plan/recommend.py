@@ -236,7 +236,8 @@ def _fused_plan(request: _PlanRequest) -> tuple[ChunkPlan, bool]:
     op = request.op
     model = request.model()
     time_terms = TimeTerms(**_fused_timing(request))
-    geometry = request.geometry(halo=tuple(op.halo), itemsize=FLOAT32_BYTES, output_itemsize=fused_output_itemsize(op))
+    geometry = request.geometry(halo=tuple(op.halo), itemsize=FLOAT32_BYTES, output_itemsize=fused_output_itemsize(op),
+                                max_block_voxels=model.largest_block_voxels)
     plan = plan_chunks(geometry, model.predict_many, request.worker_spec(), time_terms,
                        warnings=tuple(model.warnings), **request.plan_options())
     branches = getattr(op, "branches", ())

@@ -80,6 +80,10 @@ class VolumeGeometry:
     output_itemsize: int = FLOAT32_BYTES
     #: The smallest chunk considered along a split axis, samples.
     min_chunk: int = DEFAULT_MIN_CHUNK
+    #: The largest block (voxels, halo included) a planned task may run: the largest the
+    #: operator's tasks were measured on inside a worker (``TaskModel.largest_block_voxels``),
+    #: beyond which neither the in-worker bound's spread nor the clock was seen; None: any.
+    max_block_voxels: int | None = None
 
 
 @dataclass(frozen=True)

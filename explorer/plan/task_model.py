@@ -95,6 +95,14 @@ class TaskModel:
         """The workers' learnt :class:`~explorer.plan.time_model.TaskClock` (None: not learnt yet)."""
         return None if self.calibration is None else self.calibration.timing.clock
 
+    @property
+    def largest_block_voxels(self) -> int | None:
+        """The largest block (voxels) the operator's tasks were measured on inside a worker (the
+        probes' plan-scale block, or a larger production block); None without a calibration.
+        A plan runs no larger block (``VolumeGeometry.max_block_voxels``): beyond it neither the
+        spread of equal tasks, which grows with the block, nor the workers' clock was seen."""
+        return None if self.calibration is None else self.calibration.largest_block_voxels
+
     @functools.cached_property
     def isolated_dof(self) -> float:
         """The dof of the isolated model's Student-t predictive (:func:`_predictive_dof`)."""
