@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import signal
 import sys
@@ -201,6 +202,7 @@ def _scheduler_client(args):
 
 def _cmd_explore(argv: list[str]) -> int:
     from explorer.exploration import PRIORS, explore
+    from explorer.runner.probes import PROBE_SECONDS_BUDGET
 
     parser = _Parser(
         prog="explore",
@@ -228,6 +230,9 @@ def _cmd_explore(argv: list[str]) -> int:
     parser.add_argument("--probes", type=_non_negative_int, default=None,
                         help="in-worker probes after the isolated profiles (default 6; 0 skips them): what a task "
                              "costs inside a real Dask worker, so that the bound holds from the first run")
+    parser.add_argument("--probe-seconds", type=_positive_float, default=None,
+                        help=f"what the probes may take, predicted seconds (default {PROBE_SECONDS_BUDGET:g}): their "
+                             "largest block is the largest a plan runs")
     parser.add_argument("--prior", choices=PRIORS, default=PRIORS[0],
                         help="a pipeline whose members all have models learns from their composed model as its "
                              "prior mean (composed, the default), or from scratch (none)")
@@ -251,7 +256,7 @@ def _cmd_explore(argv: list[str]) -> int:
                          memory_limit=args.memory_limit, memory_cap=args.memory_cap, runs_dir=args.runs_dir,
                          storage=args.storage, jobs=args.jobs, repeat=args.repeat, seed=args.seed,
                          progress=print_step, on_start=print_started, probes=args.probes, probe_progress=probe_progress,
-                         prior=args.prior, report=True, refresh=args.refresh, client=client)
+                         probe_seconds=args.probe_seconds, prior=args.prior, report=True, refresh=args.refresh, client=client)
     if args.timings:
         print_timings(result.timings, result.seconds)
     if args.json:
@@ -271,7 +276,7 @@ def _cmd_explore(argv: list[str]) -> int:
 
 # -- explore calibrate -----------------------------------------------------
 def _cmd_calibrate(argv: list[str]) -> int:
-    from explorer.runner.probes import DEFAULT_PROBES, calibrate_in_workers
+    from explorer.runner.probes import DEFAULT_PROBES, PROBE_SECONDS_BUDGET, calibrate_in_workers
 
     parser = _Parser(prog="explore calibrate",
                      description="Run in-worker probes of an operator's or pipeline's saved model (a pipeline's "
@@ -280,11 +285,14 @@ def _cmd_calibrate(argv: list[str]) -> int:
                                  "holds from the first run.")
     parser.add_argument("operator", type=_operator_name)
     parser.add_argument("--memory-limit", type=_size, default=None,
-                        help="target worker memory: the probes go up to the block a plan at it runs "
+                        help="target worker memory: the probes go up to the block a plan at it runs, within --probe-seconds "
                              "(default: min(4GiB, RAM/cores))")
     parser.add_argument("--probes", type=_positive_int, default=DEFAULT_PROBES,
                         help=f"probe blocks (default {DEFAULT_PROBES}; at least 3 distinct blocks identify the excess); "
                              "the smallest runs once more on a finer grid, which times a run's fixed seconds")
+    parser.add_argument("--probe-seconds", type=_positive_float, default=PROBE_SECONDS_BUDGET,
+                        help=f"what the probes may take, predicted seconds (default {PROBE_SECONDS_BUDGET:g}): their "
+                             "largest block is the largest a plan runs")
     parser.add_argument("--confidence", type=_confidence, default=0.99, help="in (0.5, 1) (0.99)")
     parser.add_argument("--seed", type=int, default=0)
     _add_store_options(parser, storage=True)
@@ -300,7 +308,8 @@ def _cmd_calibrate(argv: list[str]) -> int:
     with _scheduler_client(args) as client:
         result = calibrate_in_workers(args.operator, memory_limit=args.memory_limit, n=args.probes,
                                       runs_dir=args.runs_dir, storage=args.storage, confidence=args.confidence,
-                                      progress=probe_progress, seed=args.seed, client=client).to_dict()
+                                      progress=probe_progress, seed=args.seed, client=client,
+                                      seconds_budget=args.probe_seconds).to_dict()
     if args.json:
         print(json.dumps(result))
     else:
@@ -358,6 +367,9 @@ def _cmd_chunks(argv: list[str]) -> int:
     for stage in plan.stages:
         print(f"  stage         {stage['operator']}: block {format_shape(stage['block'])}, task bound "
               f"{format_bytes(stage['upper_peak_bytes'])}" + ("  (the largest)" if stage["binding"] else ""))
+    if plan.max_block_voxels is not None:
+        print(f"largest block   {plan.max_block_voxels:,} voxels, the largest measured in a worker (this plan's: "
+              f"{math.prod(plan.block):,}; `explore calibrate {plan.operator} --probe-seconds S` probes larger)")
     print(f"threads/worker  {plan.threads_per_worker}")
     print(f"worker baseline {format_bytes(plan.footprint.baseline_bytes)} ({_BASELINE_SOURCES[plan.baseline_source]})")
     if plan.predicted_seconds is not None:

@@ -154,6 +154,7 @@ def explore(
     report: bool = False,
     probes: int | None = None,
     probe_progress=None,
+    probe_seconds: float | None = None,
     prior: str = "composed",
     refresh: bool = False,
     client=None,
@@ -171,7 +172,9 @@ def explore(
     (``purpose``: "design", "variance reduction" or "validation"; seconds None before
     any were measured), ``progress(step: Step, total_budget)`` after every profile,
     ``probe_progress(index, total, block, run_result)`` after every probe.  ``probes``:
-    how many (default ``explorer.runner.probes.DEFAULT_PROBES``; 0 skips them).  Probes are
+    how many (default ``explorer.runner.probes.DEFAULT_PROBES``; 0 skips them);
+    ``probe_seconds``: what they may take, predicted (default
+    ``explorer.runner.probes.PROBE_SECONDS_BUDGET``): their largest block is the largest a plan runs.  Probes are
     skipped when this call profiled nothing new and the saved calibration already holds
     that many probes of this environment.
 
@@ -207,6 +210,7 @@ def explore(
     budget = validate.positive_int(budget, "budget")
     jobs = None if jobs is None else validate.positive_int(jobs, "jobs")
     repeat = validate.positive_int(repeat, "repeat")
+    probe_seconds = None if probe_seconds is None else validate.positive_number(probe_seconds, "probe_seconds")
     tolerance, confidence = validate.fraction(tolerance, "tolerance"), validate.confidence(confidence)
     if prior not in PRIORS:
         raise ValueError(f"prior must be one of {', '.join(PRIORS)}, got {prior!r}")
@@ -218,7 +222,8 @@ def explore(
     reusable = None if refresh else _reusable_model(op.name, runs_dir, store, settings, budget, client)
     if reusable is not None:
         return _reused(op.name, *reusable, settings, started, probes=probes, probe_progress=probe_progress,
-                       runs_dir=runs_dir, storage=storage, seed=seed, report=report, timings=timings, client=client)
+                       runs_dir=runs_dir, storage=storage, seed=seed, report=report, timings=timings, client=client,
+                       probe_seconds=probe_seconds)
     # torch, gpytorch and botorch take seconds to import: do it while the first profiles run
     warm_up = threading.Thread(target=timings.section("torch import (beside the profiles)")(torch_fit.warm_up),
                                daemon=True)
@@ -281,7 +286,7 @@ def explore(
             model = save_model_unless_superseded(model, model_file)
         with timings.section("in-worker probes"):
             probe_result = _probe(op.name, model, probes, bool(steps), runs_dir, storage, confidence, probe_progress,
-                                  seed, limit, client, timings)
+                                  seed, limit, client, timings, seconds_budget=probe_seconds)
         if report:
             from explorer.search.report import explore_report
 
@@ -370,13 +375,14 @@ def _reusable_model(operator: str, runs_dir, store: Store, settings: dict, budge
 
 
 def _reused(operator: str, model, records, settings: dict, started: float, *, probes, probe_progress,
-            runs_dir, storage, seed, report: bool, timings: Timings, client=None) -> "ExploreResult":
+            runs_dir, storage, seed, report: bool, timings: Timings, client=None,
+            probe_seconds: float | None = None) -> "ExploreResult":
     """The result of an ``explore`` whose saved model is the answer: only missing probes run,
     and the report is drawn only when asked and not there yet."""
     limit, confidence = settings["memory_limit_bytes"], settings["confidence"]
     with timings.section("in-worker probes"):
         probe_result = _probe(operator, model, probes, False, runs_dir, storage, confidence, probe_progress, seed,
-                              limit, client)
+                              limit, client, seconds_budget=probe_seconds)
     report_file = paths.report_path(operator, runs_dir)
     if report and not report_file.exists():
         from explorer.search.report import explore_report
@@ -551,8 +557,9 @@ def save_model_unless_superseded(model, path):
 
 
 def _probe(operator, model, probes, profiled_new, runs_dir, storage, confidence, progress, seed,
-           memory_limit=None, client=None, timings=None) -> dict | None:
-    """Run the in-worker probes unless told not to or already done for this model and environment."""
+           memory_limit=None, client=None, timings=None, *, seconds_budget: float | None = None) -> dict | None:
+    """Run the in-worker probes unless told not to or already done for this model and environment
+    (``seconds_budget``: ``run_probes``', None for its default)."""
     from explorer.runner import probes as probing
     from explorer.plan.calibration import CalibrationFileError, load_calibration
 
@@ -569,4 +576,5 @@ def _probe(operator, model, probes, profiled_new, runs_dir, storage, confidence,
             return {"skipped": f"the calibration already holds {saved.n_probe_groups} probes of this environment"}
     return probing.run_probes(operator, model, n=n, runs_dir=runs_dir, storage=storage, confidence=confidence,
                               progress=progress, seed=seed, memory_limit=memory_limit, client=client,
-                              timings=timings).to_dict()
+                              timings=timings, seconds_budget=probing.PROBE_SECONDS_BUDGET if seconds_budget is None
+                              else seconds_budget).to_dict()

@@ -14,12 +14,19 @@ Probe blocks: ``n`` cubes of edge ``e_j``, log-spaced from :data:`MIN_PROBE_EDGE
 cube**, each edge a regular length (5-smooth, at most 2^3 in it) unless the operator pads to a grid
 (:func:`_lengths`): the largest cube whose one-thread worker footprint (the isolated 99% bound, the
 measured baseline) fits the pause threshold of the target
-memory, which is the block a plan at that memory runs (without a target memory: the largest
-cube the exact isolated profiles reached).  Tasks on equal blocks differ from one another, more
-on larger blocks (gst3d's probes: sd 0.5 MiB at 110^3, 19 MiB at 182^3, 155 MiB at 303^3;
-``explorer.plan.excess.WithinFit``), so the probes must run where the plans will.  Lowered until the probes' predicted seconds
-fit :data:`PROBE_SECONDS_BUDGET`, but never below the three distinct blocks that identify
-the excess's line (the smallest on the operator's grid, even past the budget).  A probe's volume has two chunks
+memory, which is the largest block a plan at that memory could run (without a target memory: the
+largest cube the exact isolated profiles reached).  Lowered until the probes' predicted seconds
+fit ``seconds_budget`` (:data:`PROBE_SECONDS_BUDGET` by default), but never below the three
+distinct blocks that identify the excess's line (the smallest on the operator's grid, even past
+the budget).  **Plans run where the probes ran, never beyond**: tasks on equal blocks differ from
+one another, more on larger blocks (gst3d's probes: sd 0.5 MiB at 110^3, 19 MiB at 182^3, 155 MiB
+at 303^3; ``explorer.plan.excess.WithinFit``), and the workers' clock changes with the block (gst3d:
+143 ns per voxel at 200^3, 189 at 324^3), so a plan's block is at most the largest block measured in
+a worker (``TaskModel.largest_block_voxels``, the planner's ``VolumeGeometry.max_block_voxels``).
+The budget trades the probes' seconds against the largest block plans may use, never against the
+bound: a plan on a large survey rarely gains from blocks past a few million voxels (gst3d's plans:
+120^3 for the README's volume at 1.5 GiB, 93x317x154 for a 651x951x462 survey at 4 GiB), and the
+probes of gst3d's 324^3 plan-scale cube at 4 GiB took 30 of explore's 78 s.  A probe's volume has two chunks
 along every axis the operator splits (``e - h`` each with a halo ``h``, ``e`` without),
 so all its tasks run on blocks of exactly ``e`` per axis, each a windowed read of the file as
 in a real plan (``operators.windowed_map``); an axis the operator needs whole is ``e`` long.  Then the
@@ -50,11 +57,12 @@ DEFAULT_PROBES = 6
 #: Smallest probe cube edge (a task per 24^3 samples is mostly fixed overhead, which the
 #: excess's intercept should see).
 MIN_PROBE_EDGE = 24
-#: Predicted seconds all probes may take together (operator time, from its profiles,
-#: times the in-worker factor below, over the probe workers).  A cost control, not a
-#: safety term: fewer seconds means smaller probes and a longer extrapolation of the
-#: excess's line, whose bound then widens with its leverage.
-PROBE_SECONDS_BUDGET = 90.0
+#: Predicted seconds all probes may take together by default (operator time, from its profiles,
+#: times the in-worker factor below, over the probe workers; ``explore --probe-seconds``).  A cost
+#: control, not a safety term: fewer seconds means smaller probes and a smaller largest block for
+#: the plans (module docstring), never a wider extrapolation.  20 s of prediction took about 12 s
+#: for gst3d (probes up to 200^3), a third of its isolated loop.
+PROBE_SECONDS_BUDGET = 20.0
 #: A task in a worker takes about this many times the operator's own seconds (reading
 #: and storing around ``run``); only used to size the probes.
 IN_WORKER_TIME_FACTOR = 2.0
@@ -245,7 +253,7 @@ def _branch_order(model, block, confidence: float):
 
 def run_probes(operator: str, model, *, n: int = DEFAULT_PROBES, runs_dir=None, storage=None,
                confidence: float = 0.99, progress=None, seed: int = 0, memory_limit=None,
-               client=None, timings=None) -> ProbeResult:
+               client=None, timings=None, seconds_budget: float = PROBE_SECONDS_BUDGET) -> ProbeResult:
     """Run the in-worker probes of ``operator`` (module docstring), fit and save the calibration.
 
     ``model``: the freshly fitted isolated ``MemoryModel``, or a pipeline's composed model
@@ -259,6 +267,7 @@ def run_probes(operator: str, model, *, n: int = DEFAULT_PROBES, runs_dir=None, 
     system's temporary directory, which its workers must read); None starts a LocalCluster of
     :data:`PROBE_WORKERS` workers here and saves its baseline as this machine's.  ``timings``: an
     ``explorer.core.timings.Timings`` the probes' parts are added to (``probes: ...`` sections).
+    ``seconds_budget``: what the probes may take, predicted (:func:`probe_blocks`).
     """
     import contextlib
     import time
@@ -299,7 +308,8 @@ def run_probes(operator: str, model, *, n: int = DEFAULT_PROBES, runs_dir=None, 
             result.baseline_bytes, environment = baseline.bytes, baseline.environment
             plan_edge = None if memory_limit is None else plan_scale_edge(op, model, int(memory_limit),
                                                                          baseline.bytes, confidence)
-            blocks = probe_blocks(op, max_volume, model.info.get("seconds_per_voxel"), n=n, plan_edge=plan_edge)
+            blocks = probe_blocks(op, max_volume, model.info.get("seconds_per_voxel"), n=n, plan_edge=plan_edge,
+                                  budget_seconds=seconds_budget)
             # The smallest block once more on a finer grid: many more graph tasks per slot for about
             # the same work, which tells a run's fixed seconds from its overhead per graph task
             # (``explorer.plan.timing.fit_run_overheads``).
@@ -338,7 +348,7 @@ def run_probes(operator: str, model, *, n: int = DEFAULT_PROBES, runs_dir=None, 
 
 def calibrate_in_workers(operator: str, *, memory_limit=None, n: int = DEFAULT_PROBES, runs_dir=None,
                          storage=None, confidence: float = 0.99, progress=None, seed: int = 0,
-                         client=None) -> ProbeResult:
+                         client=None, seconds_budget: float = PROBE_SECONDS_BUDGET) -> ProbeResult:
     """The in-worker probes of ``operator``'s saved model, alone: ``explore calibrate SPEC``.
 
     For a pipeline with no profile of its own this is the model composed from its members'
@@ -347,7 +357,7 @@ def calibrate_in_workers(operator: str, *, memory_limit=None, n: int = DEFAULT_P
     weigh them, ``explorer.plan.recommend.choose_strategy``) without any isolated profile of the
     pipeline.  ``memory_limit``: the target worker memory that sets the plan-scale probe
     (default ``explorer.core.machine.default_memory_limit()``).  ``client``: the cluster to probe
-    (:func:`run_probes`).  Raises ``ModelNotFoundError`` naming the ``explore`` command(s) when
+    and ``seconds_budget`` what the probes may take (:func:`run_probes`).  Raises ``ModelNotFoundError`` naming the ``explore`` command(s) when
     there is no model to probe.
     """
     from explorer.core import validate
@@ -358,6 +368,7 @@ def calibrate_in_workers(operator: str, *, memory_limit=None, n: int = DEFAULT_P
     limit = default_memory_limit() if memory_limit is None else validate.size(memory_limit, "memory_limit")
     n = validate.positive_int(n, "probes")
     confidence = validate.confidence(confidence)
+    seconds_budget = validate.positive_number(seconds_budget, "probe_seconds")
     model = load_model(operator, runs_dir=runs_dir)
     return run_probes(operator, model, n=n, runs_dir=runs_dir, storage=storage, confidence=confidence,
-                      progress=progress, seed=seed, memory_limit=limit, client=client)
+                      progress=progress, seed=seed, memory_limit=limit, client=client, seconds_budget=seconds_budget)
