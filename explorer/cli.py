@@ -368,8 +368,10 @@ def _cmd_chunks(argv: list[str]) -> int:
         print(f"  stage         {stage['operator']}: block {format_shape(stage['block'])}, task bound "
               f"{format_bytes(stage['upper_peak_bytes'])}" + ("  (the largest)" if stage["binding"] else ""))
     if plan.max_block_voxels is not None:
-        print(f"largest block   {plan.max_block_voxels:,} voxels, the largest measured in a worker (this plan's: "
-              f"{math.prod(plan.block):,}; `explore calibrate {plan.operator} --probe-seconds S` probes larger)")
+        edge = round(plan.max_block_voxels ** (1 / 3))
+        cube = f" ({edge}^3)" if edge**3 == plan.max_block_voxels else ""
+        print(f"largest block   {plan.max_block_voxels:,} voxels{cube}, the largest measured in a worker (this "
+              f"plan's: {math.prod(plan.block):,}; `explore calibrate {plan.operator} --probe-seconds S` probes larger)")
     print(f"threads/worker  {plan.threads_per_worker}")
     print(f"worker baseline {format_bytes(plan.footprint.baseline_bytes)} ({_BASELINE_SOURCES[plan.baseline_source]})")
     if plan.predicted_seconds is not None:

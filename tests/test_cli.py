@@ -322,3 +322,20 @@ def test_a_plugins_operator_is_found_from_python_without_the_cli(tmp_path):
                          env={**os.environ, "EXPLORER_PLUGINS": "harness.plugin_ops"})
     assert out.returncode == 0 and out.stdout.startswith("no model yet:") and "explore test_allocates" in out.stdout, \
         out.stderr
+
+
+def test_a_plan_says_the_largest_block_its_workers_were_measured_on(probed_runs, tmp_path):
+    """``explore chunks`` on an in-worker calibration: the plan's block is at most the largest
+    probe's (90^3 for this fixture's probes), and the text and the JSON say that cap."""
+    import math
+    import shutil
+
+    runs = tmp_path / "runs"
+    shutil.copytree(probed_runs, runs)
+    args = ("chunks", "gst3d", "--shape", "400x400x400", "--memory-limit", "8GiB", "--baseline", "100MiB",
+            "--runs-dir", str(runs))
+    text = explore(*args)
+    assert text.returncode == 0, text.stderr
+    assert "largest block   729,000 voxels (90^3), the largest measured in a worker" in text.stdout
+    plan = json.loads(explore(*args, "--json").stdout)
+    assert plan["max_block_voxels"] == 90**3 and math.prod(plan["block"]) <= 90**3
