@@ -50,8 +50,10 @@ def test_confidence_threads_and_dask_pause_fraction_are_applied(runs):
     assert at_loose.block == tight.block
     assert at_loose.footprint.task_peak_bytes < tight.footprint.task_peak_bytes
     assert at_loose.upper_bytes < tight.upper_bytes <= tight.budget_bytes
-    four = recommend_chunks(OPERATOR, SHAPE, "1GiB", runs_dir=runs, threads_per_worker=4)
-    assert four.threads_per_worker == 4 and four.n_tasks > loose.n_tasks
+    # at 400 MiB one thread runs the largest probed block (the cap binds), four threads do not fit it
+    one = recommend_chunks(OPERATOR, SHAPE, "400MiB", runs_dir=runs)
+    four = recommend_chunks(OPERATOR, SHAPE, "400MiB", runs_dir=runs, threads_per_worker=4)
+    assert four.threads_per_worker == 4 and four.n_tasks > one.n_tasks and four.upper_bytes <= four.budget_bytes
     with dask.config.set({"distributed.worker.memory.pause": 0.5}):
         half = recommend_chunks(OPERATOR, SHAPE, "1GiB", runs_dir=runs)
     assert half.pause_fraction == 0.5 and half.upper_bytes <= 0.5 * GiB
