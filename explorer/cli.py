@@ -13,15 +13,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import signal
 import sys
 import time
 
 from explorer.core import validate
-from explorer.cli_text import (considered_text, print_explore, print_probes, print_run, print_started, print_step,
-                               print_timings, probe_progress)
+from explorer.cli_text import (considered_text, largest_block_text, print_explore, print_probes, print_run,
+                               print_started, print_step, print_timings, probe_progress)
 from explorer.core.units import format_bytes, format_shape, parse_shape
 
 EXIT_USAGE = 2
@@ -184,6 +183,14 @@ def _add_scheduler_options(parser, what: str) -> None:
                         help="seconds to reach --scheduler (default 10)")
 
 
+def _add_probe_seconds(parser, default) -> None:
+    from explorer.runner.probes import PROBE_SECONDS_BUDGET
+
+    parser.add_argument("--probe-seconds", type=_positive_float, default=default,
+                        help=f"what the probes may take, predicted seconds (default {PROBE_SECONDS_BUDGET:g}): their "
+                             "largest block is the largest a plan runs")
+
+
 @contextlib.contextmanager
 def _scheduler_client(args):
     """A client of ``--scheduler`` (None without one), closed at the end; a cluster that cannot be used is one line."""
@@ -202,7 +209,6 @@ def _scheduler_client(args):
 
 def _cmd_explore(argv: list[str]) -> int:
     from explorer.exploration import PRIORS, explore
-    from explorer.runner.probes import PROBE_SECONDS_BUDGET
 
     parser = _Parser(
         prog="explore",
@@ -230,9 +236,7 @@ def _cmd_explore(argv: list[str]) -> int:
     parser.add_argument("--probes", type=_non_negative_int, default=None,
                         help="in-worker probes after the isolated profiles (default 6; 0 skips them): what a task "
                              "costs inside a real Dask worker, so that the bound holds from the first run")
-    parser.add_argument("--probe-seconds", type=_positive_float, default=None,
-                        help=f"what the probes may take, predicted seconds (default {PROBE_SECONDS_BUDGET:g}): their "
-                             "largest block is the largest a plan runs")
+    _add_probe_seconds(parser, default=None)
     parser.add_argument("--prior", choices=PRIORS, default=PRIORS[0],
                         help="a pipeline whose members all have models learns from their composed model as its "
                              "prior mean (composed, the default), or from scratch (none)")
@@ -256,7 +260,8 @@ def _cmd_explore(argv: list[str]) -> int:
                          memory_limit=args.memory_limit, memory_cap=args.memory_cap, runs_dir=args.runs_dir,
                          storage=args.storage, jobs=args.jobs, repeat=args.repeat, seed=args.seed,
                          progress=print_step, on_start=print_started, probes=args.probes, probe_progress=probe_progress,
-                         probe_seconds=args.probe_seconds, prior=args.prior, report=True, refresh=args.refresh, client=client)
+                         probe_seconds=args.probe_seconds, prior=args.prior, report=True, refresh=args.refresh,
+                         client=client)
     if args.timings:
         print_timings(result.timings, result.seconds)
     if args.json:
@@ -285,14 +290,13 @@ def _cmd_calibrate(argv: list[str]) -> int:
                                  "holds from the first run.")
     parser.add_argument("operator", type=_operator_name)
     parser.add_argument("--memory-limit", type=_size, default=None,
-                        help="target worker memory: the probes go up to the block a plan at it runs, within --probe-seconds "
+                        help="target worker memory: the probes go up to the block a plan at it runs, within "
+                             "--probe-seconds "
                              "(default: min(4GiB, RAM/cores))")
     parser.add_argument("--probes", type=_positive_int, default=DEFAULT_PROBES,
                         help=f"probe blocks (default {DEFAULT_PROBES}; at least 3 distinct blocks identify the excess); "
                              "the smallest runs once more on a finer grid, which times a run's fixed seconds")
-    parser.add_argument("--probe-seconds", type=_positive_float, default=PROBE_SECONDS_BUDGET,
-                        help=f"what the probes may take, predicted seconds (default {PROBE_SECONDS_BUDGET:g}): their "
-                             "largest block is the largest a plan runs")
+    _add_probe_seconds(parser, default=PROBE_SECONDS_BUDGET)
     parser.add_argument("--confidence", type=_confidence, default=0.99, help="in (0.5, 1) (0.99)")
     parser.add_argument("--seed", type=int, default=0)
     _add_store_options(parser, storage=True)
@@ -368,10 +372,7 @@ def _cmd_chunks(argv: list[str]) -> int:
         print(f"  stage         {stage['operator']}: block {format_shape(stage['block'])}, task bound "
               f"{format_bytes(stage['upper_peak_bytes'])}" + ("  (the largest)" if stage["binding"] else ""))
     if plan.max_block_voxels is not None:
-        edge = round(plan.max_block_voxels ** (1 / 3))
-        cube = f" ({edge}^3)" if edge**3 == plan.max_block_voxels else ""
-        print(f"largest block   {plan.max_block_voxels:,} voxels{cube}, the largest measured in a worker (this "
-              f"plan's: {math.prod(plan.block):,}; `explore calibrate {plan.operator} --probe-seconds S` probes larger)")
+        print(f"largest block   {largest_block_text(plan)}")
     print(f"threads/worker  {plan.threads_per_worker}")
     print(f"worker baseline {format_bytes(plan.footprint.baseline_bytes)} ({_BASELINE_SOURCES[plan.baseline_source]})")
     if plan.predicted_seconds is not None:

@@ -1,8 +1,10 @@
 """How the ``explore`` command reads results as text: probe progress, in-worker probes, the
-strategies a plan weighed, an exploration's and a run's summary (``explorer.cli`` prints them)."""
+strategies a plan weighed, a plan's largest block, an exploration's and a run's summary
+(``explorer.cli`` prints them)."""
 
 from __future__ import annotations
 
+import math
 import sys
 
 from explorer.core.units import format_bytes, format_shape
@@ -64,6 +66,14 @@ def considered_text(plan) -> str:
                          f"bound {format_bytes(c['upper_bytes'])}"
                          + ("" if c.get("in_worker_calibrated", True) else " without in-worker calibration"))
     return "; ".join(parts)
+
+
+def largest_block_text(plan) -> str:
+    """The plan's cap on its block (``ChunkPlan.max_block_voxels``), a cube's edge when it is one."""
+    edge = round(plan.max_block_voxels ** (1 / 3))
+    cube = f" ({edge}^3)" if edge**3 == plan.max_block_voxels else ""
+    return (f"{plan.max_block_voxels:,} voxels{cube}, the largest measured in a worker (this plan's: "
+            f"{math.prod(plan.block):,}; `explore calibrate {plan.operator} --probe-seconds S` probes larger)")
 
 
 def print_timings(timings: dict, total_seconds: float) -> None:

@@ -174,9 +174,9 @@ def explore(
     ``probe_progress(index, total, block, run_result)`` after every probe.  ``probes``:
     how many (default ``explorer.runner.probes.DEFAULT_PROBES``; 0 skips them);
     ``probe_seconds``: what they may take, predicted (default
-    ``explorer.runner.probes.PROBE_SECONDS_BUDGET``): their largest block is the largest a plan runs.  Probes are
-    skipped when this call profiled nothing new and the saved calibration already holds
-    that many probes of this environment.
+    ``explorer.runner.probes.PROBE_SECONDS_BUDGET``): their largest block is the largest a plan
+    runs.  Probes are skipped when this call profiled nothing new and the saved calibration
+    already holds that many probes of this environment.
 
     What it writes and starts: profiles into the store (``storage``, or ``runs_dir``'s SQLite),
     the model and the calibration under ``runs_dir`` (``$EXPLORER_RUNS`` or ``./runs`` when

@@ -1081,8 +1081,8 @@ def test_no_plan_runs_a_block_larger_than_the_largest_measured_in_a_worker():
     assert capped.n_tasks > free.n_tasks and capped.max_block_voxels == cap
     # the fewest tasks of any chunking whose block is at most the cap (by hand: every chunk length
     # that map_overlap keeps, as brute_force_fewest_tasks lists them)
-    options = [[c for c in {-(-n // k) for k in range(1, n // 16 + 1)} if -(-n // c) == 1 or n - (-(-n // c) - 1) * c >= h]
-               for n, h in zip(SHAPE, HALO)]
+    options = [[c for c in {-(-n // k) for k in range(1, n // 16 + 1)}
+                if -(-n // c) == 1 or n - (-(-n // c) - 1) * c >= h] for n, h in zip(SHAPE, HALO)]
     fewest = min(math.prod(-(-n // c) for n, c in zip(SHAPE, chunk)) for chunk in itertools.product(*options)
                  if math.prod(expected_block(SHAPE, chunk, HALO)) <= cap)
     assert capped.n_tasks == fewest

@@ -11,7 +11,8 @@ product over axes stays <= :data:`MAX_CANDIDATES`), with ``c_min = max(min_chunk
 2h + 1)`` and the last chunk ``N - (k - 1) c >= h`` (else ``map_overlap`` would
 rechunk).  A whole axis has the one candidate ``N``.  A block larger than
 ``VolumeGeometry.max_block_voxels`` (the largest the operator's tasks were measured on in a
-worker) is no candidate: beyond it the in-worker bound's spread and the clock are unseen.  A candidate fits when
+worker) is no candidate: beyond it the in-worker bound's spread and the clock are unseen (when
+every block is larger, the smallest stays).  A candidate fits when
 ``upper total <= pause_fraction * limit_bytes`` (Dask pauses a worker at that
 fraction of its memory limit).  Footprints are evaluated vectorised, never one shape
 at a time: candidates whose footprint exceeds the budget even with ``peak = 0`` are

@@ -357,8 +357,8 @@ def calibrate_in_workers(operator: str, *, memory_limit=None, n: int = DEFAULT_P
     weigh them, ``explorer.plan.recommend.choose_strategy``) without any isolated profile of the
     pipeline.  ``memory_limit``: the target worker memory that sets the plan-scale probe
     (default ``explorer.core.machine.default_memory_limit()``).  ``client``: the cluster to probe
-    and ``seconds_budget`` what the probes may take (:func:`run_probes`).  Raises ``ModelNotFoundError`` naming the ``explore`` command(s) when
-    there is no model to probe.
+    and ``seconds_budget`` what the probes may take (:func:`run_probes`).  Raises
+    ``ModelNotFoundError`` naming the ``explore`` command(s) when there is no model to probe.
     """
     from explorer.core import validate
     from explorer.core.machine import default_memory_limit
