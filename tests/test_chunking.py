@@ -1093,3 +1093,20 @@ def test_no_plan_runs_a_block_larger_than_the_largest_measured_in_a_worker():
     assert again is not None and math.prod(again.block) <= cap
     given = plan_chunks(VolumeGeometry(SHAPE, HALO, max_block_voxels=cap), predict, spec, chunks=free.chunks)
     assert given.chunks == free.chunks and given.max_block_voxels is None
+
+
+def test_a_staged_plan_keeps_every_stages_block_within_its_members_cap():
+    """Each stage's block is at most the chunk with the largest stage halo: the planner keeps that
+    block within the smallest of the stages' caps (their members' largest blocks measured in a
+    worker), so every stage runs within its own; the plan says the cap it kept."""
+    shape = (300, 260, 200)
+    spec = WorkerSpec(4 * GiB, BASELINE)
+    free = staged.plan_staged_chunks(VolumeGeometry(shape), staged_stages(), spec)
+    largest = math.prod(expected_block(shape, free.chunks, (6, 6, 6)))
+    caps = (largest // 2, largest // 5)
+    stages = [dataclasses.replace(s, max_block_voxels=cap) for s, cap in zip(staged_stages(), caps)]
+    capped = staged.plan_staged_chunks(VolumeGeometry(shape), stages, spec)
+    assert capped.max_block_voxels == min(caps) and free.max_block_voxels is None
+    for s in stages:
+        assert math.prod(expected_block(shape, capped.chunks, s.halo)) <= min(caps)
+    assert capped.n_tasks > free.n_tasks

@@ -322,7 +322,7 @@ def _staged_stages(request: _PlanRequest) -> tuple[list, dict, tuple, bool]:
                 name=member.name, halo=tuple(member.halo), predict=model.predict_many, group=index,
                 itemsize=itemsize, output_itemsize=np.dtype(member.output_dtype).itemsize,
                 seconds_per_voxel=shared if shared is not None else float(model.info["seconds_per_voxel"]),
-                task_clock=model.task_clock))
+                task_clock=model.task_clock, max_block_voxels=model.largest_block_voxels))
             warnings.extend(w for w in model.warnings if w not in warnings)
             calibrated = calibrated and model.excess is not None
         itemsize = np.dtype(stage[0].output_dtype).itemsize

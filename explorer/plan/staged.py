@@ -69,6 +69,9 @@ class PlanStage:
     output_itemsize: int = FLOAT32_BYTES
     seconds_per_voxel: float = DEFAULT_SECONDS_PER_VOXEL - RUN_IO_SECONDS_PER_VOXEL
     task_clock: TaskClock | None = None
+    #: The largest block the member's tasks were measured on inside a worker
+    #: (``TaskModel.largest_block_voxels``); None: not measured.
+    max_block_voxels: int | None = None
 
     @property
     def windowed(self) -> bool:
@@ -145,8 +148,12 @@ def plan_staged_chunks(
         raise ValueError("a staged plan's halos are its stages': its geometry takes none")
     halos = np.asarray([s.halo for s in stages], dtype=np.int64)
     halo_max = tuple(int(h) for h in halos.max(axis=0))
-    geometry, worker_spec = _checked_plan_arguments(dataclasses.replace(geometry, halo=halo_max), worker_spec,
-                                                    confidence)
+    # every stage's block is at most the chunk with the largest halo: that block within the smallest
+    # of the stages' caps keeps each stage within its own (VolumeGeometry.max_block_voxels)
+    caps = [int(s.max_block_voxels) for s in stages if s.max_block_voxels is not None]
+    cap = min(caps + ([geometry.max_block_voxels] if geometry.max_block_voxels is not None else []), default=None)
+    geometry, worker_spec = _checked_plan_arguments(dataclasses.replace(geometry, halo=halo_max, max_block_voxels=cap),
+                                                    worker_spec, confidence)
     shape, whole, limit_bytes = geometry.shape, geometry.whole_axes, worker_spec.limit_bytes
     threads, workers, baseline_bytes = worker_spec.threads_per_worker, worker_spec.workers, worker_spec.baseline_bytes
     pause_fraction = worker_spec.pause_fraction
@@ -258,7 +265,8 @@ def plan_staged_chunks(
         seconds_per_voxel=None, block_clocked=all(t["block_clocked"] for t in table),
         neighbour_chunks=int(held_chunks[index]), workers=workers,
         itemsize=int(stages[0].itemsize), output_itemsize=int(stages[-1].output_itemsize),
-        min_chunk=geometry.min_chunk, graph_task_seconds=float(time_terms.graph_task_seconds),
+        min_chunk=geometry.min_chunk, max_block_voxels=None if chunks is not None else geometry.max_block_voxels,
+        graph_task_seconds=float(time_terms.graph_task_seconds),
         run_fixed_seconds=float(time_terms.run_fixed_seconds), warnings=tuple(warnings),
         baseline_source=str(worker_spec.baseline_source),
         block_multiple=None if geometry.block_multiple is None else tuple(int(m) for m in geometry.block_multiple),
