@@ -150,8 +150,8 @@ def plan_staged_chunks(
     halo_max = tuple(int(h) for h in halos.max(axis=0))
     # every stage's block is at most the chunk with the largest halo: that block within the smallest
     # of the stages' caps keeps each stage within its own (VolumeGeometry.max_block_voxels)
-    caps = [int(s.max_block_voxels) for s in stages if s.max_block_voxels is not None]
-    cap = min(caps + ([geometry.max_block_voxels] if geometry.max_block_voxels is not None else []), default=None)
+    cap = min((int(c) for c in (geometry.max_block_voxels, *(s.max_block_voxels for s in stages)) if c is not None),
+              default=None)
     geometry, worker_spec = _checked_plan_arguments(dataclasses.replace(geometry, halo=halo_max, max_block_voxels=cap),
                                                     worker_spec, confidence)
     shape, whole, limit_bytes = geometry.shape, geometry.whole_axes, worker_spec.limit_bytes
