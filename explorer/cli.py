@@ -188,7 +188,7 @@ def _add_probe_seconds(parser, default) -> None:
 
     parser.add_argument("--probe-seconds", type=_positive_float, default=default,
                         help=f"what the probes may take, predicted seconds (default {PROBE_SECONDS_BUDGET:g}): their "
-                             "largest block is the largest a plan runs")
+                             "largest block is the largest a plan runs, and the largest explore's loop learns")
 
 
 @contextlib.contextmanager

@@ -73,7 +73,7 @@ def largest_block_text(plan) -> str:
     edge = round(plan.max_block_voxels ** (1 / 3))
     cube = f" ({edge}^3)" if edge**3 == plan.max_block_voxels else ""
     return (f"{plan.max_block_voxels:,} voxels{cube}, the largest measured in a worker (this plan's: "
-            f"{math.prod(plan.block):,}; `explore calibrate {plan.operator} --probe-seconds S` probes larger)")
+            f"{math.prod(plan.block):,}; `explore {plan.operator} --probe-seconds S` learns and probes larger)")
 
 
 def print_timings(timings: dict, total_seconds: float) -> None:

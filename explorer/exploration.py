@@ -33,6 +33,8 @@ from explorer.core import paths, validate
 from explorer.core.timings import Timings
 from explorer.core.machine import default_memory_limit
 from explorer.measure.profiling import SessionProfiler, default_memory_cap
+from explorer.runner import probes as probing
+from explorer.search.report import explore_report
 from explorer.search.store import SOURCE_PROFILE, Record, Store
 from explorer.search.core import (
     DEFAULT_LOOP_OVERHEAD,
@@ -98,7 +100,7 @@ class ExploreResult:
     reused: bool = False
     #: Where the wall time went: ``{section: {"seconds", "count"}}`` (``explorer.core.timings``;
     #: ``ML-II fits`` and ``scale posteriors`` are parts of ``ask``, ``inside the operator`` of
-    #: ``profiling``, the torch import runs beside the profiles).
+    #: ``profiling``, the imports run beside the profiles).
     timings: dict = field(default_factory=dict)
 
     @property
@@ -200,8 +202,6 @@ def explore(
     nothing is profiled or refitted (``reused`` in the result), only missing probes run.
     ``refresh=True`` refits from the store and lets the stop decide again.
     """
-    from explorer.model import torch_fit
-
     started = time.perf_counter()
     operator = validate.operator(operator)
     op = operators.get(operator)
@@ -214,20 +214,22 @@ def explore(
     tolerance, confidence = validate.fraction(tolerance, "tolerance"), validate.confidence(confidence)
     if prior not in PRIORS:
         raise ValueError(f"prior must be one of {', '.join(PRIORS)}, got {prior!r}")
+    n_probes = probing.DEFAULT_PROBES if probes is None else validate.non_negative_int(probes, "probes")
+    # while probes are to run, their budget bounds the blocks plans run: the loop learns none larger
+    region_seconds = (probe_seconds or probing.PROBE_SECONDS_BUDGET) if n_probes else None
 
     timings = Timings()
     with timings.section("store"):
         store = Store(runs_dir, storage)
-    settings = {"tolerance": tolerance, "confidence": confidence, "memory_limit_bytes": int(limit), "prior": prior}
+    settings = {"tolerance": tolerance, "confidence": confidence, "memory_limit_bytes": int(limit), "prior": prior,
+                "probe_seconds": region_seconds}
     reusable = None if refresh else _reusable_model(op.name, runs_dir, store, settings, budget, client)
     if reusable is not None:
         return _reused(op.name, *reusable, settings, started, probes=probes, probe_progress=probe_progress,
                        runs_dir=runs_dir, storage=storage, seed=seed, report=report, timings=timings, client=client,
                        probe_seconds=probe_seconds)
-    # torch, gpytorch and botorch take seconds to import: do it while the first profiles run
-    warm_up = threading.Thread(target=timings.section("torch import (beside the profiles)")(torch_fit.warm_up),
-                               daemon=True)
-    warm_up.start()
+    # torch, gpytorch, botorch and SciPy's statistics take seconds to import: do it while the first profiles run
+    threading.Thread(target=timings.section("imports (beside the profiles)")(_warm_up), daemon=True).start()
     profilers = None
     if client is not None:  # each profile an isolated child of a worker of the cluster
         with timings.section("cluster (profiling plug-in, memory cap)"):
@@ -251,6 +253,7 @@ def explore(
                 counted = store.profiles_and_claims(op.name)
             if model is not None:
                 batches.cost_model = profile_cost_model(records, repeat, batches.loop_overhead)
+                core.max_block_voxels = _region_cap(op, records, n_probes, region_seconds)
             with timings.section("ask (fits, evidence, acquisition)"):
                 ask = core.ask(records, n=jobs, budget_left=budget - counted, pending=[c.shape for c in others],
                                cost_model=batches.cost_model)
@@ -278,21 +281,20 @@ def explore(
         run_cost = operator_run_cost(records)
         if run_cost.fitted:  # the chunk planner's time model starts from the operator's own speed
             model.info["seconds_per_voxel"] = run_cost.seconds_per_voxel
-        model.info["explored_with"] = settings
+        model.info.update(explored_with=settings, region_max_block_voxels=core.max_block_voxels)
         model.info["profiles_digest"] = profiles_digest(records)
         if batches.environment is not None:  # profiled on a cluster: its workers' environment
             model.environment = batches.environment
         with timings.section("save"):
             model = save_model_unless_superseded(model, model_file)
-        with timings.section("in-worker probes"):
-            probe_result = _probe(op.name, model, probes, bool(steps), runs_dir, storage, confidence, probe_progress,
-                                  seed, limit, client, timings, seconds_budget=probe_seconds)
-        if report:
-            from explorer.search.report import explore_report
-
-            with timings.section("report.png"):
-                report_file = explore_report(model, records, steps, paths.report_path(op.name, runs_dir),
-                                             confidence=confidence, memory_limit=limit, tolerance=tolerance)
+        with ThreadPoolExecutor(max_workers=1) as drawing:  # the report is drawn while the probes run
+            drawn = report and drawing.submit(timings.section("report.png (beside the probes)")(explore_report), model,
+                                              records, steps, paths.report_path(op.name, runs_dir),
+                                              confidence=confidence, memory_limit=limit, tolerance=tolerance)
+            with timings.section("in-worker probes"):
+                probe_result = _probe(op.name, model, probes, bool(steps), runs_dir, storage, confidence,
+                                      probe_progress, seed, limit, client, timings, seconds_budget=probe_seconds)
+            report_file = drawn.result() if drawn else None
     timings.add("inside the operator", operator_seconds, len(steps))
     return ExploreResult(
         operator=op.name,
@@ -316,6 +318,24 @@ def explore(
         regime=None if model is None else model.regime,
         timings=timings.to_dict(),
     )
+
+
+def _region_cap(op, records, n_probes: int, region_seconds: float | None) -> float | None:
+    """The largest block the loop's target region holds: with probes to run, the largest probe
+    ``region_seconds`` allows at the operator's speed in ``records`` (``probes.probe_volume_cap``);
+    None (memory alone) without probes."""
+    if region_seconds is None:
+        return None
+    return probing.probe_volume_cap(op, operator_run_cost(records).seconds_per_voxel, n_probes, region_seconds)
+
+
+def _warm_up() -> None:
+    """Import what the loop's first fit and scoring need (torch, GPyTorch, BoTorch; SciPy's
+    ``stats`` for the candidates and quantiles)."""
+    from explorer.model import torch_fit
+
+    torch_fit.warm_up()
+    import scipy.stats  # noqa: F401
 
 
 def _target_memory(memory_limit, client) -> int:
@@ -385,8 +405,6 @@ def _reused(operator: str, model, records, settings: dict, started: float, *, pr
                               limit, client, seconds_budget=probe_seconds)
     report_file = paths.report_path(operator, runs_dir)
     if report and not report_file.exists():
-        from explorer.search.report import explore_report
-
         with timings.section("report.png"):
             explore_report(model, records, [], report_file, confidence=confidence, memory_limit=limit,
                            tolerance=settings["tolerance"])
@@ -426,7 +444,7 @@ class _ProfileBatches:
 
         self.store, self.operator, self.budget, self.repeat, self.memory_cap = store, operator, budget, repeat, memory_cap
         self.on_start, self.progress = on_start, progress
-        self.profilers = list(profilers) if profilers else [SessionProfiler(PROFILE_SESSIONS, gpu=False)
+        self.profilers = list(profilers) if profilers else [SessionProfiler(PROFILE_SESSIONS, gpu=False).launch()
                                                             for _ in range(jobs)]
         self.cost_model = acquisition.CostModel(DEFAULT_LOOP_OVERHEAD + repeat * 0.01, repeat * 5e-8)
         self.steps: list[Step] = []
@@ -560,7 +578,6 @@ def _probe(operator, model, probes, profiled_new, runs_dir, storage, confidence,
            memory_limit=None, client=None, timings=None, *, seconds_budget: float | None = None) -> dict | None:
     """Run the in-worker probes unless told not to or already done for this model and environment
     (``seconds_budget``: ``run_probes``', None for its default)."""
-    from explorer.runner import probes as probing
     from explorer.plan.calibration import CalibrationFileError, load_calibration
 
     n = probing.DEFAULT_PROBES if probes is None else int(probes)

@@ -276,3 +276,27 @@ def test_the_risk_of_a_run_over_its_bound_is_split_between_the_evidence_and_the_
     other_level, other_quantile = acq.risk_split(confidence, share=0.2)
     assert other_level < level and other_quantile < quantile
     assert other_level + (1 - other_quantile) == pytest.approx(1 - confidence)
+
+
+def test_the_target_region_stops_at_the_largest_block_the_probes_reach(gst3d_model):
+    """With the probes to run, the loop learns only blocks a plan may run: at most the largest
+    probe the seconds budget allows (``probe_volume_cap``), which is :func:`probe_blocks`'
+    largest block without a memory limit, and shrinks with the budget."""
+    import operators
+    from explorer.runner.probes import probe_blocks, probe_volume_cap
+    from explorer.search.core import ExplorationCore
+
+    op = operators.get("gst3d")
+    cap = probe_volume_cap(op, 1.6e-7, budget_seconds=20)
+    largest = probe_blocks(op, 2048.0**3, 1.6e-7, budget_seconds=20)[-1]
+    assert cap == float(np.prod(largest)) and 150**3 < cap < 300**3
+    assert probe_volume_cap(op, 1.6e-7, budget_seconds=5) < cap < probe_volume_cap(op, 1.6e-7, budget_seconds=90)
+    assert probe_volume_cap(op, None) is None and probe_volume_cap(op, 0.0) is None  # no clock yet: no bound
+
+    core = ExplorationCore("gst3d", memory_limit=4 * 2**30, memory_cap=8 * 2**30)
+    whole = core.target_shapes(gst3d_model)
+    volumes = np.prod(whole.astype(float), axis=1)
+    assert volumes.max() > cap  # the memory alone would have the loop learn larger blocks
+    core.max_block_voxels = cap
+    bounded = core.target_shapes(gst3d_model)
+    assert len(bounded) > 100 and np.prod(bounded.astype(float), axis=1).max() <= cap

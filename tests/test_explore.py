@@ -41,7 +41,7 @@ def test_explore_profiles_persists_fits_and_reports(explored):
     assert timings["inside the operator"]["seconds"] == pytest.approx(result.operator_seconds, abs=1e-3)
     assert sum(t["seconds"] for name, t in timings.items() if name in (
         "store", "start (candidates, priors)", "ask (fits, evidence, acquisition)", "profiling (fork, IPC, operator)",
-        "conclude (final fit, evidence)", "save", "in-worker probes", "report.png")) <= result.seconds
+        "conclude (final fit, evidence)", "save", "in-worker probes")) <= result.seconds
     model = load_model(OPERATOR, runs)
     assert model.n_observations == result.profiles
     # the planner's time model starts from the operator's own profiled speed: b of a + b V
@@ -71,6 +71,11 @@ def test_explore_ends_with_in_worker_probes_and_saves_the_calibration(explored):
     assert cal.timing.run_fixed_seconds is not None and cal.timing.graph_task_seconds is not None
     saved = json.loads(baseline_path(OPERATOR, runs).read_text())
     assert saved["baseline_bytes"] == probes["baseline_bytes"] > 50 * 2**20
+    # the loop learnt blocks up to the largest the probes could reach in their seconds, which they did not pass
+    model = load_model(OPERATOR, runs)
+    region = model.info["region_max_block_voxels"]
+    assert model.info["explored_with"]["probe_seconds"] == 20.0
+    assert region is not None and max(np.prod(b, dtype=float) for b in probes["blocks"]) <= region
     assert saved["environment"]["dask"] is not None
 
 

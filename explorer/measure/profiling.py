@@ -119,6 +119,7 @@ class Profiler:
 
     def __init__(self, *, gpu: bool | None = None):
         self._process: subprocess.Popen | None = None
+        self._ready = False
         self._stderr = None
         self._lock = threading.Lock()
         available, self.gpu_note = gpu_available() if gpu is not False else (False, "GPU profiling off")
@@ -126,10 +127,12 @@ class Profiler:
         self.startup_seconds: float | None = None
 
     # -- server lifecycle -------------------------------------------------
-    def start(self) -> "Profiler":
+    def launch(self) -> "Profiler":
+        """Start the server's process without waiting for it to be ready (its imports take about
+        half a second): :meth:`start`, or the first profile, waits."""
         if self._process is not None and self._process.poll() is None:
             return self
-        started = time.perf_counter()
+        self._launched = time.perf_counter()
         env = dict(os.environ, **_CHILD_ENV)
         project_root = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [project_root, env.get("PYTHONPATH")]))
@@ -143,10 +146,18 @@ class Profiler:
             text=True,
             bufsize=1,
         )
-        hello = self._process.stdout.readline()
-        if not hello:
-            raise ProfilerError(f"profiling server failed to start: {self._server_error()}")
-        self.startup_seconds = time.perf_counter() - started
+        self._ready = False
+        return self
+
+    def start(self) -> "Profiler":
+        """The server, started (:meth:`launch`) and ready for profiles."""
+        self.launch()
+        if not self._ready:
+            hello = self._process.stdout.readline()
+            if not hello:
+                raise ProfilerError(f"profiling server failed to start: {self._server_error()}")
+            self._ready = True
+            self.startup_seconds = time.perf_counter() - self._launched
         return self
 
     def _server_error(self) -> str:
@@ -261,8 +272,14 @@ class SessionProfiler:
         self.servers = [Profiler(gpu=gpu) for _ in range(sessions)]
         self.gpu_note = self.servers[0].gpu_note
 
-    def start(self) -> "SessionProfiler":
+    def launch(self) -> "SessionProfiler":
+        """Start every server's process at once, waiting for none (:meth:`Profiler.launch`)."""
         for server in self.servers:
+            server.launch()
+        return self
+
+    def start(self) -> "SessionProfiler":
+        for server in self.launch().servers:
             server.start()
         return self
 

@@ -50,7 +50,7 @@ import numpy as np
 from explorer.plan.excess import N_COEFFICIENTS
 from explorer.plan.candidates import grid_volume
 
-__all__ = ["ProbeResult", "calibrate_in_workers", "probe_blocks", "profiled_volume", "run_probes"]
+__all__ = ["ProbeResult", "calibrate_in_workers", "probe_blocks", "probe_volume_cap", "profiled_volume", "run_probes"]
 
 #: Probes ``explore`` runs by default (``n`` groups: the excess fit keeps ``n - 2`` dof).
 DEFAULT_PROBES = 6
@@ -67,6 +67,8 @@ PROBE_SECONDS_BUDGET = 20.0
 #: A task in a worker takes about this many times the operator's own seconds (reading
 #: and storing around ``run``); only used to size the probes.
 IN_WORKER_TIME_FACTOR = 2.0
+#: Largest cube edge a probe is ever sized at (:func:`plan_scale_edge`, :func:`probe_volume_cap`).
+MAX_PROBE_EDGE = 2048
 #: Workers of the probe cluster (one thread each: exact task figures).
 PROBE_WORKERS = 2
 #: Chunks per split axis of a probe's volume: every task then sees exactly the probe's block.
@@ -150,6 +152,22 @@ def probe_blocks(op, max_volume: float, seconds_per_voxel: float | None, n: int 
     return [(int(e),) * 3 for e in edges]
 
 
+def probe_volume_cap(op, seconds_per_voxel: float | None, n: int = DEFAULT_PROBES,
+                     budget_seconds: float = PROBE_SECONDS_BUDGET) -> float | None:
+    """The volume of the largest block the probes can run in ``budget_seconds`` at any target
+    memory: :func:`probe_blocks` without a plan-scale cube, at ``seconds_per_voxel`` (the
+    operator's, from its isolated profiles; None or 0, no clock yet: None, no bound).
+
+    A plan runs no block larger than the largest probe, which is at most this (the plan-scale
+    cube only lowers it), so the isolated loop need not learn blocks beyond it:
+    ``explorer.exploration.explore`` bounds its target region by it
+    (``ExplorationCore.max_block_voxels``) while the probes are to run."""
+    if not seconds_per_voxel:
+        return None
+    blocks = probe_blocks(op, float(MAX_PROBE_EDGE) ** 3, seconds_per_voxel, n=n, budget_seconds=budget_seconds)
+    return max(float(np.prod(np.asarray(b, dtype=np.float64))) for b in blocks)
+
+
 def _lengths(op, edges: np.ndarray, smallest: int, largest: int) -> np.ndarray:
     """The probe edges a block is really run at, distinct and increasing: on the operator's
     grid when it pads its blocks to a multiple (:func:`_on_grid`), else each the nearest (in
@@ -204,7 +222,7 @@ def _on_grid(op, edges: np.ndarray) -> np.ndarray:
 
 
 def plan_scale_edge(op, model, memory_limit: int, baseline_bytes: int, confidence: float = 0.99,
-                    max_edge: int = 2048) -> int | None:
+                    max_edge: int = MAX_PROBE_EDGE) -> int | None:
     """The largest cube edge ``e`` whose probe task fits a one-thread worker of
     ``memory_limit`` under its pause threshold: ``worker_footprint`` of the block ``e^3``
     with the isolated model's upper bound and ``baseline_bytes`` (a block is a windowed read:

@@ -7,6 +7,7 @@ and any evaluation made elsewhere is told through the store.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -130,13 +131,16 @@ class ExplorationCore:
         self.operator, self.halo = op.name, op.halo
         self.memory_limit, self.memory_cap = int(memory_limit), int(memory_cap)
         self.confidence, self.tolerance, self.seed = confidence, tolerance, seed
-        self.candidates = acquisition.candidate_shapes(N_CANDIDATES, seed=seed)
-        self.chunkable = acquisition.chunkable_mask(self.candidates, op.whole_axes)
+        self._whole_axes = op.whole_axes
         self.design = [tuple(int(n) for n in s) for s in acquisition.initial_design(
             N_INITIAL, max_input_bytes=self.memory_limit * INITIAL_INPUT_SHARE, seed=seed)]
         self.timings = Timings() if timings is None else timings
         self._fits: dict[tuple, object] = {}
         self._calibrated: dict[tuple, object] = {}
+        #: The largest block volume the target region holds (None: no bound but memory), set by the
+        #: caller: ``explore`` sets the largest block its in-worker probes can reach, beyond which
+        #: no plan runs (``explorer.runner.probes.probe_volume_cap``).
+        self.max_block_voxels: float | None = None
         #: Shapes this core picked to validate a tight bound (``acquisition.validation_shapes``).
         self.validations: set[tuple[int, int, int]] = set()
         self.prior = None
@@ -153,6 +157,21 @@ class ExplorationCore:
                 if safe.sum() >= N_INITIAL:
                     self.design = [tuple(int(n) for n in s)
                                    for s in region_design(region[safe], (inputs + mean)[safe], N_INITIAL)]
+
+    @cached_property
+    def candidates(self) -> np.ndarray:
+        """The shapes the loop scores and targets (``acquisition.candidate_shapes``), made on first
+        use: SciPy's QMC is imported then, beside the first profiles in ``explore``."""
+        from explorer.search import acquisition
+
+        return acquisition.candidate_shapes(N_CANDIDATES, seed=self.seed)
+
+    @cached_property
+    def chunkable(self) -> np.ndarray:
+        """Which :attr:`candidates` a chunk plan can produce (``acquisition.chunkable_mask``)."""
+        from explorer.search import acquisition
+
+        return acquisition.chunkable_mask(self.candidates, self._whole_axes)
 
     def fit(self, records: list[Record]):
         """The surrogate fitted on ``records``, its latent scale learnt from their prequential
@@ -270,11 +289,15 @@ class ExplorationCore:
         return certified
 
     def target_shapes(self, model) -> np.ndarray:
-        """The candidates chunk sizing will ask about, at most ``N_TARGETS`` spread over them."""
+        """The candidates chunk sizing will ask about, at most ``N_TARGETS`` spread over them:
+        task memory in the target range, a block a plan can produce, of at most
+        :attr:`max_block_voxels` voxels."""
         from explorer.search import acquisition
 
-        targets = self.candidates[acquisition.target_mask(model, self.candidates, self.memory_limit, self.confidence)
-                                  & self.chunkable]
+        mask = acquisition.target_mask(model, self.candidates, self.memory_limit, self.confidence) & self.chunkable
+        if self.max_block_voxels is not None:
+            mask &= np.prod(self.candidates.astype(np.float64), axis=1) <= self.max_block_voxels
+        targets = self.candidates[mask]
         if len(targets) > N_TARGETS:
             targets = targets[np.linspace(0, len(targets) - 1, N_TARGETS).astype(int)]
         return targets
