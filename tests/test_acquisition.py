@@ -300,3 +300,26 @@ def test_the_target_region_stops_at_the_largest_block_the_probes_reach(gst3d_mod
     core.max_block_voxels = cap
     bounded = core.target_shapes(gst3d_model)
     assert len(bounded) > 100 and np.prod(bounded.astype(float), axis=1).max() <= cap
+
+
+def test_the_probes_never_pass_the_region_the_loop_learnt(gst3d_model):
+    """Sized from a plan-scale cube, the probes' shrinking by seconds can land on a larger top block
+    than :func:`probe_volume_cap` computed from 2048 (gst3d: 225^3 against 216^3 on the same
+    clock); they keep to the region the saved model says its loop learnt, at any budget."""
+    import copy
+
+    import operators
+    from explorer.runner.probes import model_probe_blocks, probe_volume_cap
+
+    op = operators.get("gst3d")
+    model = copy.deepcopy(gst3d_model)
+    model.info["seconds_per_voxel"] = 1.5e-7
+    limit, baseline = 4 * 2**30, 100 * 2**20
+    free = max(np.prod(b, dtype=float) for b in model_probe_blocks(op, model, limit, baseline))
+    region = probe_volume_cap(op, 1.5e-7)
+    assert free > region  # the bug: the plan-scale start rounds to a larger top block
+    model.info["region_max_block_voxels"] = region
+    for budget in (20, 90):
+        blocks = model_probe_blocks(op, model, limit, baseline, budget_seconds=budget)
+        assert max(np.prod(b, dtype=float) for b in blocks) <= region
+    assert max(np.prod(b, dtype=float) for b in model_probe_blocks(op, model, None, baseline)) <= region

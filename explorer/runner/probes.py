@@ -50,7 +50,7 @@ import numpy as np
 from explorer.plan.excess import N_COEFFICIENTS
 from explorer.plan.candidates import grid_volume
 
-__all__ = ["ProbeResult", "calibrate_in_workers", "probe_blocks", "probe_volume_cap", "profiled_volume", "run_probes"]
+__all__ = ["ProbeResult", "calibrate_in_workers", "model_probe_blocks", "probe_blocks", "probe_volume_cap", "profiled_volume", "run_probes"]
 
 #: Probes ``explore`` runs by default (``n`` groups: the excess fit keeps ``n - 2`` dof).
 DEFAULT_PROBES = 6
@@ -250,6 +250,22 @@ def plan_scale_edge(op, model, memory_limit: int, baseline_bytes: int, confidenc
     return lo
 
 
+def model_probe_blocks(op, model, memory_limit, baseline_bytes: int, confidence: float = 0.99, *,
+                       n: int = DEFAULT_PROBES, budget_seconds: float = PROBE_SECONDS_BUDGET) -> list[tuple]:
+    """The probes of ``model`` (:func:`probe_blocks`): up to the plan-scale cube at ``memory_limit``
+    (:func:`plan_scale_edge`; None: the isolated profiles' reach), at the operator's profiled speed
+    (``model.info["seconds_per_voxel"]``), and never past the region ``explore``'s loop learnt
+    (``model.info["region_max_block_voxels"]``, :func:`probe_volume_cap`)."""
+    plan_edge = None if memory_limit is None else plan_scale_edge(op, model, int(memory_limit), baseline_bytes,
+                                                                 confidence)
+    region = model.info.get("region_max_block_voxels")
+    if region:
+        region_edge = int(math.floor(region ** (1 / 3) + 1e-6))  # a cube's volume: its edge exactly
+        plan_edge = region_edge if plan_edge is None else min(plan_edge, region_edge)
+    return probe_blocks(op, profiled_volume(model), model.info.get("seconds_per_voxel"), n=n, plan_edge=plan_edge,
+                        budget_seconds=budget_seconds)
+
+
 def profiled_volume(model) -> float:
     """The largest block volume ``model``'s exact isolated profiles reached; a composed
     model's (``explorer.model.composed``), the smallest of its members' (each was profiled that far)."""
@@ -286,7 +302,10 @@ def run_probes(operator: str, model, *, n: int = DEFAULT_PROBES, runs_dir=None, 
     system's temporary directory, which its workers must read); None starts a LocalCluster of
     :data:`PROBE_WORKERS` workers here and saves its baseline as this machine's.  ``timings``: an
     ``explorer.core.timings.Timings`` the probes' parts are added to (``probes: ...`` sections).
-    ``seconds_budget``: what the probes may take, predicted (:func:`probe_blocks`).
+    ``seconds_budget``: what the probes may take, predicted (:func:`probe_blocks`).  No probe is
+    larger than the region ``explore``'s loop learnt (``model.info["region_max_block_voxels"]``,
+    :func:`probe_volume_cap`), whatever ``seconds_budget``: ``explore OP --probe-seconds S``
+    widens both.
     """
     import contextlib
     import time
@@ -305,7 +324,6 @@ def run_probes(operator: str, model, *, n: int = DEFAULT_PROBES, runs_dir=None, 
     started = time.perf_counter()
     section = (Timings() if timings is None else timings).section
     op = operators.get(operator)
-    max_volume = profiled_volume(model)
     result = ProbeResult()
     tmp = Path(tempfile.mkdtemp(prefix=f"explorer-probes-{operator}-"))
     environment = None
@@ -325,10 +343,8 @@ def run_probes(operator: str, model, *, n: int = DEFAULT_PROBES, runs_dir=None, 
                 baseline.source = "local"
                 save_worker_baseline(operator, baseline, runs_dir)
             result.baseline_bytes, environment = baseline.bytes, baseline.environment
-            plan_edge = None if memory_limit is None else plan_scale_edge(op, model, int(memory_limit),
-                                                                         baseline.bytes, confidence)
-            blocks = probe_blocks(op, max_volume, model.info.get("seconds_per_voxel"), n=n, plan_edge=plan_edge,
-                                  budget_seconds=seconds_budget)
+            blocks = model_probe_blocks(op, model, memory_limit, baseline.bytes, confidence, n=n,
+                                        budget_seconds=seconds_budget)
             # The smallest block once more on a finer grid: many more graph tasks per slot for about
             # the same work, which tells a run's fixed seconds from its overhead per graph task
             # (``explorer.plan.timing.fit_run_overheads``).
