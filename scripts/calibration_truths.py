@@ -221,9 +221,17 @@ def override(assignment: str) -> None:
     target, _, text = assignment.partition("=")
     module, _, name = target.rpartition(".")
     values = tuple(float(v) for v in text.split(","))
+    for loaded in ("explorer.model.fit", "explorer.model.gp_torch", "explorer.search.core"):
+        importlib.import_module(loaded)  # every reader of the statistics' constants, before the check below
     mod = importlib.import_module(module)
     if not hasattr(mod, name):
         raise SystemExit(f"--set: {module} has no {name}")
+    old = getattr(mod, name)
+    # a module that imported the constant by value would keep the old one: the run would measure nothing
+    copies = [m.__name__ for m in list(sys.modules.values())
+              if m is not mod and m is not None and getattr(m, name, None) is old and isinstance(old, (float, tuple))]
+    if copies:
+        raise SystemExit(f"--set: {', '.join(copies)} hold their own copy of {name}: the override would not reach them")
     setattr(mod, name, values[0] if len(values) == 1 else values)
 
 

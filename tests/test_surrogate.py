@@ -479,3 +479,18 @@ def test_a_start_whose_line_search_stops_abnormally_keeps_where_it_stopped(monke
     hyper, value = real(dims, y_s, fixed_s, features, amp_floor, y_ref=y_ref, optimizer_options=starved)
     assert math.isfinite(value) and best - 0.1 <= value <= best + 1e-6
     assert np.all(np.isfinite(hyper["lengthscale"])) and hyper["outputscale"] > 0
+
+
+def test_the_stated_priors_are_read_where_they_are_set(monkeypatch):
+    """A sensitivity run (``scripts/calibration_truths.py --set``) changes a constant in
+    ``explorer.model.priors``; the fit reads it there, not from a copy taken at import."""
+    from explorer.model import fit as fitting
+    from explorer.model import priors
+
+    y = np.array([1e8, 2e8, 4e8, 8e8])
+    spread = (0.004 * y) ** 2
+    before = fitting.run_noise(y, spread, [2, 2, 2, 2], rel_floor=0.0)
+    monkeypatch.setattr(priors, "_RUN_NOISE_PRIOR", (0.05, 40.0))
+    after = fitting.run_noise(y, spread, [2, 2, 2, 2], rel_floor=0.0)
+    assert after[2] == 44.0 and before[2] == 8.0  # the prior's dof, plus one per repeated point
+    assert after[0] > before[0]  # a heavier prior at 5% pulls the relative run noise up

@@ -96,8 +96,7 @@ from explorer.model.basis import (
 )
 from explorer.model.memory_model import MemoryModel
 from explorer.model.posterior import _SCALAR_NAMES, _posterior_arrays
-from explorer.model.priors import DEFAULT_REL_NOISE_FLOOR, _FACE_EDGE_PRIOR_RELATIVE_SD, _RUN_NOISE_PRIOR
-from explorer.model import regimes, torch_fit
+from explorer.model import priors, regimes, torch_fit
 
 if TYPE_CHECKING:
     from explorer.model.priors import MeanPrior
@@ -116,7 +115,7 @@ def run_noise(y, single_run_var, n_repeats, *, rel_floor: float, abs_floor: floa
               ) -> tuple[float, float, float]:
     """``(rho_run^2, a^2, nu)``: a single run's relative and absolute noise variances and the
     degrees of freedom of the repeats (see the module docstring), by maximum likelihood
-    (``explorer.model.stats.fit_spread``, the weak prior of :data:`_RUN_NOISE_PRIOR`, ``rho_run >=
+    (``explorer.model.stats.fit_spread``, the weak prior ``priors._RUN_NOISE_PRIOR``, ``rho_run >=
     rel_floor``, ``a >=`` the kernel's page).  ``single_run_var``: each point's single-run
     sample variance (``r v``); without repeat counts every ``s^2 > 0`` is one dof."""
     from explorer.model.stats import fit_spread, page_bytes
@@ -127,8 +126,8 @@ def run_noise(y, single_run_var, n_repeats, *, rel_floor: float, abs_floor: floa
     else:
         dof = np.maximum(np.asarray(n_repeats) - 1, 0).astype(np.float64)
     a, rho = fit_spread(y, single_run_var, dof, abs_floor=page_bytes() if abs_floor is None else abs_floor,
-                        rel_floor=rel_floor, rel_prior=_RUN_NOISE_PRIOR)
-    return rho * rho, a * a, _RUN_NOISE_PRIOR[1] + float(dof.sum())
+                        rel_floor=rel_floor, rel_prior=priors._RUN_NOISE_PRIOR)
+    return rho * rho, a * a, priors._RUN_NOISE_PRIOR[1] + float(dof.sum())
 
 
 @with_one_blas_thread
@@ -198,7 +197,7 @@ def fit(operator: str, shapes, peak_bytes, noise_var, lower_bound, *, halo=(0, 0
 
     r_eff = np.ones(n) if reps is None else reps.astype(np.float64)
     rel_run_var, abs_var, noise_dof = run_noise(y[exact], r_eff[exact] * v[exact], None if reps is None else reps[exact],
-                                                rel_floor=DEFAULT_REL_NOISE_FLOOR if rel_noise_floor is None
+                                                rel_floor=priors.DEFAULT_REL_NOISE_FLOOR if rel_noise_floor is None
                                                 else rel_noise_floor, abs_floor=abs_noise_floor_bytes)
     # Fixed part of each observation's noise variance (the nugget is added in the fit).
     fixed_var = np.maximum(v, (rel_run_var * y * y + abs_var) / r_eff)
@@ -417,7 +416,7 @@ def _fit_posterior(dims, y, fixed_var, is_lower_bound, *, rel_run_var, abs_var, 
         # Prior precision of beta (raw basis): flat on [1, V]; N(0, (tau s_c)^2) on faces, edges.
         # s_c = s(centre) = sum(gamma) since every raw term is 1 at u = (1, 1, 1) (below a regime
         # boundary: its side's terms are 0 there).
-        prior_sd = _FACE_EDGE_PRIOR_RELATIVE_SD * float(gamma[:mapping.shape[1]].sum())
+        prior_sd = priors._FACE_EDGE_PRIOR_RELATIVE_SD * float(gamma[:mapping.shape[1]].sum())
         prior_rows = np.diag([0.0 if j in FLAT_TERMS else 1.0 / prior_sd for j in range(p)])
         prior_mean_raw = np.zeros(p)
         n_flat = len(FLAT_TERMS)

@@ -18,7 +18,7 @@ with warnings.catch_warnings():  # gpytorch's import-time torch.jit deprecation 
     from gpytorch.constraints import Interval, Positive
     from gpytorch.priors import LogNormalPrior, NormalPrior
 
-from explorer.model.priors import _LENGTHSCALE_PRIOR, _NUGGET_PRIOR, _OUTPUTSCALE_PRIOR, _SLOPE_PRIOR_SD, _SLOPE_START
+from explorer.model import priors
 from explorer.model.basis import BASIS_EXPONENTS, FLAT_TERMS, alike_groups
 
 
@@ -88,15 +88,15 @@ class RelativeResidualKernel(gpytorch.kernels.Kernel):
         self.feature_map = feature_map
         self.register_parameter("raw_slope", torch.nn.Parameter(torch.zeros((), dtype=torch.float64)))
         self.register_constraint("raw_slope", Interval(0.0, 1.0))
-        self.register_prior("slope_prior", NormalPrior(0.0, _SLOPE_PRIOR_SD), lambda m: m.slope,
+        self.register_prior("slope_prior", NormalPrior(0.0, priors._SLOPE_PRIOR_SD), lambda m: m.slope,
                             lambda m, v: m._set_slope(v))
-        self._set_slope(torch.tensor(_SLOPE_START, dtype=torch.float64))
+        self._set_slope(torch.tensor(priors._SLOPE_START, dtype=torch.float64))
         n_inputs = 3 + feature_map.regime.shape[0]  # the log-dims and each regime boundary's side
         self.scaled = gpytorch.kernels.ScaleKernel(
             gpytorch.kernels.MaternKernel(
-                nu=2.5, ard_num_dims=n_inputs, lengthscale_prior=lognormal_with_mode(*_LENGTHSCALE_PRIOR),
+                nu=2.5, ard_num_dims=n_inputs, lengthscale_prior=lognormal_with_mode(*priors._LENGTHSCALE_PRIOR),
                 lengthscale_constraint=positive_log()),
-            outputscale_prior=lognormal_with_mode(*_OUTPUTSCALE_PRIOR),
+            outputscale_prior=lognormal_with_mode(*priors._OUTPUTSCALE_PRIOR),
             outputscale_constraint=positive_log())
 
     @property
@@ -129,9 +129,9 @@ class RelativeNuggetNoise(gpytorch.likelihoods.noise_models.Noise):
         self.register_buffer("y_ref_sq", y_ref * y_ref)
         self.register_parameter("raw_nugget", torch.nn.Parameter(torch.zeros((), dtype=torch.float64)))
         self.register_constraint("raw_nugget", positive_log())
-        self.register_prior("nugget_prior", lognormal_with_mode(*_NUGGET_PRIOR),
+        self.register_prior("nugget_prior", lognormal_with_mode(*priors._NUGGET_PRIOR),
                             lambda m: m.nugget, lambda m, v: m._set_nugget(v))
-        self._set_nugget(torch.tensor(_NUGGET_PRIOR[0], dtype=torch.float64))
+        self._set_nugget(torch.tensor(priors._NUGGET_PRIOR[0], dtype=torch.float64))
 
     @property
     def nugget(self):

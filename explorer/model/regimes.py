@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from explorer.model.basis import FLAT_TERMS, _matern52, effective_dims, regime_description, regime_rows
-from explorer.model.priors import _FACE_EDGE_PRIOR_RELATIVE_SD
+from explorer.model import priors
 
 __all__ = ["Boundary", "accept", "candidate_boundaries", "scan"]
 
@@ -119,7 +119,7 @@ def scan(model) -> Boundary | None:
     lengthscale = a["lengthscale"][:n_inputs]
     # the side's constant and volume terms (fit._fit_posterior's prior: vague Gaussians of sd tau s_c)
     s_c = float(a["amplitude_coef"][:a["basis_map"].shape[1]].sum())
-    side_precision = 1.0 / (_FACE_EDGE_PRIOR_RELATIVE_SD * s_c) ** 2
+    side_precision = 1.0 / (priors._FACE_EDGE_PRIOR_RELATIVE_SD * s_c) ** 2
     prior_precision = np.zeros((basis.shape[1] + 2,) * 2)
     prior_precision[:basis.shape[1], :basis.shape[1]] = a["basis_prior_precision"]
     prior_precision[basis.shape[1]:, basis.shape[1]:] = side_precision * np.eye(2)
