@@ -60,9 +60,9 @@ MIN_PROBE_EDGE = 24
 #: Predicted seconds all probes may take together by default (operator time, from its profiles,
 #: times the in-worker factor below, over the probe workers; ``explore --probe-seconds``).  A cost
 #: control, not a safety term: fewer seconds means smaller probes and a smaller largest block for
-#: the plans (module docstring), never a wider extrapolation.  At 20, gst3d's probes at 4 GiB go up
-#: to 225^3 and take 15-22 s, 12-15 s of it their tasks (``scripts/bench_timings.py``; at 90, 324^3
-#: and 48-50 s).
+#: the plans and a smaller region for the isolated loop (:func:`probe_volume_cap`), never a wider
+#: extrapolation.  At 20, gst3d's probes go up to 180-216^3 and take 13-20 s
+#: (``scripts/bench_timings.py``; at 90, 324^3 and 48-50 s).
 PROBE_SECONDS_BUDGET = 20.0
 #: A task in a worker takes about this many times the operator's own seconds (reading
 #: and storing around ``run``); only used to size the probes.
