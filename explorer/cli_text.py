@@ -106,6 +106,10 @@ def print_explore(result) -> None:
     if unc is not None:
         print(f"max relative half-width of the {result.confidence:.0%} bound over the target region: {unc:.1%}"
               f" (widened x{result.certified_factor:.2f} by the evidence and the run's share of the risk)")
+    if result.region_max_block_voxels:
+        edge = round(result.region_max_block_voxels ** (1 / 3))
+        print(f"target region: blocks up to {result.region_max_block_voxels:,.0f} voxels ({edge}^3), the largest the "
+              f"in-worker probes reach in their seconds (--probe-seconds): no plan runs a larger one")
     if result.regime:
         print(f"regime boundary: {result.regime} (the peak jumps there: each side has its own level and "
               "bytes per voxel; a block between the profiles either side is bounded as the higher side)")

@@ -94,6 +94,8 @@ class ExploreResult:
     converged: bool | None = None
     #: The factor the saved model's bound is widened by (``MemoryModel.certified``).
     certified_factor: float | None = None
+    #: The largest block of the loop's target region (``ExplorationCore.max_block_voxels``), or None.
+    region_max_block_voxels: float | None = None
     #: The saved model's regime boundary (``MemoryModel.regime``: where its peak jumps), or None.
     regime: str | None = None
     #: Whether the saved model was the answer as it stood (``explore``'s docstring, Paid once).
@@ -128,6 +130,7 @@ class ExploreResult:
             "converged": self.converged,
             "certified_factor": self.certified_factor,
             "regime": self.regime,
+            "region_max_block_voxels": self.region_max_block_voxels,
             "reused": self.reused,
             "profiled_on": self.profiled_on,
             "timings": self.timings,
@@ -305,17 +308,13 @@ def explore(
         seconds=time.perf_counter() - started,
         operator_seconds=operator_seconds,
         max_relative_uncertainty=metric if model is None else model.info.get("half_width"),
-        tolerance=tolerance,
-        confidence=confidence,
-        memory_limit_bytes=limit,
-        model_path=str(model_file) if model_file else None,
-        report_path=str(report_file) if report_file else None,
-        steps=steps,
-        probes=probe_result,
-        prior=core.prior.source if core.prior is not None else None,
+        tolerance=tolerance, confidence=confidence, memory_limit_bytes=limit,
+        model_path=str(model_file) if model_file else None, report_path=str(report_file) if report_file else None,
+        steps=steps, probes=probe_result, prior=core.prior.source if core.prior is not None else None,
         converged=None if model is None else bool(model.info.get("converged")),
         certified_factor=None if model is None else model.hyperparameters["certified_factor"],
         regime=None if model is None else model.regime,
+        region_max_block_voxels=core.max_block_voxels,
         timings=timings.to_dict(),
     )
 
@@ -417,6 +416,7 @@ def _reused(operator: str, model, records, settings: dict, started: float, *, pr
         probes=probe_result, prior=model.info.get("prior"),
         converged=bool(model.info.get("converged")),
         certified_factor=model.hyperparameters["certified_factor"], regime=model.regime, reused=True,
+        region_max_block_voxels=model.info.get("region_max_block_voxels"),
         timings=timings.to_dict())
 
 

@@ -51,7 +51,7 @@ def test_explore_profiles_persists_fits_and_reports(explored):
     assert 0 < b <= seconds.max() / volume[seconds.argmax()] * 2
 
 
-def test_explore_ends_with_in_worker_probes_and_saves_the_calibration(explored):
+def test_explore_ends_with_in_worker_probes_and_saves_the_calibration(explored, capsys):
     from explorer.plan.calibration import load_calibration
     from explorer.measure.worker_baseline import baseline_path
 
@@ -76,6 +76,11 @@ def test_explore_ends_with_in_worker_probes_and_saves_the_calibration(explored):
     region = model.info["region_max_block_voxels"]
     assert model.info["explored_with"]["probe_seconds"] == 20.0
     assert region is not None and max(np.prod(b, dtype=float) for b in probes["blocks"]) <= region
+    assert result.region_max_block_voxels == result.to_dict()["region_max_block_voxels"] == region
+    from explorer.cli_text import print_explore
+
+    print_explore(result)  # explore says where its target region stopped, and why
+    assert f"target region: blocks up to {region:,.0f} voxels" in capsys.readouterr().out
     assert saved["environment"]["dask"] is not None
 
 
