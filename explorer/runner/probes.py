@@ -15,7 +15,8 @@ cube**, each edge a regular length (5-smooth, at most 2^3 in it) unless the oper
 (:func:`_lengths`): the largest cube whose one-thread worker footprint (the isolated 99% bound, the
 measured baseline) fits the pause threshold of the target
 memory, which is the largest block a plan at that memory could run (without a target memory: the
-largest cube the exact isolated profiles reached).  Lowered until the probes' predicted seconds
+largest cube the exact isolated profiles reached), and never past the region ``explore``'s loop
+learnt (:func:`model_probe_blocks`, :func:`probe_volume_cap`).  Lowered until the probes' predicted seconds
 fit ``seconds_budget`` (:data:`PROBE_SECONDS_BUDGET` by default), but never below the three
 distinct blocks that identify the excess's line (the smallest on the operator's grid, even past
 the budget).  **Plans run where the probes ran, never beyond**: tasks on equal blocks differ from
