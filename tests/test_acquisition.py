@@ -303,23 +303,32 @@ def test_the_target_region_stops_at_the_largest_block_the_probes_reach(gst3d_mod
 
 
 def test_the_probes_never_pass_the_region_the_loop_learnt(gst3d_model):
-    """Sized from a plan-scale cube, the probes' shrinking by seconds can land on a larger top block
-    than :func:`probe_volume_cap` computed from 2048 (gst3d: 225^3 against 216^3 on the same
-    clock); they keep to the region the saved model says its loop learnt, at any budget."""
+    """The probes keep to the region the saved model says its loop learnt, whether they are sized
+    from the plan-scale cube of a target memory (shrinking from it by seconds once rounded gst3d's
+    top probe to 225^3 against a region of 216^3) or, with none that fits, from the isolated
+    profiles' reach (first_derivative at 64 MiB: the region's 810^3 blocks, not its profiles')."""
     import copy
 
     import operators
-    from explorer.runner.probes import model_probe_blocks, probe_volume_cap
+    from explorer.runner.probes import model_probe_blocks, profiled_volume
+
+    def top(blocks):
+        return max(np.prod(b, dtype=float) for b in blocks)
 
     op = operators.get("gst3d")
     model = copy.deepcopy(gst3d_model)
-    model.info["seconds_per_voxel"] = 1.5e-7
+    model.info["seconds_per_voxel"] = None  # no seconds budget: the memory and the reach alone
     limit, baseline = 4 * 2**30, 100 * 2**20
-    free = max(np.prod(b, dtype=float) for b in model_probe_blocks(op, model, limit, baseline))
-    region = probe_volume_cap(op, 1.5e-7)
-    assert free > region  # the bug: the plan-scale start rounds to a larger top block
-    model.info["region_max_block_voxels"] = region
-    for budget in (20, 90):
-        blocks = model_probe_blocks(op, model, limit, baseline, budget_seconds=budget)
-        assert max(np.prod(b, dtype=float) for b in blocks) <= region
-    assert max(np.prod(b, dtype=float) for b in model_probe_blocks(op, model, None, baseline)) <= region
+    free = top(model_probe_blocks(op, model, limit, baseline))
+    reach = top(model_probe_blocks(op, model, None, baseline))
+    assert reach <= profiled_volume(model) + 1
+    for region in (0.7 * free, 0.6 * reach, 10 * max(free, reach)):
+        model.info["region_max_block_voxels"] = region
+        assert top(model_probe_blocks(op, model, limit, baseline)) <= min(region, free)
+        assert top(model_probe_blocks(op, model, None, baseline)) <= min(region, reach)
+    # a region beyond both changes nothing
+    assert top(model_probe_blocks(op, model, limit, baseline)) == free
+    assert top(model_probe_blocks(op, model, None, baseline)) == reach
+    # and the region's own cube is a probe edge exactly (no cube root rounding it down by one)
+    model.info["region_max_block_voxels"] = 150.0**3
+    assert top(model_probe_blocks(op, model, limit, baseline)) == 150.0**3

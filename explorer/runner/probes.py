@@ -122,7 +122,7 @@ def probe_blocks(op, max_volume: float, seconds_per_voxel: float | None, n: int 
     ``plan_edge``: the plan-scale cube's edge (:func:`plan_scale_edge`), or None.
     """
     smallest = max(MIN_PROBE_EDGE, 3 * max(op.halo) + 1)
-    reached = int(math.floor(max_volume ** (1 / 3)))
+    reached = int(math.floor(max_volume ** (1 / 3) + 1e-6))  # a cube's volume gives its edge exactly
     # The blocks plans run, no larger: the isolated profiles may reach blocks whose task
     # memory fits the target but whose in-worker copies do not (first_derivative at 4 GiB:
     # profiled to 809^3, where tasks in a worker took 4.4-10 GB).
@@ -259,11 +259,13 @@ def model_probe_blocks(op, model, memory_limit, baseline_bytes: int, confidence:
     (``model.info["region_max_block_voxels"]``, :func:`probe_volume_cap`)."""
     plan_edge = None if memory_limit is None else plan_scale_edge(op, model, int(memory_limit), baseline_bytes,
                                                                  confidence)
+    reach = profiled_volume(model)
     region = model.info.get("region_max_block_voxels")
     if region:
-        region_edge = int(math.floor(region ** (1 / 3) + 1e-6))  # a cube's volume: its edge exactly
-        plan_edge = region_edge if plan_edge is None else min(plan_edge, region_edge)
-    return probe_blocks(op, profiled_volume(model), model.info.get("seconds_per_voxel"), n=n, plan_edge=plan_edge,
+        reach = min(reach, float(region))
+        if plan_edge is not None:
+            plan_edge = min(plan_edge, int(math.floor(region ** (1 / 3) + 1e-6)))  # a cube's volume: its edge
+    return probe_blocks(op, reach, model.info.get("seconds_per_voxel"), n=n, plan_edge=plan_edge,
                         budget_seconds=budget_seconds)
 
 
