@@ -326,7 +326,8 @@ def test_a_plugins_operator_is_found_from_python_without_the_cli(tmp_path):
 
 def test_a_plan_says_the_largest_block_its_workers_were_measured_on(probed_runs, tmp_path):
     """``explore chunks`` on an in-worker calibration: the plan's block is at most the largest
-    probe's (90^3 for this fixture's probes), and the text and the JSON say that cap."""
+    probe's (100^3 for this fixture's probes: its largest isolated profile), and the text and the JSON
+    say that cap."""
     import math
     import shutil
 
@@ -336,6 +337,6 @@ def test_a_plan_says_the_largest_block_its_workers_were_measured_on(probed_runs,
             "--runs-dir", str(runs))
     text = explore(*args)
     assert text.returncode == 0, text.stderr
-    assert "largest block   729,000 voxels (90^3), the largest measured in a worker" in text.stdout
+    assert "largest block   1,000,000 voxels (100^3), the largest measured in a worker" in text.stdout
     plan = json.loads(explore(*args, "--json").stdout)
-    assert plan["max_block_voxels"] == 90**3 and math.prod(plan["block"]) <= 90**3
+    assert plan["max_block_voxels"] == 100**3 and math.prod(plan["block"]) <= 100**3

@@ -265,7 +265,7 @@ def test_a_task_over_the_bound_early_restarts_the_run_with_the_recalibrated_plan
     with nothing else held beside it now that it reads its own block, could reach the nanny's
     terminate threshold before the re-planner saw it: a worker restart, 1 run in 4.)  At 180 MB the
     first plan's bound is at its budget; at 260 MB it would stop at the largest probed block
-    (90^3) with room to spare, and an exceeded task would rightly not re-plan it.
+    (100^3) with room to spare, and an exceeded task would rightly not re-plan it.
 
     Ordered, not raced: a production task runs far longer than the re-planner's decision, these
     take a fraction of a second, so the first plan could finish (and the run end, rightly not
