@@ -507,17 +507,23 @@ def _alike_swaps(classes):
 def test_declared_alike_axes_are_measured_alike(name):
     """``axis_classes`` is a claim the surrogate builds on (tied mean terms, a kernel on sorted
     dims): swapping two alike axes of a block must leave its isolated peak unchanged (within
-    the allocator's granularity), measured by profiling both blocks for real."""
+    the allocator's granularity), measured by profiling both blocks for real.  Each block's peak
+    is the least of three runs: a single run of a 4 MiB peak can carry an extra allocator
+    quantum (instantaneous_phase once measured 4.19 and 4.52 MiB for the two orders on a fresh
+    clone), never less than the operator needs."""
     from explorer.measure.profiling import Profiler
+
+    def least_peak(p, shape):
+        return min(run["peak_bytes"] for run in p.profile(name, shape, repeat=3).repeats)
 
     op = get(name)
     shape = (48, 64, 88)
     with Profiler() as p:
-        base_peak = p.profile(name, shape).peak_bytes
+        base_peak = least_peak(p, shape)
         for a, b in _alike_swaps(op.axis_classes):
             swapped = list(shape)
             swapped[a], swapped[b] = shape[b], shape[a]
-            peak = p.profile(name, tuple(swapped)).peak_bytes
+            peak = least_peak(p, tuple(swapped))
             assert abs(peak - base_peak) <= max(0.01 * base_peak, 256 * 1024), (name, shape, swapped, base_peak, peak)
 
 
