@@ -51,7 +51,8 @@ import numpy as np
 from explorer.plan.excess import N_COEFFICIENTS
 from explorer.plan.candidates import grid_volume
 
-__all__ = ["ProbeResult", "calibrate_in_workers", "model_probe_blocks", "probe_blocks", "probe_volume_cap", "profiled_volume", "run_probes"]
+__all__ = ["ProbeResult", "calibrate_in_workers", "model_probe_blocks", "probe_blocks", "probe_volume_cap",
+           "profiled_volume", "run_probes"]
 
 #: Probes ``explore`` runs by default (``n`` groups: the excess fit keeps ``n - 2`` dof).
 DEFAULT_PROBES = 6
