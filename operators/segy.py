@@ -219,8 +219,12 @@ class SegyVolume:
         inline_sorted = geometry.sorting == "inline"
         # Along the fast axis, traces are consecutive in the file: read them as one run.
         fast, slow = (rj, ri) if inline_sorted else (ri, rj)
+        # Read, not memory-mapped: a mapped file's pages a task touches count in its worker's RSS
+        # until the file closes, and a window that keeps part of each trace touches whole traces
+        # (and the kernel's fault-around): a 109x109x115 window of 320-sample traces (5.2 MiB) raised
+        # the RSS high-water by 33 MiB mapped, 5 MiB read, which the in-worker task peak then carried
+        # (semblance's tasks at twice their bound).  Reading costs about 2-3 ms per MiB, page cache warm.
         with segyio.open(self.path, "r", ignore_geometry=True, endian=geometry.endian) as f:
-            f.mmap()
             for n, line in enumerate(slow):
                 i, j = (line, fast[0]) if inline_sorted else (fast[0], line)
                 first = geometry.trace_index(i, j)
