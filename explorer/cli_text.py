@@ -68,11 +68,15 @@ def considered_text(plan) -> str:
     return "; ".join(parts)
 
 
+def _voxels_text(voxels: float) -> str:
+    """``"N voxels"``, with the cube's edge when ``voxels`` is a cube (``"(216^3)"``)."""
+    edge = round(voxels ** (1 / 3))
+    return f"{voxels:,.0f} voxels" + (f" ({edge}^3)" if edge**3 == voxels else "")
+
+
 def largest_block_text(plan) -> str:
     """The plan's cap on its block (``ChunkPlan.max_block_voxels``), a cube's edge when it is one."""
-    edge = round(plan.max_block_voxels ** (1 / 3))
-    cube = f" ({edge}^3)" if edge**3 == plan.max_block_voxels else ""
-    return (f"{plan.max_block_voxels:,} voxels{cube}, the largest measured in a worker (this plan's: "
+    return (f"{_voxels_text(plan.max_block_voxels)}, the largest measured in a worker (this plan's: "
             f"{math.prod(plan.block):,}; `explore {plan.operator} --probe-seconds S` learns and probes larger)")
 
 
@@ -107,8 +111,7 @@ def print_explore(result) -> None:
         print(f"max relative half-width of the {result.confidence:.0%} bound over the target region: {unc:.1%}"
               f" (widened x{result.certified_factor:.2f} by the evidence and the run's share of the risk)")
     if result.region_max_block_voxels:
-        edge = round(result.region_max_block_voxels ** (1 / 3))
-        print(f"target region: blocks up to {result.region_max_block_voxels:,.0f} voxels ({edge}^3), the largest the "
+        print(f"target region: blocks up to {_voxels_text(result.region_max_block_voxels)}, the largest the "
               f"in-worker probes reach in their seconds (--probe-seconds): no plan runs a larger one")
     if result.regime:
         print(f"regime boundary: {result.regime} (the peak jumps there: each side has its own level and "

@@ -200,7 +200,7 @@ def explore(
     from it is left to learn.  ``"none"``: the flat prior, as for one operator (from scratch).
 
     Paid once: when the saved model was made by a loop with the same tolerance, confidence,
-    target memory and prior, in this environment, from exactly the profiles the store holds now,
+    target memory, prior and probes' seconds, in this environment, from exactly the profiles the store holds now,
     and it converged (or the store already holds ``budget`` profiles), that model is the answer:
     nothing is profiled or refitted (``reused`` in the result), only missing probes run.
     ``refresh=True`` refits from the store and lets the stop decide again.
@@ -213,13 +213,14 @@ def explore(
     budget = validate.positive_int(budget, "budget")
     jobs = None if jobs is None else validate.positive_int(jobs, "jobs")
     repeat = validate.positive_int(repeat, "repeat")
-    probe_seconds = None if probe_seconds is None else validate.positive_number(probe_seconds, "probe_seconds")
+    probe_seconds = validate.positive_number(probing.PROBE_SECONDS_BUDGET if probe_seconds is None else probe_seconds,
+                                             "probe_seconds")
     tolerance, confidence = validate.fraction(tolerance, "tolerance"), validate.confidence(confidence)
     if prior not in PRIORS:
         raise ValueError(f"prior must be one of {', '.join(PRIORS)}, got {prior!r}")
     n_probes = probing.DEFAULT_PROBES if probes is None else validate.non_negative_int(probes, "probes")
     # while probes are to run, their budget bounds the blocks plans run: the loop learns none larger
-    region_seconds = (probe_seconds or probing.PROBE_SECONDS_BUDGET) if n_probes else None
+    region_seconds = probe_seconds if n_probes else None
 
     timings = Timings()
     with timings.section("store"):
@@ -228,7 +229,7 @@ def explore(
                 "probe_seconds": region_seconds}
     reusable = None if refresh else _reusable_model(op.name, runs_dir, store, settings, budget, client)
     if reusable is not None:
-        return _reused(op.name, *reusable, settings, started, probes=probes, probe_progress=probe_progress,
+        return _reused(op.name, *reusable, settings, started, probes=n_probes, probe_progress=probe_progress,
                        runs_dir=runs_dir, storage=storage, seed=seed, report=report, timings=timings, client=client,
                        probe_seconds=probe_seconds)
     # torch, gpytorch, botorch and SciPy's statistics take seconds to import: do it while the first profiles run
@@ -295,7 +296,7 @@ def explore(
                                               records, steps, paths.report_path(op.name, runs_dir),
                                               confidence=confidence, memory_limit=limit, tolerance=tolerance)
             with timings.section("in-worker probes"):
-                probe_result = _probe(op.name, model, probes, bool(steps), runs_dir, storage, confidence,
+                probe_result = _probe(op.name, model, n_probes, bool(steps), runs_dir, storage, confidence,
                                       probe_progress, seed, limit, client, timings, seconds_budget=probe_seconds)
             report_file = drawn.result() if drawn else None
     timings.add("inside the operator", operator_seconds, len(steps))
@@ -393,9 +394,9 @@ def _reusable_model(operator: str, runs_dir, store: Store, settings: dict, budge
     return (saved, records) if info.get("converged") or len(records) >= budget else None
 
 
-def _reused(operator: str, model, records, settings: dict, started: float, *, probes, probe_progress,
+def _reused(operator: str, model, records, settings: dict, started: float, *, probes: int, probe_progress,
             runs_dir, storage, seed, report: bool, timings: Timings, client=None,
-            probe_seconds: float | None = None) -> "ExploreResult":
+            probe_seconds: float = probing.PROBE_SECONDS_BUDGET) -> "ExploreResult":
     """The result of an ``explore`` whose saved model is the answer: only missing probes run,
     and the report is drawn only when asked and not there yet."""
     limit, confidence = settings["memory_limit_bytes"], settings["confidence"]
@@ -574,13 +575,13 @@ def save_model_unless_superseded(model, path):
         return model
 
 
-def _probe(operator, model, probes, profiled_new, runs_dir, storage, confidence, progress, seed,
-           memory_limit=None, client=None, timings=None, *, seconds_budget: float | None = None) -> dict | None:
-    """Run the in-worker probes unless told not to or already done for this model and environment
-    (``seconds_budget``: ``run_probes``', None for its default)."""
+def _probe(operator, model, n: int, profiled_new, runs_dir, storage, confidence, progress, seed,
+           memory_limit=None, client=None, timings=None, *,
+           seconds_budget: float = probing.PROBE_SECONDS_BUDGET) -> dict | None:
+    """Run ``n`` in-worker probes unless ``n`` is 0 or they were already done for this model and
+    environment (``seconds_budget``: ``run_probes``')."""
     from explorer.plan.calibration import CalibrationFileError, load_calibration
 
-    n = probing.DEFAULT_PROBES if probes is None else int(probes)
     if n <= 0:
         return None
     if not profiled_new:
@@ -593,5 +594,4 @@ def _probe(operator, model, probes, profiled_new, runs_dir, storage, confidence,
             return {"skipped": f"the calibration already holds {saved.n_probe_groups} probes of this environment"}
     return probing.run_probes(operator, model, n=n, runs_dir=runs_dir, storage=storage, confidence=confidence,
                               progress=progress, seed=seed, memory_limit=memory_limit, client=client,
-                              timings=timings, seconds_budget=probing.PROBE_SECONDS_BUDGET if seconds_budget is None
-                              else seconds_budget).to_dict()
+                              timings=timings, seconds_budget=seconds_budget).to_dict()

@@ -123,7 +123,7 @@ def probe_blocks(op, max_volume: float, seconds_per_voxel: float | None, n: int 
     ``plan_edge``: the plan-scale cube's edge (:func:`plan_scale_edge`), or None.
     """
     smallest = max(MIN_PROBE_EDGE, 3 * max(op.halo) + 1)
-    reached = int(math.floor(max_volume ** (1 / 3) + 1e-6))  # a cube's volume gives its edge exactly
+    reached = _cube_edge(max_volume)
     # The blocks plans run, no larger: the isolated profiles may reach blocks whose task
     # memory fits the target but whose in-worker copies do not (first_derivative at 4 GiB:
     # profiled to 809^3, where tasks in a worker took 4.4-10 GB).
@@ -168,6 +168,12 @@ def probe_volume_cap(op, seconds_per_voxel: float | None, n: int = DEFAULT_PROBE
         return None
     blocks = probe_blocks(op, float(MAX_PROBE_EDGE) ** 3, seconds_per_voxel, n=n, budget_seconds=budget_seconds)
     return max(float(np.prod(np.asarray(b, dtype=np.float64))) for b in blocks)
+
+
+def _cube_edge(volume: float) -> int:
+    """The largest edge whose cube is at most ``volume`` voxels (a cube's volume gives its edge
+    exactly, not one less: the float cube root of 100^3 is 99.99...)."""
+    return int(math.floor(float(volume) ** (1 / 3) + 1e-6))
 
 
 def _lengths(op, edges: np.ndarray, smallest: int, largest: int) -> np.ndarray:
@@ -265,7 +271,7 @@ def model_probe_blocks(op, model, memory_limit, baseline_bytes: int, confidence:
     if region:
         reach = min(reach, float(region))
         if plan_edge is not None:
-            plan_edge = min(plan_edge, int(math.floor(region ** (1 / 3) + 1e-6)))  # a cube's volume: its edge
+            plan_edge = min(plan_edge, _cube_edge(region))
     return probe_blocks(op, reach, model.info.get("seconds_per_voxel"), n=n, plan_edge=plan_edge,
                         budget_seconds=budget_seconds)
 
