@@ -1,8 +1,4 @@
-"""The ``explore`` command: parse, call the core, print.  Nothing else lives here.
-
-    explore operators
-    explore profile OPERATOR SHAPE [--repeat N] [--memory-cap SIZE] [--timeout S] [--json]
-    explore OPERATOR [--budget N] [--tolerance F] ...          (active-learning exploration)
+"""The ``explore`` command (its commands: ``USAGE``): parse, call the core, print.  Nothing else lives here.
 
 Bad input ends with one line on stderr and a non-zero exit, never a traceback
 (set ``EXPLORER_DEBUG=1`` to see one).
@@ -93,17 +89,8 @@ def _cmd_operators(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     import operators
 
-    rows = []
-    for name in operators.names():
-        op = operators.get(name)
-        rows.append(
-            {
-                "name": name,
-                "halo": list(op.halo),
-                "whole_axes": list(op.whole_axes),
-                "description": op.description,
-            }
-        )
+    rows = [{"name": name, "halo": list(op.halo), "whole_axes": list(op.whole_axes), "description": op.description}
+            for name, op in ((name, operators.get(name)) for name in operators.names())]
     if args.json:
         print(json.dumps(rows))
         return 0
@@ -596,5 +583,15 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_FAILURE
 
 
+def entry() -> None:
+    """The ``explore`` command: :func:`main`, then exit.  Objects are frozen out of the collector's
+    reach first: the teardown's collections over torch and Dask took 0.6 s (exit handlers still run)."""
+    import gc
+
+    code = main()
+    gc.freeze()
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()
