@@ -120,6 +120,7 @@ class Profiler:
     def __init__(self, *, gpu: bool | None = None):
         self._process: subprocess.Popen | None = None
         self._ready = False
+        self._exit_requested = False
         self._stderr = None
         self._lock = threading.Lock()
         available, self.gpu_note = gpu_available() if gpu is not False else (False, "GPU profiling off")
@@ -147,6 +148,7 @@ class Profiler:
             bufsize=1,
         )
         self._ready = False
+        self._exit_requested = False
         return self
 
     def start(self) -> "Profiler":
@@ -167,16 +169,27 @@ class Profiler:
         lines = [l for l in self._stderr.read().decode(errors="replace").splitlines() if l.strip()]
         return lines[-1].strip() if lines else "no output"
 
+    def request_exit(self) -> None:
+        """Ask the server to exit, without waiting for it (:meth:`close` waits): servers asked
+        together exit together."""
+        process = self._process
+        if process is None or process.poll() is not None or self._exit_requested:
+            return
+        self._exit_requested = True
+        try:
+            process.stdin.write(json.dumps({"cmd": "exit"}) + "\n")
+            process.stdin.flush()
+        except OSError:
+            process.kill()
+
     def close(self) -> None:
+        self.request_exit()
         process, self._process = self._process, None
         if process is None:
             return
         try:
-            if process.poll() is None:
-                process.stdin.write(json.dumps({"cmd": "exit"}) + "\n")
-                process.stdin.flush()
-                process.wait(timeout=5)
-        except (OSError, subprocess.TimeoutExpired):
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
 
@@ -284,6 +297,8 @@ class SessionProfiler:
         return self
 
     def close(self) -> None:
+        for server in self.servers:
+            server.request_exit()
         for server in self.servers:
             server.close()
 
