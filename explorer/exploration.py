@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,12 +32,12 @@ import operators
 from explorer.core import paths, validate
 from explorer.core.timings import Timings
 from explorer.core.machine import default_memory_limit
-from explorer.measure.profiling import SessionProfiler, default_memory_cap
+from explorer.measure.profiling import default_memory_cap
 from explorer.runner import probes as probing
 from explorer.search.report import explore_report
-from explorer.search.store import SOURCE_PROFILE, Record, Store
+from explorer.search.batches import PROFILE_SESSIONS, ProfileBatches, Step, close_all, local_profilers
+from explorer.search.store import SOURCE_PROFILE, Store
 from explorer.search.core import (
-    DEFAULT_LOOP_OVERHEAD,
     ExplorationCore,
     composed_prior,
     member_noise_floor,
@@ -46,28 +46,8 @@ from explorer.search.core import (
 )
 
 
-#: Profiling servers a profile's repeats take turns in (``profiling.SessionProfiler``): the run
-#: noise the repeats measure is then that of a new run in another process.
-PROFILE_SESSIONS = 2
-#: Seconds a claim on a shape holds at least (longer for a profile with a longer timeout):
-#: another process's expired claim is ignored, so a killed explore elsewhere blocks nothing for ever.
-CLAIM_SECONDS = 2 * 3600.0
 #: Seconds between looks at the store while waiting for other processes' profiles.
 CLAIM_POLL_SECONDS = 0.5
-
-
-@dataclass
-class Step:
-    """One profile as the loop saw it (for progress and the report)."""
-
-    index: int
-    shape: tuple[int, ...]
-    status: str
-    peak_bytes: float | None
-    seconds: float | None
-    max_relative_uncertainty: float | None
-    #: The worker that profiled it (``explore --scheduler``), or None: this machine.
-    profiled_on: str | None = None
 
 
 @dataclass
@@ -223,32 +203,37 @@ def explore(
     region_seconds = probe_seconds if n_probes else None
 
     timings = Timings()
-    with timings.section("store"):
-        store = Store(runs_dir, storage)
-    settings = {"tolerance": tolerance, "confidence": confidence, "memory_limit_bytes": int(limit), "prior": prior,
-                "probe_seconds": region_seconds}
-    reusable = None if refresh else _reusable_model(op.name, runs_dir, store, settings, budget, client)
+    # no saved model: the loop will run, so its profiling servers start now, beside the store's opening
+    loop_certain = refresh or not paths.model_path(op.name, runs_dir).exists()
+    profilers = local_profilers(jobs) if loop_certain and client is None else None
+    try:
+        with timings.section("store"):
+            store = Store(runs_dir, storage)
+        settings = {"tolerance": tolerance, "confidence": confidence, "memory_limit_bytes": int(limit),
+                    "prior": prior, "probe_seconds": region_seconds}
+        reusable = None if refresh else _reusable_model(op.name, runs_dir, store, settings, budget, client)
+    except BaseException:
+        close_all(profilers)
+        raise
     if reusable is not None:
+        close_all(profilers)
         return _reused(op.name, *reusable, settings, started, probes=n_probes, probe_progress=probe_progress,
                        runs_dir=runs_dir, storage=storage, seed=seed, report=report, timings=timings, client=client,
                        probe_seconds=probe_seconds)
-    # torch, gpytorch, botorch and SciPy's statistics take seconds to import: do it while the first profiles run
-    threading.Thread(target=timings.section("imports (beside the profiles)")(_warm_up), daemon=True).start()
-    profilers = None
     if client is not None:  # each profile an isolated child of a worker of the cluster
         with timings.section("cluster (profiling plug-in, memory cap)"):
             profilers, cap = _cluster_profilers(client, op, jobs, cap)
     cap = default_memory_cap() if cap is None else cap
     jobs = len(profilers) if profilers else jobs or 1
-    with timings.section("start (candidates, priors)"):
-        core = ExplorationCore(op.name, memory_limit=limit, memory_cap=cap, confidence=confidence,
-                               tolerance=tolerance, seed=seed,
-                               prior_model=composed_prior(op, runs_dir) if prior == "composed" else None,
-                               noise_floor=member_noise_floor(op, runs_dir), timings=timings)
-    batches = _ProfileBatches(store, op.name, budget=budget, repeat=repeat, memory_cap=cap, jobs=jobs,
+    batches = ProfileBatches(store, op.name, budget=budget, repeat=repeat, memory_cap=cap, jobs=jobs,
                               on_start=on_start, progress=progress, profilers=profilers)
-    model, stopped_because = None, None
+    model, stopped_because, warm_up = None, None, None
     try:
+        with timings.section("start (candidates, priors)"):
+            core = ExplorationCore(op.name, memory_limit=limit, memory_cap=cap, confidence=confidence,
+                                   tolerance=tolerance, seed=seed,
+                                   prior_model=composed_prior(op, runs_dir) if prior == "composed" else None,
+                                   noise_floor=member_noise_floor(op, runs_dir), timings=timings)
         # ask (design, then refit, stop or propose), profile, tell (the store), repeat
         while True:
             with timings.section("store"):
@@ -269,6 +254,11 @@ def explore(
                 break
             with timings.section("profiling (fork, IPC, operator)"):
                 claimed = bool(ask.shapes) and batches.run(ask.shapes, ask.purpose)
+            if warm_up is None:  # after the first profile, not beside the servers' own start-up
+                # torch, GPyTorch, BoTorch and SciPy's statistics take seconds to import: while the next profiles run
+                warm_up = threading.Thread(target=timings.section("imports (beside the profiles)")(_warm_up),
+                                           daemon=True)
+                warm_up.start()
             if not claimed:
                 time.sleep(CLAIM_POLL_SECONDS)  # others hold what we would profile: look again
     finally:
@@ -331,11 +321,16 @@ def _region_cap(op, records, n_probes: int, region_seconds: float | None) -> flo
 
 def _warm_up() -> None:
     """Import what the loop's first fit and scoring need (torch, GPyTorch, BoTorch; SciPy's
-    ``stats`` for the candidates and quantiles)."""
-    from explorer.model import torch_fit
+    ``stats`` for the candidates and quantiles), then fit made-up profiles once: torch's first
+    optimisation pays about 0.2 s of lazy set-up, which the loop's first fit then does not."""
+    from explorer.model import fit, torch_fit
 
     torch_fit.warm_up()
     import scipy.stats  # noqa: F401
+
+    shapes = np.array([[20, 30, 40], [60, 40, 30], [90, 80, 70], [40, 120, 60], [150, 60, 90]])
+    peaks = 12.0 * shapes.prod(axis=1) + 2**20
+    fit.fit("warm-up", shapes, peaks, (0.003 * peaks) ** 2, np.zeros(len(shapes), bool))
 
 
 def _target_memory(memory_limit, client) -> int:
@@ -429,113 +424,6 @@ def _with_budget(stopped_because: str, budget: int, in_flight: int) -> str:
     return (f"budget of {budget} profiles spent"
             + (f", {in_flight} still being profiled by other processes" if in_flight else "")
             + stopped_because[len("budget spent"):])
-
-
-class _ProfileBatches:
-    """The loop's profiling side: claim shapes in the store, profile them (one profiling
-    session per job), write each measurement onto its claim at once, and keep the steps, the
-    operator's seconds, the loop's own seconds per profile and the cost model of a profile."""
-
-    def __init__(self, store: Store, operator: str, *, budget: int, repeat: int, memory_cap: int, jobs: int,
-                 on_start=None, progress=None, profilers=None):
-        """``profilers``: one per job, each with ``profile`` and ``close`` (default: ``jobs``
-        :class:`SessionProfiler` here; ``explorer.measure.worker_profiling.WorkerProfiler`` on a
-        cluster, whose ``profile`` returns None when its worker was lost)."""
-        from explorer.search import acquisition
-
-        self.store, self.operator, self.budget, self.repeat, self.memory_cap = store, operator, budget, repeat, memory_cap
-        self.on_start, self.progress = on_start, progress
-        self.profilers = list(profilers) if profilers else [SessionProfiler(PROFILE_SESSIONS, gpu=False).launch()
-                                                            for _ in range(jobs)]
-        self.cost_model = acquisition.CostModel(DEFAULT_LOOP_OVERHEAD + repeat * 0.01, repeat * 5e-8)
-        self.steps: list[Step] = []
-        self.operator_seconds = 0.0
-        #: The model's half-width when the latest profile finished (the steps' uncertainty).
-        self.metric: float | None = None
-        self.loop_overhead: list[float] = []  # seconds per profile the loop spends outside the operator
-        self._last_batch_end = time.perf_counter()
-
-    @property
-    def metric(self) -> float | None:
-        return self._metric
-
-    @metric.setter
-    def metric(self, value) -> None:
-        self._metric = value
-        if self.steps:
-            self.steps[-1].max_relative_uncertainty = value
-
-    def stored_profiles(self) -> list[Record]:
-        """Everyone's finished profiles, re-read: other processes may share the store."""
-        return [r for r in self.store.records(self.operator) if r.source == SOURCE_PROFILE]
-
-    def run(self, shapes, purpose: str = "design") -> int:
-        """Claim each shape in the store, profile the claimed ones, write each onto its claim at once.
-
-        Returns how many were claimed: a shape another process holds or has profiled is
-        skipped, and none is claimed once profiles plus live claims reach the budget.
-        """
-        store = self.store
-        profilers = [p for p in self.profilers if not getattr(p, "lost", None)]
-        if not profilers:
-            raise RuntimeError("every worker profiling was lost: "
-                               + "; ".join(f"{p.address} {p.lost}" for p in self.profilers))
-        claims = [c for c in (store.claim(self.operator, s, budget=self.budget, seconds=self.claim_seconds(s))
-                              for s in shapes[:len(profilers)]) if c.held]
-        if not claims:
-            return 0
-        spent_before = self.operator_seconds
-        if self.on_start:
-            for c in claims:
-                predicted = self.cost_model.predict(np.asarray([c.shape]))[0] if self.cost_model.fitted else None
-                self.on_start(c.shape, purpose, predicted)
-        try:
-            with ThreadPoolExecutor(max_workers=len(claims)) as pool:
-                futures = {pool.submit(profilers[i].profile, self.operator, c.shape, repeat=self.repeat,
-                                       memory_cap=self.memory_cap, timeout=self.timeout_for(c.shape)): (c, profilers[i])
-                           for i, c in enumerate(claims)}
-                for future in as_completed(futures):
-                    m = future.result()
-                    claim, profiler = futures[future]
-                    where = getattr(profiler, "address", None)
-                    if m is None:  # its worker was lost: this profile only; the claim is released below
-                        self.steps.append(Step(len(self.stored_profiles()), claim.shape, f"lost ({profiler.lost})",
-                                               None, None, self.metric, where))
-                    else:
-                        # at once: nothing finished is lost
-                        store.finish(claim, m, context={"profiled_on": where} if where else None)
-                        self.operator_seconds += sum(r.get("seconds") or 0.0 for r in m.repeats)
-                        self.steps.append(Step(len(self.stored_profiles()), m.shape, m.status, m.peak_bytes,
-                                               m.seconds, self.metric, where))
-                    if self.progress:
-                        self.progress(self.steps[-1], self.budget)
-        finally:
-            for c in claims:  # claims left unfinished by an error: free them for others now
-                store.release(c)
-        now = time.perf_counter()
-        self.loop_overhead.append(max(0.0, (now - self._last_batch_end)
-                                      - (self.operator_seconds - spent_before) / len(claims)))
-        self._last_batch_end = now
-        return len(claims)
-
-    @property
-    def environment(self) -> dict | None:
-        """The environment stamp of the workers that profiled (None: profiled on this machine)."""
-        return next((p.environment for p in self.profilers if getattr(p, "environment", None)), None)
-
-    def timeout_for(self, shape) -> float | None:
-        """A profile's timeout: 20 times its predicted seconds, at least a minute; none before
-        any profile was timed."""
-        predicted = self.cost_model.predict(np.asarray([shape]))[0] if self.cost_model.fitted else None
-        return None if predicted is None else max(60.0, 20 * float(predicted))
-
-    def claim_seconds(self, shape) -> float:
-        timeout = self.timeout_for(shape)
-        return CLAIM_SECONDS if timeout is None else max(CLAIM_SECONDS, 2 * self.repeat * timeout)
-
-    def close(self) -> None:
-        for profiler in self.profilers:
-            profiler.close()
 
 
 def _observed_shapes(model) -> set[tuple[int, ...]]:

@@ -174,6 +174,21 @@ def test_cli_json_last_and_chunks(explored):
         assert key in plan
 
 
+def _profiling_servers() -> set[int]:
+    import psutil
+
+    return {c.pid for c in psutil.Process().children() if "explorer.measure.forkserver" in " ".join(c.cmdline())}
+
+
+def test_explore_that_fails_before_its_loop_leaves_no_profiling_server(tmp_path):
+    """With no saved model the servers start before the store opens: a store that cannot open
+    must still close them."""
+    before = _profiling_servers()
+    with pytest.raises(Exception, match="cannot open storage"):
+        explore(OPERATOR, runs_dir=tmp_path, storage="nosuchdb://x", probes=0)
+    assert _profiling_servers() == before
+
+
 def test_chunks_without_a_model_names_the_command(tmp_path):
     out = run_cli("chunks", "gst3d", "--shape", "100x100x100", "--memory-limit", "1GiB", "--runs-dir",
                   str(tmp_path))

@@ -6,6 +6,7 @@ gpytorch) is imported on first use, or ahead of it by :func:`warm_up`.
 from __future__ import annotations
 
 import math
+import threading
 from typing import TYPE_CHECKING
 
 from explorer.model.basis import _as_dims, effective_dims
@@ -22,6 +23,11 @@ def warm_up() -> None:
     """Import torch, GPyTorch and BoTorch now (seconds), e.g. in a thread while profiles run."""
     _torch_modules()
     import botorch.fit  # noqa: F401
+
+
+#: ML-II fits change process-wide state while they run (torch's thread count, the warnings
+#: filters): one at a time, whichever thread asks.
+_FIT_LOCK = threading.Lock()
 
 
 def _torch_modules():
@@ -44,6 +50,12 @@ def _fit_hyperparameters(dims, y_s, fixed_var_s, features, amp_floor, *, y_ref=N
     the one of highest value; returns ``(hyperparameters, value)``.  ``optimizer_options``:
     SciPy L-BFGS-B options (default SciPy's).
     """
+    with _FIT_LOCK:
+        return _fit_hyperparameters_locked(dims, y_s, fixed_var_s, features, amp_floor, y_ref=y_ref,
+                                           optimizer_options=optimizer_options)
+
+
+def _fit_hyperparameters_locked(dims, y_s, fixed_var_s, features, amp_floor, *, y_ref, optimizer_options):
     t = _torch_modules()
     torch = t.torch
     x = torch.as_tensor(dims, dtype=torch.float64)
