@@ -1,5 +1,6 @@
 """The house's size rules, checked: no module over 600 lines, no function over 80 lines, no public
-function over 8 parameters, unless ``docs/architecture.md`` names it with its reason.
+function over 8 parameters, unless ``docs/architecture.md`` names it with its reason; and the
+module tables of ``docs/architecture.md`` state every module's lines as they are.
 
     python scripts/code_size.py [ROOT]
 
@@ -11,7 +12,9 @@ every name it takes but ``self``/``cls``; it is public when neither it nor its c
 (``| `explorer/cli.py` `_cmd_run` | 86 lines | why |``) and whose second is the size as this
 script states it.  Prints each finding and exits 1 when a rule is broken by something the table
 does not name, or a row names something that no longer breaks one or states another size (a
-stale row); exits 0 otherwise.
+stale row); exits 0 otherwise.  The module tables are the rows before "Known exceptions" whose
+first cell is a backticked path and second a line count (``| `explorer/cli.py` | 597 | concept |``):
+every module but a package's ``__init__.py`` has one, with its line count.
 """
 
 from __future__ import annotations
@@ -85,6 +88,28 @@ def named_exceptions(architecture: str) -> dict[tuple[str, str], str]:
     return named
 
 
+def module_rows(architecture: str) -> dict[str, int]:
+    """``{path: lines}``: the module tables' rows (before "Known exceptions")."""
+    end = architecture.find("## Known exceptions")
+    rows = re.findall(r"^\| `([\w/.]+\.py)` \| (\d+) \|", architecture[:end if end >= 0 else None], re.M)
+    return {path: int(lines) for path, lines in rows}
+
+
+def module_table_findings(root: Path, rows: dict[str, int]) -> list[str]:
+    """A line per module whose table row is missing, names no module, or states other lines."""
+    out = []
+    for package in PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            rel = path.relative_to(root).as_posix()
+            lines = len(path.read_text().splitlines())
+            if rel not in rows and path.name != "__init__.py":
+                out.append(f"no module row: {rel} ({lines} lines)")
+            elif rel in rows and rows[rel] != lines:
+                out.append(f"stale module row: {rel}: the table says {rows[rel]} lines, it is {lines}")
+    out += [f"module row names no module: {rel}" for rel in sorted(rows) if not (root / rel).is_file()]
+    return out
+
+
 def main() -> int:
     root = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[1]
     found = findings(root)
@@ -98,7 +123,10 @@ def main() -> int:
         print(f"stale row: {path} {name or '(module)'} no longer breaks a rule")
     for (path, name), (said, what) in sorted(misstated.items()):
         print(f"stale size: {path} {name or '(module)'}: the row says {said!r}, it is {what!r}")
-    bad = unnamed or stale or misstated
+    table = module_table_findings(root, module_rows((root / "docs" / "architecture.md").read_text()))
+    for line in table:
+        print(line)
+    bad = unnamed or stale or misstated or table
     print(f"{len(found)} over a rule, {len(found) - len(unnamed)} of them named in docs/architecture.md"
           f"{'' if bad else ': ok'}")
     return 1 if bad else 0

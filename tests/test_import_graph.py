@@ -79,3 +79,23 @@ def test_the_size_check_finds_a_long_function_an_unnamed_one_and_a_stale_row(tmp
     assert "stale size: explorer/big.py wide: the row says '8 parameters', it is '9 parameters'" in out.stdout
     assert "stale row: explorer/gone.py old" in out.stdout
     assert "big.py long" not in out.stdout  # named, with its size and reason
+
+
+def test_the_size_check_finds_a_module_row_missing_or_stating_other_lines(tmp_path):
+    (tmp_path / "explorer" / "wing").mkdir(parents=True)
+    (tmp_path / "operators").mkdir()
+    (tmp_path / "explorer" / "wing" / "__init__.py").write_text("")
+    (tmp_path / "explorer" / "wing" / "told.py").write_text("a = 1\nb = 2\n")
+    (tmp_path / "explorer" / "wing" / "said.py").write_text("a = 1\n")
+    (tmp_path / "explorer" / "wing" / "new.py").write_text("a = 1\n")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "architecture.md").write_text(
+        "| module | lines | concept |\n|---|---:|---|\n| `explorer/wing/told.py` | 2 | right |\n"
+        "| `explorer/wing/said.py` | 5 | stale |\n| `explorer/wing/gone.py` | 3 | removed |\n")
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "code_size.py"), str(tmp_path)],
+                         capture_output=True, text=True)
+    assert out.returncode == 1
+    assert "stale module row: explorer/wing/said.py: the table says 5 lines, it is 1" in out.stdout
+    assert "no module row: explorer/wing/new.py (1 lines)" in out.stdout
+    assert "module row names no module: explorer/wing/gone.py" in out.stdout
+    assert "told.py" not in out.stdout and "__init__" not in out.stdout
