@@ -61,6 +61,17 @@ def test_a_session_profiler_runs_each_repeat_in_the_next_server_in_turn():
         assert capped.status == "exceeded" and len(capped.repeats) == 1
 
 
+def test_a_server_builds_a_profiles_input_ahead_of_its_runs_when_asked(profiler):
+    """``prepare`` builds the volume only (the session profiler has every server do it at once);
+    the profile of that shape then finds it built, and a shape the server cannot build is the
+    profile's own error, not prepare's."""
+    assert profiler.prepare((40, 44, 48), seed=3)
+    m = profiler.profile("gst3d", (40, 44, 48), seed=3)
+    assert m.status == "ok" and m.input_bytes == 40 * 44 * 48 * 4
+    assert not profiler.prepare((40, 44, 48), dtype="complex64")
+    assert profiler.profile("gst3d", (40, 44, 48), dtype="complex64").status == "error"
+
+
 def test_cap_ends_as_exceeded_lower_bound(profiler):
     cap = 40 * MIB
     m = profiler.profile("gst3d", (128, 128, 128), memory_cap=cap)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import base64
+import contextlib
 import json
 import os
 import statistics
@@ -23,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -214,6 +216,15 @@ class Profiler:
                 raise ProfilerError(f"profiling server died: {error}")
             return json.loads(line)
 
+    def prepare(self, shape, *, dtype: str = "float32", seed: int = 0) -> bool:
+        """Have the server build the input volume of ``shape`` now, ahead of its runs; whether it
+        did (a server that fails here fails again, and says why, at the profile itself)."""
+        with contextlib.suppress(ProfilerError):
+            reply = self._request({"cmd": "prepare", "shape": list(parse_shape(shape)), "dtype": str(dtype),
+                                   "seed": int(seed)})
+            return reply.get("status") == OK
+        return False
+
     # -- profiling --------------------------------------------------------
     def profile(
         self,
@@ -308,12 +319,21 @@ class SessionProfiler:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def _prepare(self, shape, repeat: int, dtype: str, seed: int) -> None:
+        """Every server that runs a repeat builds its copy of the input at once, before any run
+        (one at a time, they cost a profile of a small block more than its runs)."""
+        servers = self.servers[:repeat]
+        if len(servers) > 1:
+            with ThreadPoolExecutor(max_workers=len(servers)) as pool:
+                list(pool.map(lambda server: server.prepare(shape, dtype=dtype, seed=seed), servers))
+
     def profile(self, operator: str, shape, *, repeat: int = 1, **options) -> Measurement:
         """:meth:`Profiler.profile`, repeat ``k`` in server ``k mod sessions``; repeats stop at
         the first run that does not end ``ok``."""
         if repeat < 1:
             raise ValueError(f"repeat must be >= 1, got {repeat}")
         started = time.perf_counter()
+        self._prepare(shape, repeat, options.get("dtype", "float32"), options.get("seed", 0))
         runs, parts = [], []
         for k in range(repeat):
             part = self.servers[k % len(self.servers)].profile(operator, shape, repeat=1, **options)
