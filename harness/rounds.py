@@ -18,6 +18,15 @@ def cycle_length(n_arms: int) -> int:
     return 1 if n_arms <= 1 else (2 * n_arms if n_arms % 2 else n_arms)
 
 
+def choosing_rounds(n_rounds: int, cycle: int) -> int:
+    """How many of ``n_rounds`` (whole cycles of ``cycle``) choose the oracle: the first half of
+    the cycles, rounded down; the rest time it and ours.  The least of several medians over the
+    same rounds is low by selection (the winner's curse), so a candidate chosen on rounds that
+    also time it looks faster than it runs; with one cycle there is nothing to split (0: chosen
+    and timed on the same rounds, as the report then says)."""
+    return (n_rounds // cycle // 2) * cycle
+
+
 def round_orders(n_arms: int, n_rounds: int, key: str = "", seed: int = 0) -> list[list[int]]:
     """The order of the arms in each round: a Williams design over whole cycles, its arms
     relabelled at random.  ``n_rounds`` is rounded up to a whole number of cycles

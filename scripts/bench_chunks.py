@@ -32,8 +32,11 @@ fresh ``LocalCluster``, with ``refine=False`` unless said otherwise.  Per scenar
   relabelled at random per scenario, ``harness/rounds.py``: every method after every other,
   and in every position, equally often, since a run is slower after some plans than after
   its own, and none first of all by the order of the list); the
-  **oracle** is the candidate with the lowest median ``seconds`` over its rounds.  The screening run that selected a candidate, and ours' first run, are left out
-  of the medians (shown apart): the least of several noisy single runs is low by selection.
+  **oracle** is the candidate with the lowest median ``seconds`` over the first half of the
+  rounds' cycles; its ``seconds`` and ours are the medians over the other half, which the choice
+  never saw (one cycle only: chosen and timed on the same rounds).  The screening run that
+  selected a candidate, and ours' first run, are left out of the medians (shown apart): the least
+  of several noisy single runs, or medians over the same rounds, is low by selection.
   Beside ours / oracle, the 95% bootstrap interval of that ratio of medians, resampling whole
   rounds (``harness/rounds.py``): sub-second runs on two cores swing by a quarter between repeats.
 * **ours**: ``chunks="model"``: ``recommend_chunks(op, shape, L, workers=2)`` (with the
@@ -126,7 +129,7 @@ from explorer.runner.daskrun import run
 from explorer.core.atomic import atomic_path, atomic_write_text
 from explorer.core.units import format_bytes, format_shape, parse_shape, parse_size
 from harness.machine import machine_line
-from harness.rounds import ratio_interval, round_orders
+from harness.rounds import choosing_rounds, cycle_length, ratio_interval, round_orders
 from harness.trials import trials_note
 
 WORKERS = 2
@@ -194,6 +197,16 @@ class Method:
     #: Runs before the interleaved rounds (a candidate's screening run, ours' first): left out of
     #: ``seconds`` once the rounds have run, since the screening run is the one that selected it.
     screened: int = 0
+    #: The rounds after the screening that chose the oracle: left out of ``seconds`` too, which is
+    #: then timed on rounds the choice never saw (``choosing_rounds``).
+    choosing: int = 0
+
+    @property
+    def choosing_seconds(self) -> float | None:
+        """The median over the rounds that choose the oracle (None: no such rounds)."""
+        runs = self.runs[self.screened:self.screened + self.choosing]
+        values = [r.result.seconds for r in runs if r.result.seconds is not None]
+        return statistics.median(values) if values and self.choosing else None
 
     @property
     def ok(self) -> bool:
@@ -201,8 +214,10 @@ class Method:
 
     @property
     def timed_runs(self) -> list[Run]:
-        """The runs ``seconds`` is the median of: the rounds' once there are any."""
-        return self.runs[self.screened:] if len(self.runs) > self.screened else self.runs
+        """The runs ``seconds`` is the median of: the rounds' once there are any, but those that
+        chose the oracle."""
+        skip = self.screened + self.choosing
+        return self.runs[skip:] if len(self.runs) > skip else self.runs
 
     @property
     def seconds(self) -> float | None:
@@ -452,11 +467,16 @@ def run_scenario(sc: Scenario, args, cache: Path, tmp: Path, profiles: Prototype
     for method in [ours] + candidates:
         method.screened = len(method.runs)
     arms = [ours] + candidates
-    for order in round_orders(len(arms), args.repeat, key=sc.name):
+    orders = round_orders(len(arms), args.repeat, key=sc.name)
+    choosing = choosing_rounds(len(orders), cycle_length(len(arms)))
+    for order in orders:
         for method in (arms[i] for i in order):
             go(method, runs=runs_dir if method is ours else None)
-    # The oracle: the lowest median among the candidates, all with the same number of runs.
-    oracle = min((m for m in candidates if m.ok), key=lambda m: m.seconds, default=None)
+    for method in arms:
+        method.choosing = choosing
+    # The oracle: the lowest median among the candidates over the rounds that choose it, all with
+    # the same number of runs; its seconds and ours are the other rounds'.
+    oracle = min((m for m in candidates if m.ok), key=lambda m: m.choosing_seconds or m.seconds, default=None)
     if ours_refine is not None:
         copy = tmp / f"runs-refine-{sc.op}"
         shutil.rmtree(copy, ignore_errors=True)
@@ -528,6 +548,10 @@ def print_outcome(o: Outcome) -> None:
             if m.screened and len(m.runs) > m.screened:
                 seconds += "; screening " + ", ".join(f"{r.result.seconds:.2f}" for r in m.runs[:m.screened]
                                                       if r.result.seconds is not None)
+            if m.choosing:
+                seconds += "; choosing the oracle " + ", ".join(
+                    f"{r.result.seconds:.2f}" for r in m.runs[m.screened:m.screened + m.choosing]
+                    if r.result.seconds is not None)
             seconds += ")"
         if m.status != "ok":
             seconds += " until failure"

@@ -2,9 +2,10 @@
 
 from collections import Counter
 
+import numpy as np
 import pytest
 
-from harness.rounds import ratio_interval, round_orders
+from harness.rounds import choosing_rounds, cycle_length, ratio_interval, round_orders
 
 
 @pytest.mark.parametrize("key", ["", "gaussian,gst3d"])
@@ -41,3 +42,28 @@ def test_ratio_interval_brackets_the_ratio_and_needs_three_rounds():
     assert "1.10" in text
     assert ratio_interval(pairs[:2]) == "-"
     assert ratio_interval([(1.0, None)] * 5) == "-"
+
+
+def test_the_oracle_is_chosen_on_the_first_half_of_whole_cycles():
+    assert choosing_rounds(16, cycle_length(4)) == 8
+    assert choosing_rounds(8, cycle_length(4)) == 4
+    assert choosing_rounds(18, cycle_length(3)) == 6  # three cycles of six: one chooses, two time
+    assert choosing_rounds(4, cycle_length(4)) == 0  # one cycle: nothing to split
+
+
+def test_an_oracle_timed_on_rounds_its_choice_never_saw_is_not_low_by_selection():
+    """Ours and three candidates, all the same plan (equal run times, 20% noise): chosen and
+    timed on the same rounds, the least median makes ours look 1.1x slower; timed on the
+    other cycles, ours / oracle is 1 on average."""
+    rng = np.random.default_rng(0)
+    n_rounds, cycle = 16, cycle_length(4)
+    k = choosing_rounds(n_rounds, cycle)
+    same, split = [], []
+    for _ in range(2000):
+        seconds = rng.lognormal(0.0, 0.2, size=(4, n_rounds))  # row 0 ours, rows 1-3 the candidates
+        medians = np.median(seconds, axis=1)
+        same.append(medians[0] / medians[1:].min())
+        chosen = 1 + int(np.argmin(np.median(seconds[1:, :k], axis=1)))
+        split.append(np.median(seconds[0, k:]) / np.median(seconds[chosen, k:]))
+    assert np.mean(np.log(same)) > 0.05
+    assert abs(np.mean(np.log(split))) < 0.01
