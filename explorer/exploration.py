@@ -226,7 +226,7 @@ def explore(
     cap = default_memory_cap() if cap is None else cap
     jobs = len(profilers) if profilers else jobs or 1
     batches = ProfileBatches(store, op.name, budget=budget, repeat=repeat, memory_cap=cap, jobs=jobs,
-                              on_start=on_start, progress=progress, profilers=profilers)
+                             on_start=on_start, progress=progress, profilers=profilers)
     model, stopped_because, warm_up = None, None, None
     try:
         with timings.section("start (candidates, priors)"):
