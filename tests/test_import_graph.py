@@ -63,18 +63,25 @@ def test_every_module_and_function_over_the_size_rules_is_named_with_its_reason(
     assert out.returncode == 0, out.stdout + out.stderr
 
 
+def _size_check(root, files: dict[str, str], architecture: str):
+    """``code_size.py`` run on a tree of ``files`` (relative path: text) and that architecture.md."""
+    for package in ("explorer", "operators", "docs"):
+        (root / package).mkdir(exist_ok=True)
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    (root / "docs" / "architecture.md").write_text(architecture)
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "code_size.py"), str(root)],
+                          capture_output=True, text=True)
+
+
 def test_the_size_check_finds_a_long_function_an_unnamed_one_and_a_stale_row(tmp_path):
     body = "\n".join(f"    x{i} = {i}" for i in range(90))
-    (tmp_path / "explorer").mkdir()
-    (tmp_path / "operators").mkdir()
-    (tmp_path / "explorer" / "big.py").write_text(f"def long():\n{body}\n\n\ndef wide(a, b, c, d, e, f, g, h, i):\n    pass\n")
-    (tmp_path / "docs").mkdir()
-    (tmp_path / "docs" / "architecture.md").write_text(
+    out = _size_check(
+        tmp_path, {"explorer/big.py": f"def long():\n{body}\n\n\ndef wide(a, b, c, d, e, f, g, h, i):\n    pass\n"},
         "## Known exceptions\n\n| where | size | why |\n|---|---|---|\n"
         "| `explorer/big.py` `long` | 91 lines | a reason |\n| `explorer/gone.py` `old` | 99 lines | gone |\n"
         "| `explorer/big.py` `wide` | 8 parameters | said wrong |\n")
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "code_size.py"), str(tmp_path)],
-                         capture_output=True, text=True)
     assert out.returncode == 1
     assert "stale size: explorer/big.py wide: the row says '8 parameters', it is '9 parameters'" in out.stdout
     assert "stale row: explorer/gone.py old" in out.stdout
@@ -82,18 +89,11 @@ def test_the_size_check_finds_a_long_function_an_unnamed_one_and_a_stale_row(tmp
 
 
 def test_the_size_check_finds_a_module_row_missing_or_stating_other_lines(tmp_path):
-    (tmp_path / "explorer" / "wing").mkdir(parents=True)
-    (tmp_path / "operators").mkdir()
-    (tmp_path / "explorer" / "wing" / "__init__.py").write_text("")
-    (tmp_path / "explorer" / "wing" / "told.py").write_text("a = 1\nb = 2\n")
-    (tmp_path / "explorer" / "wing" / "said.py").write_text("a = 1\n")
-    (tmp_path / "explorer" / "wing" / "new.py").write_text("a = 1\n")
-    (tmp_path / "docs").mkdir()
-    (tmp_path / "docs" / "architecture.md").write_text(
+    out = _size_check(
+        tmp_path, {"explorer/wing/__init__.py": "", "explorer/wing/told.py": "a = 1\nb = 2\n",
+                   "explorer/wing/said.py": "a = 1\n", "explorer/wing/new.py": "a = 1\n"},
         "| module | lines | concept |\n|---|---:|---|\n| `explorer/wing/told.py` | 2 | right |\n"
         "| `explorer/wing/said.py` | 5 | stale |\n| `explorer/wing/gone.py` | 3 | removed |\n")
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "code_size.py"), str(tmp_path)],
-                         capture_output=True, text=True)
     assert out.returncode == 1
     assert "stale module row: explorer/wing/said.py: the table says 5 lines, it is 1" in out.stdout
     assert "no module row: explorer/wing/new.py (1 lines)" in out.stdout
