@@ -5,9 +5,9 @@ while the parent is small, it preloads NumPy, SciPy and the operators (never
 torch, never the explorer's core) and then serves one JSON request per line on
 stdin, answering one JSON line on stdout.  For each request it builds the input
 volume once (cached for repeats of the same shape; ``{"cmd": "prepare", ...}`` builds
-it only, ahead of the runs), then forks a child per repeat.  The child inherits the volume already resident, caps its data segment,
-measures ``peak_bytes`` with :class:`explorer.measure.highwater.PeakMeter` and writes
-its result to a pipe.  The server enforces the timeout, kills a late child, and
+it only, ahead of the runs), then forks a child per repeat.  The child inherits the
+volume already resident, caps its data segment, measures ``peak_bytes`` with
+:class:`explorer.measure.highwater.PeakMeter` and writes its result to a pipe.  The server enforces the timeout, kills a late child, and
 turns a crash into ``error`` with the child's last error line.
 """
 
