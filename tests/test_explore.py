@@ -211,7 +211,8 @@ def test_sigkill_loses_no_finished_profile_and_resume_goes_on(tmp_path):
     proc.wait()
     records = Store(tmp_path).records(OPERATOR, source="profile")
     assert len(records) >= reported >= 3
-    assert all(r.status == "ok" and r.peak_bytes > 0 and len(r.repeats) == 2 for r in records)
+    whole = [(r.shape, r.status, r.peak_bytes, r.repeats) for r in records]
+    assert all(status == "ok" and peak > 0 and len(repeats) == 2 for _, status, peak, repeats in whole), whole
     resumed = explore(OPERATOR, budget=len(records) + 1, tolerance=1e-6, memory_limit=LIMIT, runs_dir=tmp_path)
     assert resumed.new_profiles == 1 and resumed.profiles == len(records) + 1
     assert resumed.stopped_because.startswith("budget")
