@@ -212,7 +212,11 @@ def test_sigkill_loses_no_finished_profile_and_resume_goes_on(tmp_path):
     records = Store(tmp_path).records(OPERATOR, source="profile")
     assert len(records) >= reported >= 3
     whole = [(r.shape, r.status, r.peak_bytes, r.repeats) for r in records]
-    assert all(status == "ok" and peak > 0 and len(repeats) == 2 for _, status, peak, repeats in whole), whole
+    # a block of a few KiB may measure 0: its working set can fit the heap's free resident memory
+    # (docs/definitions.md); every finished profile is whole, with both runs
+    assert all(status == "ok" and peak is not None and peak >= 0 and len(repeats) == 2
+               for _, status, peak, repeats in whole), whole
+    assert any(peak > 0 for _, _, peak, _ in whole), whole
     resumed = explore(OPERATOR, budget=len(records) + 1, tolerance=1e-6, memory_limit=LIMIT, runs_dir=tmp_path)
     assert resumed.new_profiles == 1 and resumed.profiles == len(records) + 1
     assert resumed.stopped_because.startswith("budget")
