@@ -89,8 +89,9 @@ def _cmd_operators(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     import operators
 
+    registered = {name: operators.get(name) for name in operators.names()}
     rows = [{"name": name, "halo": list(op.halo), "whole_axes": list(op.whole_axes), "description": op.description}
-            for name, op in ((name, operators.get(name)) for name in operators.names())]
+            for name, op in registered.items()]
     if args.json:
         print(json.dumps(rows))
         return 0

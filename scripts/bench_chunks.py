@@ -184,6 +184,11 @@ class Run:
         return max(values, default=None)
 
 
+def _median_seconds(runs) -> float | None:
+    values = [r.result.seconds for r in runs if r.result.seconds is not None]
+    return statistics.median(values) if values else None
+
+
 @dataclass
 class Method:
     """A row of the table: one chunking method and its runs."""
@@ -204,9 +209,7 @@ class Method:
     @property
     def choosing_seconds(self) -> float | None:
         """The median over the rounds that choose the oracle (None: no such rounds)."""
-        runs = self.runs[self.screened:self.screened + self.choosing]
-        values = [r.result.seconds for r in runs if r.result.seconds is not None]
-        return statistics.median(values) if values and self.choosing else None
+        return _median_seconds(self.runs[self.screened:self.screened + self.choosing]) if self.choosing else None
 
     @property
     def ok(self) -> bool:
@@ -221,8 +224,7 @@ class Method:
 
     @property
     def seconds(self) -> float | None:
-        values = [r.result.seconds for r in self.timed_runs if r.result.seconds is not None]
-        return statistics.median(values) if values else None
+        return _median_seconds(self.timed_runs)
 
     @property
     def peak(self) -> int | None:
