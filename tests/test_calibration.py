@@ -253,6 +253,23 @@ def test_the_clock_times_each_block_shape_by_the_tasks_after_each_workers_first(
     assert timing.fit_timing(rows + shared).clock == clock
 
 
+def test_the_clock_keeps_each_volumes_task_bytes_per_voxel_the_pages_a_first_task_touches():
+    """Per volume, the median task peak per voxel of its tasks (first or not: the pages are the
+    same); a volume without a peak takes the curve between its neighbours'; a clock of tasks
+    that carry no peak has none, and plans then charge no first touch."""
+    def task(shape, peak, worker):
+        return record(shape, peak, run="a", worker=worker, task_seconds=0.1, run_seconds=0.1, other_seconds=0.0)
+
+    small, large = (10, 10, 10), (40, 40, 40)
+    rows = [task(small, p, w) for p, w in ((5000, "w1"), (7000, "w2"), (6000, "w1"))]
+    rows += [task(large, p, w) for p, w in ((64e4, "w1"), (128e4, "w2"))]
+    clock = timing.fit_timing(rows).clock
+    assert clock.task_bytes_per_voxel == pytest.approx((6.0, 15.0))
+    assert clock.task_bytes_at([1000.0])[0] == pytest.approx(6000.0)
+    bare = timing.fit_clock([("a", small, 0.1, 0.1, "w1"), ("a", large, 0.2, 0.2, "w1")])
+    assert bare.task_bytes_per_voxel == () and bare.task_bytes_at([1000.0]) is None
+
+
 def test_a_tasks_fixed_cost_stays_with_the_blocks_that_pay_it():
     """Tasks of 20 ms fixed plus 100 ns/voxel (operator) and 10 ms fixed plus 50 ns/voxel
     (around it).  The lines' slopes are the marginal costs; the planner's clock charges

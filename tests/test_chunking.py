@@ -694,6 +694,47 @@ def test_a_plan_pays_what_its_block_costs_per_voxel():
     assert steep.to_dict()["task_spread"] == steep.task_spread
 
 
+def test_a_slots_first_task_pays_for_its_fresh_pages_once_and_larger_blocks_pay_more():
+    """Two slots, 256^3, halo 5.  By the clock alone (2e-7 s/voxel everywhere) the two largest
+    chunks are the fastest plan.  When each task touches 400 bytes per voxel and the workers
+    measured 2 ns per byte of fresh pages (about 2 ms per MiB, this machine's), a slot's first
+    task pays 0.8 us per voxel of its block once: the plan takes smaller blocks, its predicted
+    seconds are the time model's with that term, and the plan keeps the rate (a replan uses it)."""
+    shape, halo = (256, 256, 256), (5, 5, 5)
+    predict = lambda blocks, confidence=0.99: (100.0 * np.prod(blocks, axis=1),) * 2  # noqa: E731
+    clock = time_model.TaskClock(volumes=(1e6, 1e8), seconds_per_voxel=(2e-7, 2e-7), spread_volumes=(1e6,),
+                                 spreads=(0.02,), task_bytes_per_voxel=(400.0, 400.0))
+
+    def plan(rate):
+        return plan_chunks(VolumeGeometry(shape, halo), predict, WorkerSpec(64 * GiB, BASELINE, workers=2),
+                           TimeTerms(graph_task_seconds=0.002, task_clock=clock, first_touch_seconds_per_byte=rate))
+
+    unmeasured, fresh = plan(None), plan(2e-9)
+    assert unmeasured.n_tasks == 2 and unmeasured.first_touch_seconds_per_byte is None
+    assert math.prod(fresh.block) < math.prod(unmeasured.block) and fresh.first_touch_seconds_per_byte == 2e-9
+    expected = time_model.plan_seconds(fresh.n_tasks, math.prod(fresh.block), 2, seconds_per_voxel=2e-7,
+                                       tasks_per_chunk=3.0, graph_task_seconds=0.002, spread=0.02,
+                                       first_touch_seconds=2e-9 * 400.0 * math.prod(fresh.block))
+    assert fresh.predicted_seconds == pytest.approx(float(expected))
+    assert ChunkPlan.from_dict(json.loads(json.dumps(fresh.to_dict()))).first_touch_seconds_per_byte == 2e-9
+    # paid once, whatever the waves; nothing without a rate or without the clock's task bytes
+    once = time_model.plan_seconds([2, 20], 1e6, 2, seconds_per_voxel=1e-7, graph_task_seconds=0.0,
+                                   spread=0.0, first_touch_seconds=0.5)
+    np.testing.assert_allclose(once, [0.1 + 0.5, 1.0 + 0.5])
+    assert time_model.first_touch_seconds(clock, [1e6], None) == 0.0
+    bare = time_model.TaskClock(volumes=(1e6,), seconds_per_voxel=(2e-7,))
+    assert time_model.first_touch_seconds(bare, [1e6], 2e-9) == 0.0
+    np.testing.assert_allclose(time_model.first_touch_seconds(clock, [1e6, 4e6], 2e-9), [0.8, 3.2])
+    with pytest.raises(ValueError):
+        time_model.plan_seconds(2, 1e6, 2, first_touch_seconds=-1.0)
+    with pytest.raises(ValueError):
+        time_model.TaskClock(volumes=(1e6, 1e7), seconds_per_voxel=(1e-7, 1e-7), task_bytes_per_voxel=(1.0,))
+    # a fused pipeline's task touches its largest member's pages, not their sum
+    other = time_model.TaskClock(volumes=(1e6, 1e8), seconds_per_voxel=(1e-7, 1e-7), task_bytes_per_voxel=(100.0, 900.0))
+    fused = time_model.composed_clock([clock, other])
+    np.testing.assert_allclose(fused.task_bytes_at([1e6, 1e8]), [400.0 * 1e6, 900.0 * 1e8])
+
+
 def test_a_clocked_block_shape_takes_its_own_figure_and_survives_a_round_trip():
     clock = time_model.TaskClock(volumes=(1e6, 1e7), seconds_per_voxel=(2e-7, 2e-7),
                                shapes=((100, 100, 400),), shape_seconds_per_voxel=(5e-7,))

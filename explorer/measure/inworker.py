@@ -68,7 +68,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from explorer.measure.highwater import is_supported, read_status, reset_high_water_mark
 
-__all__ = ["ObservationPlugin", "measured_run", "reset_worker_high_water", "resident_bytes", "warm_worker",
+__all__ = ["ObservationPlugin", "first_touch_seconds", "measured_run", "reset_worker_high_water", "resident_bytes", "warm_worker",
            "worker_high_water_bytes"]
 
 
@@ -157,6 +157,38 @@ def resident_bytes() -> int:
     """This process's resident set size in bytes (after a garbage collection)."""
     gc.collect()
     return int(read_status()["VmRSS"])
+
+
+#: Bytes :func:`first_touch_seconds` maps and touches (twice): about 0.1 s per worker where a
+#: first touch costs 1.5 ms per MiB (this machine), a few ms where it costs what a page
+#: fault does on bare metal.
+FIRST_TOUCH_PROBE_BYTES = 64 << 20
+_PAGE_BYTES = 4096
+
+
+def first_touch_seconds(nbytes: int = FIRST_TOUCH_PROBE_BYTES) -> dict:
+    """What this process pays to touch ``nbytes`` of new memory, and again at once (run it on
+    workers with ``client.run``): ``{"bytes", "first", "again"}`` in seconds.
+
+    An array larger than the mmap threshold is a fresh mapping, whose pages the kernel
+    zeroes on their first touch.  On a virtual machine whose balloon reports free pages to
+    its host (this one: ``virtio_balloon``), memory freed more than about 2 s ago is no longer
+    backed, and touching it again costs what backing it does: 300 MiB took 450-640 ms after
+    a pause of 2 s or more and 15 ms within 1 s, in one process (``first``: the first touch of
+    memory this process has not used lately; ``again``: the same bytes, freed and mapped once
+    more at once, warm).  A worker's first task of a run pays ``first`` for its arrays, the
+    tasks right after it ``again``.  One byte is written per page, so both are the cost of
+    the pages, not of writing them.
+    """
+    nbytes = int(nbytes)
+    seconds = []
+    for _ in range(2):
+        started = time.perf_counter()
+        pages = np.empty(nbytes, dtype=np.uint8)
+        pages[::_PAGE_BYTES] = 1
+        seconds.append(time.perf_counter() - started)
+        del pages
+    return {"bytes": nbytes, "first": seconds[0], "again": seconds[1]}
 
 
 def measured_run(run, block):

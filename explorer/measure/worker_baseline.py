@@ -49,7 +49,11 @@ class WorkerBaseline:
 
     ``bytes`` is the largest resident set over ``per_worker`` (address -> bytes);
     ``environment`` the workers' stamp (``explorer.core.environment``; the first worker's);
-    ``source`` ``"cluster"`` or ``"local"``.
+    ``source`` ``"cluster"`` or ``"local"``.  ``first_touch_seconds_per_byte``: what a worker
+    pays per byte of memory its first task of a run touches beyond what the tasks after it
+    pay (``explorer.measure.inworker.first_touch_seconds`` on every worker, the median of
+    ``(first - again) / bytes``, at least 0; None when not measured); the time model charges
+    each slot's first task with it (``explorer.plan.time_model.plan_seconds``).
     """
 
     bytes: int
@@ -57,6 +61,7 @@ class WorkerBaseline:
     environment: dict | None = None
     threads: dict = field(default_factory=dict)
     source: str = "cluster"
+    first_touch_seconds_per_byte: float | None = None
 
 
 def measure_worker_baseline(client, operator: str, *, readable=(), writable=()) -> WorkerBaseline:
@@ -95,11 +100,29 @@ def measure_worker_baseline(client, operator: str, *, readable=(), writable=()) 
         from explorer.measure.inworker import resident_bytes
 
         rss = client.run(resident_bytes)
+    touch = _first_touch_rate(client) if rss else None
     per_worker = {address: int(rss.get(address, reply["rss_bytes"])) for address, reply in replies.items()}
     first = next(iter(replies.values()))
     return WorkerBaseline(bytes=max(per_worker.values()), per_worker=per_worker,
                           environment=first.get("environment"),
-                          threads={a: r.get("threads") for a, r in replies.items()}, source="cluster")
+                          threads={a: r.get("threads") for a, r in replies.items()}, source="cluster",
+                          first_touch_seconds_per_byte=touch)
+
+
+def _first_touch_rate(client) -> float | None:
+    """The median over the workers of ``(first - again) / bytes`` of
+    ``explorer.measure.inworker.first_touch_seconds`` (at least 0), or None when it could not
+    be measured.  After the baseline's resident sets: the touched pages are freed again."""
+    import numpy as np
+
+    from explorer.measure.inworker import first_touch_seconds
+
+    try:
+        replies = client.run(first_touch_seconds)
+    except Exception:  # a worker that cannot map 64 MiB more runs no plan worth timing
+        return None
+    rates = [max(0.0, r["first"] - r["again"]) / r["bytes"] for r in replies.values() if r.get("bytes")]
+    return float(np.median(rates)) if rates else None
 
 
 #: Chunks per worker of the warm-up graph (:func:`_run_warm_up_graph`), their edge, and
@@ -161,7 +184,12 @@ def baseline_path(operator: str, runs_dir=None) -> Path:
 def save_worker_baseline(operator: str, baseline: WorkerBaseline, runs_dir=None) -> Path:
     return atomic_write_text(baseline_path(operator, runs_dir), json.dumps(
         {"operator": operator, "baseline_bytes": baseline.bytes, "per_worker": baseline.per_worker,
-         "environment": baseline.environment, "measured": time.time()}, indent=2))
+         "environment": baseline.environment, "measured": time.time(),
+         "first_touch_seconds_per_byte": baseline.first_touch_seconds_per_byte}, indent=2))
+
+
+def _optional_rate(value) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and value >= 0 else None
 
 
 def _baseline_keys() -> tuple[str, ...]:
@@ -182,7 +210,8 @@ def _load_local(operator: str, runs_dir) -> WorkerBaseline | None:
             with open(path) as f:
                 data = json.load(f)
             baseline = WorkerBaseline(bytes=int(data["baseline_bytes"]), per_worker=dict(data.get("per_worker") or {}),
-                                      environment=data.get("environment"), source="local")
+                                      environment=data.get("environment"), source="local",
+                                      first_touch_seconds_per_byte=_optional_rate(data.get("first_touch_seconds_per_byte")))
         except (OSError, ValueError, KeyError, TypeError):
             return None  # not ours to trust: measured again and overwritten below
         return baseline if baseline.bytes > 0 else None

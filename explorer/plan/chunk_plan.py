@@ -72,6 +72,10 @@ class ChunkPlan:
     #: staged plan's: every stage's block by its member's clock); False: its seconds come from
     #: a clock's volume curve.
     block_clocked: bool = False
+    #: The workers' measured seconds per byte of pages new to them, which the predicted seconds
+    #: charge each slot's first task with (``explorer.plan.time_model.first_touch_seconds``;
+    #: None: not measured).
+    first_touch_seconds_per_byte: float | None = None
     #: Input chunks a worker keeps for its neighbours' halos (:func:`neighbour_chunks_held`).
     neighbour_chunks: int = 0
     #: The workers the plan shares the work between.
@@ -145,6 +149,7 @@ class ChunkPlan:
             "seconds_per_voxel": self.seconds_per_voxel,
             "task_spread": self.task_spread,
             "block_clocked": self.block_clocked,
+            "first_touch_seconds_per_byte": self.first_touch_seconds_per_byte,
             "neighbour_chunks": self.neighbour_chunks,
             "workers": self.workers,
             "baseline_bytes": self.footprint.baseline_bytes,
@@ -181,6 +186,7 @@ class ChunkPlan:
             "footprint": WorkerFootprint.from_dict, "n_candidates": int, "slots": int,
             "predicted_seconds": optional(float), "seconds_per_voxel": optional(float),
             "task_spread": optional(float), "task_clock": optional(TaskClock.from_dict), "block_clocked": bool,
+            "first_touch_seconds_per_byte": optional(float),
             "neighbour_chunks": int, "workers": int, "itemsize": int, "output_itemsize": int, "min_chunk": int,
             "max_block_voxels": optional(int), "graph_task_seconds": float, "run_fixed_seconds": float,
             "warnings": tuple, "baseline_source": str,

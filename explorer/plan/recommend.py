@@ -203,6 +203,11 @@ class _PlanRequest:
                           threads_per_worker=self.threads, workers=self.workers,
                           pause_fraction=worker_pause_fraction(), baseline_source=baseline.source)
 
+    def first_touch_rate(self) -> float | None:
+        """The workers' measured seconds per byte of pages new to them (:meth:`worker_baseline`'s;
+        None for a baseline given as bytes, or measured before it was kept)."""
+        return self.worker_baseline().first_touch_seconds_per_byte
+
     def geometry(self, **operator_terms) -> VolumeGeometry:
         """The volume with the operator's whole axes and block multiple; ``operator_terms``: a
         fused plan's halo and item sizes (a staged plan's stages carry their own)."""
@@ -235,7 +240,7 @@ def _fused_plan(request: _PlanRequest) -> tuple[ChunkPlan, bool]:
     that model has its in-worker calibration."""
     op = request.op
     model = request.model()
-    time_terms = TimeTerms(**_fused_timing(request))
+    time_terms = TimeTerms(**_fused_timing(request), first_touch_seconds_per_byte=request.first_touch_rate())
     geometry = request.geometry(halo=tuple(op.halo), itemsize=FLOAT32_BYTES, output_itemsize=fused_output_itemsize(op),
                                 max_block_voxels=model.largest_block_voxels)
     plan = plan_chunks(geometry, model.predict_many, request.worker_spec(), time_terms,
@@ -338,7 +343,8 @@ def _staged_plan(request: _PlanRequest) -> tuple[ChunkPlan, bool]:
     from explorer.plan.staged import plan_staged_chunks
 
     stages, timing, warnings, calibrated = _staged_stages(request)
-    plan = plan_staged_chunks(request.geometry(), stages, request.worker_spec(), TimeTerms(**timing),
+    plan = plan_staged_chunks(request.geometry(), stages, request.worker_spec(),
+                              TimeTerms(**timing, first_touch_seconds_per_byte=request.first_touch_rate()),
                               warnings=warnings, **request.plan_options())
     return plan, calibrated
 
@@ -350,7 +356,8 @@ def predicted_seconds(operator: str, shape, chunks, *, strategy: str = "fused", 
     ``"staged"``), on ``workers`` x ``threads_per_worker`` slots: the same terms
     :func:`recommend_chunks` weighs (``explorer.plan.time_model.fused_seconds`` and
     ``staged_seconds``), for chunkings it did not choose (``scripts/bench_pipeline_runs.py``
-    sets them beside the measured seconds).  Needs no memory limit and starts no cluster."""
+    sets them beside the measured seconds).  Needs no memory limit and starts no cluster: the
+    first tasks' fresh pages are charged at this machine's saved rate, if one was measured."""
     from explorer.core import validate
     from explorer.plan.time_model import fused_seconds, staged_seconds
 
@@ -365,10 +372,14 @@ def predicted_seconds(operator: str, shape, chunks, *, strategy: str = "fused", 
     slots = int(workers) * int(threads_per_worker)
     chunks = np.array(np.atleast_2d(chunks), dtype=np.int64)  # the axes it needs whole are whole, as a run makes them
     chunks[:, list(request.op.whole_axes)] = np.asarray(shape)[list(request.op.whole_axes)]
+    saved = local_worker_baseline(operator, runs_dir, measure=False)
+    touch = None if saved is None else saved.first_touch_seconds_per_byte
     if strategy == "staged" and request.is_pipeline:
         stages, timing, _, _ = _staged_stages(request)
-        return staged_seconds(shape, stages, chunks, workers=int(workers), slots=slots, **timing)
-    return fused_seconds(shape, request.op.halo, chunks, slots=slots, **_fused_timing(request))
+        return staged_seconds(shape, stages, chunks, workers=int(workers), slots=slots, **timing,
+                              first_touch_seconds_per_byte=touch)
+    return fused_seconds(shape, request.op.halo, chunks, slots=slots, **_fused_timing(request),
+                         first_touch_seconds_per_byte=touch)
 
 
 def plan_for_chunks(operator: str, shape, chunks, memory_limit: int | str, *, strategy: str = "fused",

@@ -106,3 +106,6 @@ class TimeTerms:
     #: Seconds per voxel a run spends reading and storing beyond the operators; a staged plan's
     #: only (its first stage's read, its intermediates' halo slices from other workers).
     io_seconds_per_voxel: float = RUN_IO_SECONDS_PER_VOXEL
+    #: Seconds per byte a worker's first task of a run pays for pages new to it (the workers'
+    #: measured rate, ``explorer.measure.worker_baseline``; None: not measured, no such term).
+    first_touch_seconds_per_byte: float | None = None

@@ -16,6 +16,7 @@ from explorer.plan.grid import _samples, axis_blocks, exchanged_halo, row_produc
 __all__ = [
     "plan_seconds",
     "makespan_seconds",
+    "first_touch_seconds",
     "schedule_waves",
     "expected_max_normal",
     "TaskClock",
@@ -112,10 +113,11 @@ def plan_seconds(
     spread=None,
     fixed_seconds: float = 0.0,
     units: int = 1,
+    first_touch_seconds=0.0,
 ):
     """Predicted wall time of ``n_tasks`` chunks' work on blocks of ``block_samples`` voxels::
 
-        seconds = fixed_seconds + schedule_waves(n, C, spread, units) * chunk_seconds
+        seconds = fixed_seconds + schedule_waves(n, C, spread, units) * chunk_seconds + first_touch_seconds
         chunk_seconds = graph_task_seconds * tasks_per_chunk + seconds_per_voxel * prod(b)
 
     on ``C = slots`` workers x threads (Dask hands ready tasks to free slots: greedy list
@@ -133,22 +135,41 @@ def plan_seconds(
     the result; learnt: ``explorer.plan.timing.fit_run_overheads``), the same for every
     chunking of one run, so it ranks nothing and only makes the figure a run's.  ``units``: a
     chunk's graph tasks the scheduler hands out one by one (a staged pipeline's stages:
-    :func:`schedule_waves`).
+    :func:`schedule_waves`).  ``first_touch_seconds``: what each slot's first task pays beyond
+    the later ones, which the clock's figures leave out (its arrays' pages are new to the
+    worker: ``r * bytes(b)``, ``r`` the workers' measured seconds per byte touched afresh,
+    ``explorer.measure.worker_baseline.WorkerBaseline.first_touch_seconds_per_byte``, and
+    ``bytes(b)`` the task's peak, :meth:`TaskClock.task_bytes_at`).  The slots start their
+    first tasks together, so it is paid once per run, and more by a plan of larger blocks.
     """
     seconds_per_voxel = np.asarray(seconds_per_voxel, dtype=np.float64)
     if (seconds_per_voxel < 0).any() or graph_task_seconds < 0:
         raise ValueError("seconds_per_voxel and graph_task_seconds must be non-negative")
     chunk_seconds = (graph_task_seconds * np.asarray(tasks_per_chunk, dtype=np.float64)
                      + seconds_per_voxel * np.asarray(block_samples, dtype=np.float64))
-    return makespan_seconds(n_tasks, slots, chunk_seconds, spread=spread, fixed_seconds=fixed_seconds, units=units)
+    return makespan_seconds(n_tasks, slots, chunk_seconds, spread=spread, fixed_seconds=fixed_seconds, units=units,
+                            first_touch_seconds=first_touch_seconds)
 
 
-def makespan_seconds(n_tasks, slots: int, chunk_seconds, *, spread=None, fixed_seconds: float = 0.0, units: int = 1):
+def makespan_seconds(n_tasks, slots: int, chunk_seconds, *, spread=None, fixed_seconds: float = 0.0, units: int = 1,
+                     first_touch_seconds=0.0):
     """A run's seconds, written once: ``fixed_seconds + schedule_waves(n, C, spread, units) *
-    chunk_seconds`` (:func:`plan_seconds`; a staged plan's ``chunk_seconds`` sums its stages')."""
-    if fixed_seconds < 0:
-        raise ValueError("fixed_seconds must be non-negative")
-    return fixed_seconds + schedule_waves(n_tasks, slots, spread, units) * np.asarray(chunk_seconds, dtype=np.float64)
+    chunk_seconds + first_touch_seconds`` (:func:`plan_seconds`; a staged plan's
+    ``chunk_seconds`` sums its stages')."""
+    first_touch_seconds = np.asarray(first_touch_seconds, dtype=np.float64)
+    if fixed_seconds < 0 or (first_touch_seconds < 0).any():
+        raise ValueError("fixed_seconds and first_touch_seconds must be non-negative")
+    return (fixed_seconds + schedule_waves(n_tasks, slots, spread, units) * np.asarray(chunk_seconds, dtype=np.float64)
+            + first_touch_seconds)
+
+
+def first_touch_seconds(task_clock: "TaskClock | None", volumes, seconds_per_byte: float | None):
+    """``r * bytes(V)``: what a slot's first task pays for pages new to its worker
+    (:func:`plan_seconds`), 0 when the rate was not measured or the clock has no task bytes."""
+    task_bytes = None if task_clock is None else task_clock.task_bytes_at(volumes)
+    if task_bytes is None or seconds_per_byte is None or not seconds_per_byte > 0:
+        return 0.0
+    return float(seconds_per_byte) * task_bytes
 
 
 @functools.lru_cache(maxsize=64)
@@ -233,6 +254,10 @@ class TaskClock:
     filters stride across, ``scripts/shape_speed.py``), which no function of the volume
     learnt from cubes can tell; a shape the workers timed (a probe, a trial of the plan's
     block before a run: ``explorer.runner.daskrun``, a production task) is known exactly.
+
+    ``task_bytes_per_voxel``: per volume of ``volumes``, the median peak of the tasks (bytes
+    above the worker before each) per block voxel: the memory a worker's first task of a run
+    touches afresh (:func:`plan_seconds`); empty in a clock saved before it was kept.
     """
 
     volumes: tuple[float, ...]
@@ -241,8 +266,12 @@ class TaskClock:
     spreads: tuple[float, ...] = ()
     shapes: tuple[tuple[int, ...], ...] = ()
     shape_seconds_per_voxel: tuple[float, ...] = ()
+    task_bytes_per_voxel: tuple[float, ...] = ()
 
     def __post_init__(self):
+        if self.task_bytes_per_voxel and (len(self.task_bytes_per_voxel) != len(self.volumes)
+                                          or any(not b >= 0 for b in self.task_bytes_per_voxel)):
+            raise ValueError("a task clock's task bytes per voxel must be one non-negative figure per volume")
         if not self.volumes or len(self.volumes) != len(self.seconds_per_voxel) \
                 or len(self.spread_volumes) != len(self.spreads) \
                 or len(self.shapes) != len(self.shape_seconds_per_voxel):
@@ -291,6 +320,14 @@ class TaskClock:
         own = np.asarray(self.shape_seconds_per_voxel, dtype=np.float64)[np.maximum(index, 0)]
         return np.where(index >= 0, own, np.broadcast_to(curve, index.shape))
 
+    def task_bytes_at(self, volumes):
+        """A task's peak bytes at ``volumes`` (per voxel interpolated like the seconds), or None
+        when the clock has no task bytes."""
+        if not self.task_bytes_per_voxel:
+            return None
+        volumes = np.asarray(volumes, dtype=np.float64)
+        return self._at(volumes, self.volumes, self.task_bytes_per_voxel) * volumes
+
     def spread_at(self, volumes):
         """The coefficient of variation at ``volumes``, or None when no group had three tasks."""
         return self._at(volumes, self.spread_volumes, self.spreads) if self.spreads else None
@@ -303,7 +340,8 @@ class TaskClock:
     @classmethod
     def from_dict(cls, data: dict) -> "TaskClock":
         return cls(**{k: tuple(float(x) for x in data.get(k) or ()) for k in
-                      ("volumes", "seconds_per_voxel", "spread_volumes", "spreads", "shape_seconds_per_voxel")},
+                      ("volumes", "seconds_per_voxel", "spread_volumes", "spreads", "shape_seconds_per_voxel",
+                       "task_bytes_per_voxel")},
                    shapes=tuple(tuple(int(n) for n in shape) for shape in data.get("shapes") or ()))
 
 
@@ -317,6 +355,7 @@ def composed_clock(clocks, shared_seconds_per_voxel: float = 0.0) -> TaskClock:
 
         s(V)     = sum_s s_s(V) - (S - 1) * io          (at the union of the members' volumes)
         sigma(V) = max_s sigma_s(V)                     (none when a member has no spread)
+        bytes(V) = max_s bytes_s(V)                     (each member reuses its predecessor's pages)
 
     and alike per block shape that every member clocked (:class:`TaskClock`).
     """
@@ -337,21 +376,26 @@ def composed_clock(clocks, shared_seconds_per_voxel: float = 0.0) -> TaskClock:
         knots = np.unique(np.concatenate([np.asarray(c.spread_volumes, dtype=np.float64) for c in clocks]))
         spread_volumes = tuple(float(v) for v in knots)
         spreads = tuple(float(x) for x in np.max([c.spread_at(knots) for c in clocks], axis=0))
+    task_bytes = ()
+    if all(c.task_bytes_per_voxel for c in clocks):
+        task_bytes = tuple(float(x) for x in np.max([c.task_bytes_at(volumes) for c in clocks], axis=0) / volumes)
     return TaskClock(volumes=tuple(float(v) for v in volumes),
                      seconds_per_voxel=tuple(float(x) for x in np.maximum(speed, floor)),
                      spread_volumes=spread_volumes, spreads=spreads, shapes=tuple(shapes),
-                     shape_seconds_per_voxel=tuple(float(x) for x in own) if shapes else ())
+                     shape_seconds_per_voxel=tuple(float(x) for x in own) if shapes else (),
+                     task_bytes_per_voxel=task_bytes)
 
 
 def _fused_seconds(shape, axis_chunks, grid, blocks, n_tasks, *, slots: int, seconds_per_voxel,
                    graph_task_seconds: float, task_clock: TaskClock | None = None,
-                   run_fixed_seconds: float = 0.0) -> np.ndarray:
+                   run_fixed_seconds: float = 0.0, first_touch_seconds_per_byte: float | None = None) -> np.ndarray:
     """:func:`plan_seconds` of one task per block (an operator's plan, a pipeline's fused one) for
     candidates on a sub-grid of per-axis chunk lengths (:class:`Candidates`): with the learnt
     ``task_clock`` its seconds per voxel and spread at each block's volume, else the given
     ``seconds_per_voxel`` and Graham's bound.  A fused task's block is one windowed read of
     the file (``operators.windowed_map``): no halo is exchanged between chunks, so its graph
-    tasks are :func:`graph_tasks_per_chunk` with none."""
+    tasks are :func:`graph_tasks_per_chunk` with none.  ``first_touch_seconds_per_byte``: the
+    workers' measured rate (:func:`first_touch_seconds`)."""
     halo = (0,) * len(shape)
     volumes = _samples(blocks)
     spread = None
@@ -359,16 +403,20 @@ def _fused_seconds(shape, axis_chunks, grid, blocks, n_tasks, *, slots: int, sec
         seconds_per_voxel, spread = task_clock.seconds_per_voxel_at(volumes, blocks), task_clock.spread_at(volumes)
     return plan_seconds(n_tasks, volumes, slots, tasks_per_chunk=_grid_graph_tasks(shape, halo, axis_chunks, grid),
                         seconds_per_voxel=seconds_per_voxel, graph_task_seconds=graph_task_seconds, spread=spread,
-                        fixed_seconds=run_fixed_seconds)
+                        fixed_seconds=run_fixed_seconds,
+                        first_touch_seconds=first_touch_seconds(task_clock, volumes, first_touch_seconds_per_byte))
 
 
 def _staged_seconds(shape, stages, axis_chunks, grid, chunk_samples, n_tasks, *, workers: int, slots: int,
                     graph_task_seconds: float, io_seconds_per_voxel: float,
-                    run_fixed_seconds: float = 0.0) -> tuple[list, np.ndarray]:
+                    run_fixed_seconds: float = 0.0,
+                    first_touch_seconds_per_byte: float | None = None) -> tuple[list, np.ndarray]:
     """``(blocks per stage, seconds)``: :func:`plan_staged_chunks`'s time model (its docstring)
-    for candidates on a sub-grid of per-axis chunk lengths."""
+    for candidates on a sub-grid of per-axis chunk lengths.  A slot's first chunk touches afresh
+    the pages of its largest stage (:func:`first_touch_seconds`; the later stages reuse them)."""
     ndim = len(shape)
     blocks, chunk_seconds, spreads = [], np.zeros(len(chunk_samples)), []  # the stages' graph tasks and work
+    touch = np.zeros(len(chunk_samples))
     for stage in stages:
         b = np.stack([axis_blocks(shape[a], axis_chunks[a], int(stage.halo[a]))[grid[a]] for a in range(ndim)],
                      axis=1)  # per axis, then gathered: the candidates are a sub-grid of the axes' lengths
@@ -385,11 +433,12 @@ def _staged_seconds(shape, stages, axis_chunks, grid, chunk_samples, n_tasks, *,
             chunk_seconds += stage.seconds_per_voxel * volumes + (io_seconds_per_voxel * volumes
                                                                   if stage is stages[0] else 0.0)
         spreads.append(None if clock is None else clock.spread_at(volumes))
+        touch = np.maximum(touch, first_touch_seconds(clock, volumes, first_touch_seconds_per_byte))
         if not stage.windowed:  # its halo slices come from the intermediate's chunks, some on other workers
             chunk_seconds += io_seconds_per_voxel * (workers - 1) / workers * (volumes - chunk_samples)
     spread = None if any(x is None for x in spreads) else np.max(spreads, axis=0)
     return blocks, makespan_seconds(n_tasks, slots, chunk_seconds, spread=spread, fixed_seconds=run_fixed_seconds,
-                                    units=len(stages))
+                                    units=len(stages), first_touch_seconds=touch)
 
 
 def chunk_grid(shape, chunks) -> tuple[list, tuple, np.ndarray, np.ndarray]:
@@ -410,7 +459,8 @@ def chunk_grid(shape, chunks) -> tuple[list, tuple, np.ndarray, np.ndarray]:
 
 def fused_seconds(shape, halo, chunks, *, slots: int, seconds_per_voxel=DEFAULT_SECONDS_PER_VOXEL,
                   graph_task_seconds: float = DEFAULT_GRAPH_TASK_SECONDS,
-                  task_clock: TaskClock | None = None, run_fixed_seconds: float = 0.0) -> np.ndarray:
+                  task_clock: TaskClock | None = None, run_fixed_seconds: float = 0.0,
+                  first_touch_seconds_per_byte: float | None = None) -> np.ndarray:
     """The time model of :func:`plan_chunks` at given chunk shapes ``(m, ndim)`` (one task per
     block): what it predicts for a chunking it did not choose."""
     axis_chunks, grid, n_tasks, _ = chunk_grid(shape, chunks)
@@ -418,14 +468,17 @@ def fused_seconds(shape, halo, chunks, *, slots: int, seconds_per_voxel=DEFAULT_
                       axis=1)
     return _fused_seconds(tuple(shape), axis_chunks, grid, blocks, n_tasks, slots=slots,
                           seconds_per_voxel=seconds_per_voxel, graph_task_seconds=graph_task_seconds,
-                          task_clock=task_clock, run_fixed_seconds=run_fixed_seconds)
+                          task_clock=task_clock, run_fixed_seconds=run_fixed_seconds,
+                          first_touch_seconds_per_byte=first_touch_seconds_per_byte)
 
 
 def staged_seconds(shape, stages, chunks, *, workers: int, slots: int,
                    graph_task_seconds: float = DEFAULT_GRAPH_TASK_SECONDS,
-                   io_seconds_per_voxel: float = RUN_IO_SECONDS_PER_VOXEL, run_fixed_seconds: float = 0.0) -> np.ndarray:
+                   io_seconds_per_voxel: float = RUN_IO_SECONDS_PER_VOXEL, run_fixed_seconds: float = 0.0,
+                   first_touch_seconds_per_byte: float | None = None) -> np.ndarray:
     """The time model of :func:`plan_staged_chunks` at given chunk shapes ``(m, ndim)``."""
     axis_chunks, grid, n_tasks, chunk_samples = chunk_grid(shape, chunks)
     return _staged_seconds(tuple(shape), stages, axis_chunks, grid, chunk_samples, n_tasks, workers=int(workers),
                            slots=int(slots), graph_task_seconds=graph_task_seconds,
-                           io_seconds_per_voxel=io_seconds_per_voxel, run_fixed_seconds=run_fixed_seconds)[1]
+                           io_seconds_per_voxel=io_seconds_per_voxel, run_fixed_seconds=run_fixed_seconds,
+                           first_touch_seconds_per_byte=first_touch_seconds_per_byte)[1]

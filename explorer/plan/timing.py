@@ -92,9 +92,11 @@ def _slope_through(volume: np.ndarray, seconds: np.ndarray) -> tuple[float, floa
 
 def fit_clock(rows) -> TaskClock | None:
     """The :class:`~explorer.plan.time_model.TaskClock` of in-worker tasks ``(run, shape, seconds,
-    own_seconds[, worker])`` in the order the workers reported them (module docstring):
-    ``seconds`` what the worker spent for the task (its own seconds and the other tasks'
-    since its previous report), ``own_seconds`` the task's own.
+    own_seconds[, worker[, peak_bytes]])`` in the order the workers reported them (module
+    docstring): ``seconds`` what the worker spent for the task (its own seconds and the other
+    tasks' since its previous report), ``own_seconds`` the task's own, ``peak_bytes`` its task
+    peak (per volume, the median per voxel is the clock's ``task_bytes_per_voxel``: the pages a
+    worker's first task of a run touches afresh, which these seconds leave out).
 
     A worker's first task of a run is slower than its later ones: it faults in the fresh
     pages its arrays need, which the later ones find in the process's heap (gst3d's 150^3
@@ -116,10 +118,12 @@ def fit_clock(rows) -> TaskClock | None:
     own_by_shape: dict[tuple, tuple[list, list]] = {}
     other_by_shape: dict[tuple, list[float]] = {}
     groups: dict[tuple, list[float]] = {}
+    peaks_by_volume: dict[int, list[float]] = {}
     started: set = set()
     for row in rows:
         run, shape, seconds, own = row[:4]
         worker = row[4] if len(row) > 4 else None
+        peak = row[5] if len(row) > 5 else None
         shape = tuple(int(n) for n in shape)
         volume = math.prod(shape)
         warm = worker is None or (run, worker) in started
@@ -129,6 +133,8 @@ def fit_clock(rows) -> TaskClock | None:
         own_by_shape.setdefault(shape, ([], []))[warm].append(own / volume)
         other_by_shape.setdefault(shape, []).append((seconds - own) / volume)
         groups.setdefault((run, shape), []).append(own)
+        if peak is not None and peak > 0:
+            peaks_by_volume.setdefault(volume, []).append(float(peak) / volume)
     by_volume = own_by_volume
     if not by_volume:
         return None
@@ -144,6 +150,11 @@ def fit_clock(rows) -> TaskClock | None:
     volumes = sorted(by_volume)
     spread_volumes = sorted(spread_by_volume)
     shapes = sorted(own_by_shape)
+    task_bytes = ()
+    if peaks_by_volume:  # every volume its own median, the volumes without a peak interpolated
+        known = sorted(peaks_by_volume)
+        task_bytes = tuple(float(x) for x in np.interp(np.log(volumes), np.log(known),
+                                                       [float(np.median(peaks_by_volume[v])) for v in known]))
     return TaskClock(volumes=tuple(float(v) for v in volumes),
                      seconds_per_voxel=tuple(typical(own_by_volume[v]) + float(np.mean(other_by_volume[v]))
                                              for v in volumes),
@@ -151,7 +162,8 @@ def fit_clock(rows) -> TaskClock | None:
                      spreads=tuple(float(np.median(spread_by_volume[v])) for v in spread_volumes),
                      shapes=tuple(shapes),
                      shape_seconds_per_voxel=tuple(typical(own_by_shape[b]) + float(np.mean(other_by_shape[b]))
-                                                   for b in shapes))
+                                                   for b in shapes),
+                     task_bytes_per_voxel=task_bytes)
 
 
 def fit_timing(records, environment: str | None = None) -> TimingFit:
@@ -179,7 +191,7 @@ def fit_timing(records, environment: str | None = None) -> TimingFit:
         rows.append((float(math.prod(r.shape)), float(inside), max(0.0, float(task) - float(inside)) + other))
         runs.append(str(c.get("run", "")))
         own = max(float(task), float(inside))
-        clocked.append((runs[-1], tuple(r.shape), own + other, own, c.get("worker")))
+        clocked.append((runs[-1], tuple(r.shape), own + other, own, c.get("worker"), r.peak_bytes))
     if not rows:
         return TimingFit(None, None, None, 0, 0)
     volume, inside, around = (np.asarray(col) for col in zip(*rows))
