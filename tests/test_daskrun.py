@@ -207,6 +207,30 @@ def test_auto_chunks_are_reported_on_a_cluster_given_by_its_client(cluster, segy
     assert r.observations_recorded == 0 and r.tasks_over_bound is None
 
 
+def test_the_workers_first_touch_rate_is_measured_on_them_and_used_on_this_machine_only(cluster, tmp_path):
+    """``first_touch=True`` times fresh pages on every worker (a real LocalCluster: a rate of at
+    least 0 s per byte); without it none is measured.  Saved as this machine's local baseline,
+    the rate reaches a run's baseline measured on workers of this machine, not on another's."""
+    from dataclasses import replace
+
+    from distributed import Client
+
+    from explorer.measure.worker_baseline import (measure_worker_baseline, same_machine_first_touch,
+                                                  save_worker_baseline)
+
+    with Client(cluster) as client:
+        timed = measure_worker_baseline(client, OPERATOR, first_touch=True)
+        untimed = measure_worker_baseline(client, OPERATOR)
+    assert timed.first_touch_seconds_per_byte is not None and timed.first_touch_seconds_per_byte >= 0
+    assert untimed.first_touch_seconds_per_byte is None
+    runs = tmp_path / "runs"
+    assert same_machine_first_touch(OPERATOR, untimed, runs) is None  # nothing saved
+    save_worker_baseline(OPERATOR, replace(timed, first_touch_seconds_per_byte=1.5e-9), runs)
+    assert same_machine_first_touch(OPERATOR, untimed, runs) == 1.5e-9
+    elsewhere = replace(untimed, environment={**untimed.environment, "hostname": "another-node"})
+    assert same_machine_first_touch(OPERATOR, elsewhere, runs) is None
+
+
 def test_model_chunks_follow_recommend_chunks_with_the_clusters_baseline(cluster, segy, expected, model_runs,
                                                                          tmp_path):
     from explorer.plan.calibration import calibration_path
@@ -220,8 +244,7 @@ def test_model_chunks_follow_recommend_chunks_with_the_clusters_baseline(cluster
                             workers=r.n_workers, baseline_bytes=r.worker_baseline_bytes)
     assert r.chunks_source == "model" and r.plan["chunks"] == list(plan.chunks) == r.chunks
     assert r.plan["baseline_bytes"] == r.worker_baseline_bytes and r.plan["baseline_source"] == "cluster"
-    # the workers' fresh pages were timed where the work ran (explorer.measure.inworker.first_touch_seconds)
-    assert r.plan["first_touch_seconds_per_byte"] is not None and r.plan["first_touch_seconds_per_byte"] >= 0
+    assert r.plan["first_touch_seconds_per_byte"] is None  # no probes, no saved local rate: not charged
     assert any("no in-worker calibration" in w for w in r.warnings)  # the model was saved without probes
     assert r.observations_recorded == r.n_tasks
     assert isinstance(r.tasks_over_bound, int)

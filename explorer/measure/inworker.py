@@ -159,36 +159,59 @@ def resident_bytes() -> int:
     return int(read_status()["VmRSS"])
 
 
-#: Bytes :func:`first_touch_seconds` maps and touches (twice): about 0.1 s per worker where a
-#: first touch costs 1.5 ms per MiB (this machine), a few ms where it costs what a page
-#: fault does on bare metal.
-FIRST_TOUCH_PROBE_BYTES = 64 << 20
+#: :func:`first_touch_seconds` touches memory in segments of this many bytes, at most
+#: :data:`FIRST_TOUCH_MAX_BYTES` in all (and at most a quarter of the worker's memory limit).
+FIRST_TOUCH_SEGMENT_BYTES = 16 << 20
+FIRST_TOUCH_MAX_BYTES = 512 << 20
+#: A segment that took this many times the fastest one is on pages the host has to back
+#: (:func:`first_touch_seconds`); two in a row end the measurement.
+COLD_SEGMENT_FACTOR = 4.0
 _PAGE_BYTES = 4096
 
 
-def first_touch_seconds(nbytes: int = FIRST_TOUCH_PROBE_BYTES) -> dict:
-    """What this process pays to touch ``nbytes`` of new memory, and again at once (run it on
-    workers with ``client.run``): ``{"bytes", "first", "again"}`` in seconds.
+def _touch(nbytes: int):
+    """``(seconds, array)``: map ``nbytes`` and write one byte per page (the pages' cost, not
+    the writing's)."""
+    started = time.perf_counter()
+    pages = np.empty(nbytes, dtype=np.uint8)
+    pages[::_PAGE_BYTES] = 1
+    return time.perf_counter() - started, pages
 
-    An array larger than the mmap threshold is a fresh mapping, whose pages the kernel
-    zeroes on their first touch.  On a virtual machine whose balloon reports free pages to
-    its host (this one: ``virtio_balloon``), memory freed more than about 2 s ago is no longer
-    backed, and touching it again costs what backing it does: 300 MiB took 450-640 ms after
-    a pause of 2 s or more and 15 ms within 1 s, in one process (``first``: the first touch of
-    memory this process has not used lately; ``again``: the same bytes, freed and mapped once
-    more at once, warm).  A worker's first task of a run pays ``first`` for its arrays, the
-    tasks right after it ``again``.  One byte is written per page, so both are the cost of
-    the pages, not of writing them.
+
+def first_touch_seconds(max_bytes: int = FIRST_TOUCH_MAX_BYTES, segment_bytes: int = FIRST_TOUCH_SEGMENT_BYTES, *,
+                        dask_worker=None) -> dict:
+    """What this process pays to touch memory the machine has not used lately, and to touch
+    memory it has just freed (run it on workers with ``client.run``): ``{"segment_bytes",
+    "segments", "again"}``, the seconds of each segment touched in turn (all kept until the
+    end) and of one segment touched again once they are freed.
+
+    An array larger than the mmap threshold is a fresh mapping, whose pages the kernel zeroes
+    on their first touch.  On a virtual machine whose balloon reports free pages to its host
+    (this one: ``virtio_balloon``), free memory the guest has reported is no longer backed,
+    and touching it costs what backing it does: about 2 ms per MiB here, against 0.06-0.1 ms
+    for pages freed moments before (which the guest hands out first, and does not report at
+    once: in one trial after a process freed 600 MiB, the next one's first 416 MiB were warm).
+    So segments are touched until two in a row take :data:`COLD_SEGMENT_FACTOR` times the
+    fastest, or ``max_bytes`` (a quarter of the worker's memory limit at most) are touched:
+    the slow segments are the cost of the pages a run's first tasks take once the recently
+    freed ones are used up.  Where a first touch costs a page fault on bare metal, no segment
+    is slow and the rate comes out near 0.
     """
-    nbytes = int(nbytes)
-    seconds = []
-    for _ in range(2):
-        started = time.perf_counter()
-        pages = np.empty(nbytes, dtype=np.uint8)
-        pages[::_PAGE_BYTES] = 1
-        seconds.append(time.perf_counter() - started)
-        del pages
-    return {"bytes": nbytes, "first": seconds[0], "again": seconds[1]}
+    if dask_worker is not None and getattr(dask_worker, "memory_manager", None) is not None \
+            and dask_worker.memory_manager.memory_limit:
+        max_bytes = min(int(max_bytes), int(dask_worker.memory_manager.memory_limit) // 4)
+    segment_bytes = int(segment_bytes)
+    held, seconds = [], []
+    for _ in range(max(2, int(max_bytes) // segment_bytes)):
+        took, pages = _touch(segment_bytes)
+        held.append(pages)
+        seconds.append(took)
+        if len(seconds) >= 3 and min(seconds[-2:]) > COLD_SEGMENT_FACTOR * min(seconds):
+            break
+    del held, pages
+    again, pages = _touch(segment_bytes)
+    del pages
+    return {"segment_bytes": segment_bytes, "segments": seconds, "again": again}
 
 
 def measured_run(run, block):

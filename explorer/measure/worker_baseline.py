@@ -32,6 +32,7 @@ __all__ = [
     "WorkerBaseline",
     "local_worker_baseline",
     "measure_worker_baseline",
+    "same_machine_first_touch",
 ]
 
 
@@ -51,9 +52,8 @@ class WorkerBaseline:
     ``environment`` the workers' stamp (``explorer.core.environment``; the first worker's);
     ``source`` ``"cluster"`` or ``"local"``.  ``first_touch_seconds_per_byte``: what a worker
     pays per byte of memory its first task of a run touches beyond what the tasks after it
-    pay (``explorer.measure.inworker.first_touch_seconds`` on every worker, the median of
-    ``(first - again) / bytes``, at least 0; None when not measured); the time model charges
-    each slot's first task with it (``explorer.plan.time_model.plan_seconds``).
+    pay (:func:`_first_touch_rate`; None when not measured); the time model charges each slot's
+    first task with it (``explorer.plan.time_model.plan_seconds``).
     """
 
     bytes: int
@@ -64,11 +64,14 @@ class WorkerBaseline:
     first_touch_seconds_per_byte: float | None = None
 
 
-def measure_worker_baseline(client, operator: str, *, readable=(), writable=()) -> WorkerBaseline:
+def measure_worker_baseline(client, operator: str, *, readable=(), writable=(),
+                            first_touch: bool = False) -> WorkerBaseline:
     """Load and warm ``operator`` on every worker of ``client`` and measure their resident sets.
 
     ``readable``/``writable``: paths every worker must be able to read / directories it
-    must be able to write into.  Raises :class:`WorkerError` (one line naming the first
+    must be able to write into.  ``first_touch``: also measure the workers'
+    ``first_touch_seconds_per_byte`` (up to 512 MiB a worker, touched and freed: about 1 s where
+    pages cost 2 ms per MiB; the probes do, once per ``explore``).  Raises :class:`WorkerError` (one line naming the first
     worker that cannot, and why) when a worker cannot load the operator (its plugin
     module missing there) or reach a path.
     """
@@ -100,7 +103,7 @@ def measure_worker_baseline(client, operator: str, *, readable=(), writable=()) 
         from explorer.measure.inworker import resident_bytes
 
         rss = client.run(resident_bytes)
-    touch = _first_touch_rate(client) if rss else None
+    touch = _first_touch_rate(client) if rss and first_touch else None
     per_worker = {address: int(rss.get(address, reply["rss_bytes"])) for address, reply in replies.items()}
     first = next(iter(replies.values()))
     return WorkerBaseline(bytes=max(per_worker.values()), per_worker=per_worker,
@@ -110,18 +113,23 @@ def measure_worker_baseline(client, operator: str, *, readable=(), writable=()) 
 
 
 def _first_touch_rate(client) -> float | None:
-    """The median over the workers of ``(first - again) / bytes`` of
-    ``explorer.measure.inworker.first_touch_seconds`` (at least 0), or None when it could not
-    be measured.  After the baseline's resident sets: the touched pages are freed again."""
+    """Seconds per byte of memory new to the workers (``explorer.measure.inworker.first_touch_seconds``
+    on every worker at once): per worker, the two slowest segments' mean less the warm touch,
+    over the segment's bytes (at least 0); the median over the workers, or None when it could
+    not be measured.  After the baseline's resident sets: the touched pages are freed again."""
     import numpy as np
 
     from explorer.measure.inworker import first_touch_seconds
 
     try:
         replies = client.run(first_touch_seconds)
-    except Exception:  # a worker that cannot map 64 MiB more runs no plan worth timing
+    except Exception:  # a worker that cannot map the segments runs no plan worth timing
         return None
-    rates = [max(0.0, r["first"] - r["again"]) / r["bytes"] for r in replies.values() if r.get("bytes")]
+    rates = []
+    for reply in replies.values():
+        slowest = sorted(reply.get("segments") or [])[-2:]
+        if slowest and reply.get("segment_bytes"):
+            rates.append(max(0.0, float(np.mean(slowest)) - float(reply["again"])) / float(reply["segment_bytes"]))
     return float(np.median(rates)) if rates else None
 
 
@@ -244,7 +252,21 @@ def local_worker_baseline(operator: str, runs_dir=None, *, measure: bool = True)
 
     with local_cluster(1) as cluster, Client(cluster) as client:
         prepare_workers(client, operator)  # the worker the plans describe: the profiling server's allocator
-        baseline = measure_worker_baseline(client, operator)
+        baseline = measure_worker_baseline(client, operator, first_touch=True)
     baseline.source = "local"
     save_worker_baseline(operator, baseline, runs_dir)
     return baseline
+
+
+def same_machine_first_touch(operator: str, baseline: WorkerBaseline, runs_dir=None) -> float | None:
+    """The saved local baseline's ``first_touch_seconds_per_byte`` when ``baseline``'s workers
+    run on this machine (their environment's hostname and machine are the saved one's), else
+    None: a run's workers are not made to touch hundreds of MiB to measure it, and a rate is
+    used only where it was measured."""
+    saved = _load_local(operator, runs_dir)
+    if saved is None or saved.first_touch_seconds_per_byte is None or not baseline.environment:
+        return None
+    keys = ("hostname", "machine")
+    if any((saved.environment or {}).get(k) != baseline.environment.get(k) for k in keys):
+        return None
+    return saved.first_touch_seconds_per_byte

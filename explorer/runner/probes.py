@@ -348,7 +348,8 @@ def run_probes(operator: str, model, *, n: int = DEFAULT_PROBES, runs_dir=None, 
             with (Client(cluster) if cluster is not None else contextlib.nullcontext(client)) as connected, \
                     section("probes: worker set-up and baseline"):
                 prepare_workers(connected, operator)
-                baseline = measure_worker_baseline(connected, operator)
+                # on the cluster started here, before its first task: the machine's fresh pages
+                baseline = measure_worker_baseline(connected, operator, first_touch=cluster is not None)
             if cluster is not None:
                 baseline.source = "local"
                 save_worker_baseline(operator, baseline, runs_dir)
