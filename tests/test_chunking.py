@@ -725,6 +725,8 @@ def test_a_slots_first_task_pays_for_its_fresh_pages_once_and_larger_blocks_pay_
     bare = time_model.TaskClock(volumes=(1e6,), seconds_per_voxel=(2e-7,))
     assert time_model.first_touch_seconds(bare, [1e6], 2e-9) == 0.0
     np.testing.assert_allclose(time_model.first_touch_seconds(clock, [1e6, 4e6], 2e-9), [0.8, 3.2])
+    # the warm bytes the workers found are not charged: only the pages beyond them
+    np.testing.assert_allclose(time_model.first_touch_seconds(clock, [1e6, 4e6], 2e-9, 1e9), [0.0, 1.2])
     with pytest.raises(ValueError):
         time_model.plan_seconds(2, 1e6, 2, first_touch_seconds=-1.0)
     with pytest.raises(ValueError):

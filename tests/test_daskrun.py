@@ -208,9 +208,12 @@ def test_auto_chunks_are_reported_on_a_cluster_given_by_its_client(cluster, segy
 
 
 def test_the_workers_first_touch_rate_is_measured_on_them_and_used_on_this_machine_only(cluster, tmp_path):
-    """``first_touch=True`` times fresh pages on every worker (a real LocalCluster: a rate of at
-    least 0 s per byte); without it none is measured.  Saved as this machine's local baseline,
-    the rate reaches a run's baseline measured on workers of this machine, not on another's."""
+    """``first_touch=True`` touches memory on every worker until it reaches pages the machine has
+    not used lately (a real LocalCluster): a rate of at least 0 s per byte once some worker did,
+    and the warm bytes each found (all of a quarter of its 1 GiB when none did); without it
+    nothing is measured.  Saved as this machine's local baseline, the rate reaches a run's
+    baseline measured on workers of this machine, not on another's, and a later baseline that
+    reached no cold page keeps it."""
     from dataclasses import replace
 
     from distributed import Client
@@ -221,14 +224,20 @@ def test_the_workers_first_touch_rate_is_measured_on_them_and_used_on_this_machi
     with Client(cluster) as client:
         timed = measure_worker_baseline(client, OPERATOR, first_touch=True)
         untimed = measure_worker_baseline(client, OPERATOR)
-    assert timed.first_touch_seconds_per_byte is not None and timed.first_touch_seconds_per_byte >= 0
-    assert untimed.first_touch_seconds_per_byte is None
+    assert timed.first_touch_warm_bytes is not None and timed.first_touch_warm_bytes > 0
+    if timed.first_touch_seconds_per_byte is None:
+        assert timed.first_touch_warm_bytes >= LIMIT // 4
+    else:
+        assert timed.first_touch_seconds_per_byte >= 0
+    assert untimed.first_touch_seconds_per_byte is None and untimed.first_touch_warm_bytes is None
     runs = tmp_path / "runs"
     assert same_machine_first_touch(OPERATOR, untimed, runs) is None  # nothing saved
     save_worker_baseline(OPERATOR, replace(timed, first_touch_seconds_per_byte=1.5e-9), runs)
     assert same_machine_first_touch(OPERATOR, untimed, runs) == 1.5e-9
     elsewhere = replace(untimed, environment={**untimed.environment, "hostname": "another-node"})
     assert same_machine_first_touch(OPERATOR, elsewhere, runs) is None
+    save_worker_baseline(OPERATOR, untimed, runs)  # nothing measured: the saved rate stays
+    assert same_machine_first_touch(OPERATOR, untimed, runs) == 1.5e-9
 
 
 def test_model_chunks_follow_recommend_chunks_with_the_clusters_baseline(cluster, segy, expected, model_runs,
@@ -244,7 +253,8 @@ def test_model_chunks_follow_recommend_chunks_with_the_clusters_baseline(cluster
                             workers=r.n_workers, baseline_bytes=r.worker_baseline_bytes)
     assert r.chunks_source == "model" and r.plan["chunks"] == list(plan.chunks) == r.chunks
     assert r.plan["baseline_bytes"] == r.worker_baseline_bytes and r.plan["baseline_source"] == "cluster"
-    assert r.plan["first_touch_seconds_per_byte"] is None  # no probes, no saved local rate: not charged
+    # the run's workers touched memory until they found cold pages (or a quarter of their limit)
+    assert r.plan["first_touch_warm_bytes"] > 0
     assert any("no in-worker calibration" in w for w in r.warnings)  # the model was saved without probes
     assert r.observations_recorded == r.n_tasks
     assert isinstance(r.tasks_over_bound, int)

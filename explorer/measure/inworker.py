@@ -163,7 +163,7 @@ def resident_bytes() -> int:
 #: :data:`FIRST_TOUCH_MAX_BYTES` in all (and at most a quarter of the worker's memory limit).
 FIRST_TOUCH_SEGMENT_BYTES = 16 << 20
 FIRST_TOUCH_MAX_BYTES = 512 << 20
-#: A segment that took this many times the fastest one is on pages the host has to back
+#: A segment that took this many times a warm one is on pages the host has to back
 #: (:func:`first_touch_seconds`); two in a row end the measurement.
 COLD_SEGMENT_FACTOR = 4.0
 _PAGE_BYTES = 4096
@@ -180,38 +180,40 @@ def _touch(nbytes: int):
 
 def first_touch_seconds(max_bytes: int = FIRST_TOUCH_MAX_BYTES, segment_bytes: int = FIRST_TOUCH_SEGMENT_BYTES, *,
                         dask_worker=None) -> dict:
-    """What this process pays to touch memory the machine has not used lately, and to touch
-    memory it has just freed (run it on workers with ``client.run``): ``{"segment_bytes",
-    "segments", "again"}``, the seconds of each segment touched in turn (all kept until the
-    end) and of one segment touched again once they are freed.
+    """What this process pays to touch memory, segment by segment, until it reaches pages the
+    machine has not used lately (run it on workers with ``client.run``): ``{"segment_bytes",
+    "warm", "segments", "cold"}``: the seconds of a segment touched just after it was freed
+    (``warm``), of each segment touched in turn (all held until the end), and how many of the
+    last were cold (0 or 2).
 
     An array larger than the mmap threshold is a fresh mapping, whose pages the kernel zeroes
     on their first touch.  On a virtual machine whose balloon reports free pages to its host
-    (this one: ``virtio_balloon``), free memory the guest has reported is no longer backed,
-    and touching it costs what backing it does: about 2 ms per MiB here, against 0.06-0.1 ms
-    for pages freed moments before (which the guest hands out first, and does not report at
-    once: in one trial after a process freed 600 MiB, the next one's first 416 MiB were warm).
-    So segments are touched until two in a row take :data:`COLD_SEGMENT_FACTOR` times the
-    fastest, or ``max_bytes`` (a quarter of the worker's memory limit at most) are touched:
-    the slow segments are the cost of the pages a run's first tasks take once the recently
-    freed ones are used up.  Where a first touch costs a page fault on bare metal, no segment
-    is slow and the rate comes out near 0.
+    (this one: ``virtio_balloon``), free memory the guest has reported is no longer backed, and
+    touching it costs what backing it does: about 2 ms per MiB here, against 0.06-0.1 ms for
+    pages freed moments before, which the guest hands out first and reports only bit by bit
+    (after a process freed 600 MiB, the next one's first 416 MiB were warm).  Segments are
+    touched until two in a row take :data:`COLD_SEGMENT_FACTOR` times ``warm``, or ``max_bytes``
+    (a quarter of the worker's memory limit at most) are held: the slow ones time the pages a
+    run's first tasks pay for, the count before them is the warm memory there was to share.
+    All of it is freed at the end, and so warm for what runs next.  Where a first touch costs a
+    page fault on bare metal, no segment is cold.
     """
     if dask_worker is not None and getattr(dask_worker, "memory_manager", None) is not None \
             and dask_worker.memory_manager.memory_limit:
         max_bytes = min(int(max_bytes), int(dask_worker.memory_manager.memory_limit) // 4)
     segment_bytes = int(segment_bytes)
-    held, seconds = [], []
-    for _ in range(max(2, int(max_bytes) // segment_bytes)):
+    _touch(segment_bytes)
+    warm, pages = _touch(segment_bytes)  # the pages just freed: warm whatever the machine
+    held, seconds = [pages], []
+    while len(seconds) < max(2, int(max_bytes) // segment_bytes):
         took, pages = _touch(segment_bytes)
         held.append(pages)
         seconds.append(took)
-        if len(seconds) >= 3 and min(seconds[-2:]) > COLD_SEGMENT_FACTOR * min(seconds):
+        if len(seconds) >= 2 and min(seconds[-2:]) > COLD_SEGMENT_FACTOR * warm:
             break
     del held, pages
-    again, pages = _touch(segment_bytes)
-    del pages
-    return {"segment_bytes": segment_bytes, "segments": seconds, "again": again}
+    cold = 2 if len(seconds) >= 2 and min(seconds[-2:]) > COLD_SEGMENT_FACTOR * warm else 0
+    return {"segment_bytes": segment_bytes, "warm": warm, "segments": seconds, "cold": cold}
 
 
 def measured_run(run, block):

@@ -52,8 +52,11 @@ class WorkerBaseline:
     ``environment`` the workers' stamp (``explorer.core.environment``; the first worker's);
     ``source`` ``"cluster"`` or ``"local"``.  ``first_touch_seconds_per_byte``: what a worker
     pays per byte of memory its first task of a run touches beyond what the tasks after it
-    pay (:func:`_first_touch_rate`; None when not measured); the time model charges each slot's
-    first task with it (``explorer.plan.time_model.plan_seconds``).
+    pay, and ``first_touch_warm_bytes`` the memory each worker found warm when it was measured
+    (:func:`_first_touch`; None when not measured); the time model charges each slot's first
+    task with the rate for the bytes it touches beyond the warm ones
+    (``explorer.plan.time_model.plan_seconds``).  Only the rate is saved: the warm bytes are
+    the moment's.
     """
 
     bytes: int
@@ -62,6 +65,7 @@ class WorkerBaseline:
     threads: dict = field(default_factory=dict)
     source: str = "cluster"
     first_touch_seconds_per_byte: float | None = None
+    first_touch_warm_bytes: int | None = None
 
 
 def measure_worker_baseline(client, operator: str, *, readable=(), writable=(),
@@ -70,8 +74,8 @@ def measure_worker_baseline(client, operator: str, *, readable=(), writable=(),
 
     ``readable``/``writable``: paths every worker must be able to read / directories it
     must be able to write into.  ``first_touch``: also measure the workers'
-    ``first_touch_seconds_per_byte`` (up to 512 MiB a worker, touched and freed: about 1 s where
-    pages cost 2 ms per MiB; the probes do, once per ``explore``).  Raises :class:`WorkerError` (one line naming the first
+    ``first_touch_seconds_per_byte`` and ``first_touch_warm_bytes`` (up to 512 MiB a worker,
+    touched and freed: 0.05-0.1 s).  Raises :class:`WorkerError` (one line naming the first
     worker that cannot, and why) when a worker cannot load the operator (its plugin
     module missing there) or reach a path.
     """
@@ -103,20 +107,23 @@ def measure_worker_baseline(client, operator: str, *, readable=(), writable=(),
         from explorer.measure.inworker import resident_bytes
 
         rss = client.run(resident_bytes)
-    touch = _first_touch_rate(client) if rss and first_touch else None
+    rate, warm = _first_touch(client) if rss and first_touch else (None, None)
     per_worker = {address: int(rss.get(address, reply["rss_bytes"])) for address, reply in replies.items()}
     first = next(iter(replies.values()))
     return WorkerBaseline(bytes=max(per_worker.values()), per_worker=per_worker,
                           environment=first.get("environment"),
                           threads={a: r.get("threads") for a, r in replies.items()}, source="cluster",
-                          first_touch_seconds_per_byte=touch)
+                          first_touch_seconds_per_byte=rate, first_touch_warm_bytes=warm)
 
 
-def _first_touch_rate(client) -> float | None:
-    """Seconds per byte of memory new to the workers (``explorer.measure.inworker.first_touch_seconds``
-    on every worker at once): per worker, the two slowest segments' mean less the warm touch,
-    over the segment's bytes (at least 0); the median over the workers, or None when it could
-    not be measured.  After the baseline's resident sets: the touched pages are freed again."""
+def _first_touch(client) -> tuple[float | None, int | None]:
+    """``(seconds per byte, warm bytes)`` of the workers' memory
+    (``explorer.measure.inworker.first_touch_seconds`` on every worker at once, so that they share
+    the machine's warm pages as their first tasks will): the rate, the median over the workers
+    that reached cold pages of their two cold segments' mean less a warm touch, per byte (None
+    when none did); the warm bytes, the least over the workers of the bytes each touched (all
+    freed at the end, so warm for the run's first tasks).  ``(None, None)`` when it could not be
+    measured.  After the baseline's resident sets."""
     import numpy as np
 
     from explorer.measure.inworker import first_touch_seconds
@@ -124,13 +131,14 @@ def _first_touch_rate(client) -> float | None:
     try:
         replies = client.run(first_touch_seconds)
     except Exception:  # a worker that cannot map the segments runs no plan worth timing
-        return None
-    rates = []
+        return None, None
+    rates, warm = [], []
     for reply in replies.values():
-        slowest = sorted(reply.get("segments") or [])[-2:]
-        if slowest and reply.get("segment_bytes"):
-            rates.append(max(0.0, float(np.mean(slowest)) - float(reply["again"])) / float(reply["segment_bytes"]))
-    return float(np.median(rates)) if rates else None
+        segment, seconds = int(reply["segment_bytes"]), list(reply["segments"])
+        warm.append((1 + len(seconds)) * segment)
+        if reply["cold"]:
+            rates.append(max(0.0, float(np.mean(seconds[-2:])) - float(reply["warm"])) / segment)
+    return (float(np.median(rates)) if rates else None), (min(warm) if warm else None)
 
 
 #: Chunks per worker of the warm-up graph (:func:`_run_warm_up_graph`), their edge, and
@@ -190,6 +198,14 @@ def baseline_path(operator: str, runs_dir=None) -> Path:
 
 
 def save_worker_baseline(operator: str, baseline: WorkerBaseline, runs_dir=None) -> Path:
+    """Save ``baseline`` as this machine's; a first-touch rate it did not measure (its workers
+    found no cold page) keeps the one saved before in this environment."""
+    if baseline.first_touch_seconds_per_byte is None:
+        saved = _load_local(operator, runs_dir)
+        if saved is not None and saved.first_touch_seconds_per_byte is not None:
+            from dataclasses import replace
+
+            baseline = replace(baseline, first_touch_seconds_per_byte=saved.first_touch_seconds_per_byte)
     return atomic_write_text(baseline_path(operator, runs_dir), json.dumps(
         {"operator": operator, "baseline_bytes": baseline.bytes, "per_worker": baseline.per_worker,
          "environment": baseline.environment, "measured": time.time(),

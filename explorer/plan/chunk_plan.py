@@ -76,6 +76,9 @@ class ChunkPlan:
     #: charge each slot's first task with (``explorer.plan.time_model.first_touch_seconds``;
     #: None: not measured).
     first_touch_seconds_per_byte: float | None = None
+    #: The warm bytes each worker found when the rate was measured (a run's workers; None: every
+    #: page of a first task charged).
+    first_touch_warm_bytes: float | None = None
     #: Input chunks a worker keeps for its neighbours' halos (:func:`neighbour_chunks_held`).
     neighbour_chunks: int = 0
     #: The workers the plan shares the work between.
@@ -150,6 +153,7 @@ class ChunkPlan:
             "task_spread": self.task_spread,
             "block_clocked": self.block_clocked,
             "first_touch_seconds_per_byte": self.first_touch_seconds_per_byte,
+            "first_touch_warm_bytes": self.first_touch_warm_bytes,
             "neighbour_chunks": self.neighbour_chunks,
             "workers": self.workers,
             "baseline_bytes": self.footprint.baseline_bytes,
@@ -186,7 +190,7 @@ class ChunkPlan:
             "footprint": WorkerFootprint.from_dict, "n_candidates": int, "slots": int,
             "predicted_seconds": optional(float), "seconds_per_voxel": optional(float),
             "task_spread": optional(float), "task_clock": optional(TaskClock.from_dict), "block_clocked": bool,
-            "first_touch_seconds_per_byte": optional(float),
+            "first_touch_seconds_per_byte": optional(float), "first_touch_warm_bytes": optional(float),
             "neighbour_chunks": int, "workers": int, "itemsize": int, "output_itemsize": int, "min_chunk": int,
             "max_block_voxels": optional(int), "graph_task_seconds": float, "run_fixed_seconds": float,
             "warnings": tuple, "baseline_source": str,

@@ -203,10 +203,12 @@ class _PlanRequest:
                           threads_per_worker=self.threads, workers=self.workers,
                           pause_fraction=worker_pause_fraction(), baseline_source=baseline.source)
 
-    def first_touch_rate(self) -> float | None:
-        """The workers' measured seconds per byte of pages new to them (:meth:`worker_baseline`'s;
-        None for a baseline given as bytes, or measured before it was kept)."""
-        return self.worker_baseline().first_touch_seconds_per_byte
+    def first_touch(self) -> dict:
+        """The time terms of the workers' fresh pages (:meth:`worker_baseline`'s measured rate and
+        warm bytes; None for a baseline given as bytes, or one measured before they were kept)."""
+        baseline = self.worker_baseline()
+        return dict(first_touch_seconds_per_byte=baseline.first_touch_seconds_per_byte,
+                    first_touch_warm_bytes=baseline.first_touch_warm_bytes)
 
     def geometry(self, **operator_terms) -> VolumeGeometry:
         """The volume with the operator's whole axes and block multiple; ``operator_terms``: a
@@ -240,7 +242,7 @@ def _fused_plan(request: _PlanRequest) -> tuple[ChunkPlan, bool]:
     that model has its in-worker calibration."""
     op = request.op
     model = request.model()
-    time_terms = TimeTerms(**_fused_timing(request), first_touch_seconds_per_byte=request.first_touch_rate())
+    time_terms = TimeTerms(**_fused_timing(request), **request.first_touch())
     geometry = request.geometry(halo=tuple(op.halo), itemsize=FLOAT32_BYTES, output_itemsize=fused_output_itemsize(op),
                                 max_block_voxels=model.largest_block_voxels)
     plan = plan_chunks(geometry, model.predict_many, request.worker_spec(), time_terms,
@@ -344,7 +346,7 @@ def _staged_plan(request: _PlanRequest) -> tuple[ChunkPlan, bool]:
 
     stages, timing, warnings, calibrated = _staged_stages(request)
     plan = plan_staged_chunks(request.geometry(), stages, request.worker_spec(),
-                              TimeTerms(**timing, first_touch_seconds_per_byte=request.first_touch_rate()),
+                              TimeTerms(**timing, **request.first_touch()),
                               warnings=warnings, **request.plan_options())
     return plan, calibrated
 

@@ -109,3 +109,6 @@ class TimeTerms:
     #: Seconds per byte a worker's first task of a run pays for pages new to it (the workers'
     #: measured rate, ``explorer.measure.worker_baseline``; None: not measured, no such term).
     first_touch_seconds_per_byte: float | None = None
+    #: The warm bytes each worker found when the rate was measured (None: none known, every page
+    #: of a first task charged).
+    first_touch_warm_bytes: float | None = None

@@ -137,9 +137,10 @@ def plan_seconds(
     chunk's graph tasks the scheduler hands out one by one (a staged pipeline's stages:
     :func:`schedule_waves`).  ``first_touch_seconds``: what each slot's first task pays beyond
     the later ones, which the clock's figures leave out (its arrays' pages are new to the
-    worker: ``r * bytes(b)``, ``r`` the workers' measured seconds per byte touched afresh,
-    ``explorer.measure.worker_baseline.WorkerBaseline.first_touch_seconds_per_byte``, and
-    ``bytes(b)`` the task's peak, :meth:`TaskClock.task_bytes_at`).  The slots start their
+    worker: ``r * max(0, bytes(b) - w)``, ``r`` the workers' measured seconds per byte touched
+    afresh and ``w`` the warm bytes each found,
+    ``explorer.measure.worker_baseline.WorkerBaseline``, and ``bytes(b)`` the task's peak,
+    :meth:`TaskClock.task_bytes_at`: :func:`first_touch_seconds`).  The slots start their
     first tasks together, so it is paid once per run, and more by a plan of larger blocks.
     """
     seconds_per_voxel = np.asarray(seconds_per_voxel, dtype=np.float64)
@@ -163,13 +164,15 @@ def makespan_seconds(n_tasks, slots: int, chunk_seconds, *, spread=None, fixed_s
             + first_touch_seconds)
 
 
-def first_touch_seconds(task_clock: "TaskClock | None", volumes, seconds_per_byte: float | None):
-    """``r * bytes(V)``: what a slot's first task pays for pages new to its worker
-    (:func:`plan_seconds`), 0 when the rate was not measured or the clock has no task bytes."""
+def first_touch_seconds(task_clock: "TaskClock | None", volumes, seconds_per_byte: float | None,
+                        warm_bytes: float | None = None):
+    """``r * max(0, bytes(V) - w)``: what a slot's first task pays for the pages of its peak
+    beyond the ``w`` warm bytes its worker found (:func:`plan_seconds`; None: none known, every
+    page charged); 0 when the rate was not measured or the clock has no task bytes."""
     task_bytes = None if task_clock is None else task_clock.task_bytes_at(volumes)
     if task_bytes is None or seconds_per_byte is None or not seconds_per_byte > 0:
         return 0.0
-    return float(seconds_per_byte) * task_bytes
+    return float(seconds_per_byte) * np.maximum(0.0, task_bytes - float(warm_bytes or 0.0))
 
 
 @functools.lru_cache(maxsize=64)
@@ -388,14 +391,15 @@ def composed_clock(clocks, shared_seconds_per_voxel: float = 0.0) -> TaskClock:
 
 def _fused_seconds(shape, axis_chunks, grid, blocks, n_tasks, *, slots: int, seconds_per_voxel,
                    graph_task_seconds: float, task_clock: TaskClock | None = None,
-                   run_fixed_seconds: float = 0.0, first_touch_seconds_per_byte: float | None = None) -> np.ndarray:
+                   run_fixed_seconds: float = 0.0, first_touch_seconds_per_byte: float | None = None,
+                   first_touch_warm_bytes: float | None = None) -> np.ndarray:
     """:func:`plan_seconds` of one task per block (an operator's plan, a pipeline's fused one) for
     candidates on a sub-grid of per-axis chunk lengths (:class:`Candidates`): with the learnt
     ``task_clock`` its seconds per voxel and spread at each block's volume, else the given
     ``seconds_per_voxel`` and Graham's bound.  A fused task's block is one windowed read of
     the file (``operators.windowed_map``): no halo is exchanged between chunks, so its graph
-    tasks are :func:`graph_tasks_per_chunk` with none.  ``first_touch_seconds_per_byte``: the
-    workers' measured rate (:func:`first_touch_seconds`)."""
+    tasks are :func:`graph_tasks_per_chunk` with none.  ``first_touch_seconds_per_byte``,
+    ``first_touch_warm_bytes``: the workers' measured rate and warm bytes (:func:`first_touch_seconds`)."""
     halo = (0,) * len(shape)
     volumes = _samples(blocks)
     spread = None
@@ -404,13 +408,14 @@ def _fused_seconds(shape, axis_chunks, grid, blocks, n_tasks, *, slots: int, sec
     return plan_seconds(n_tasks, volumes, slots, tasks_per_chunk=_grid_graph_tasks(shape, halo, axis_chunks, grid),
                         seconds_per_voxel=seconds_per_voxel, graph_task_seconds=graph_task_seconds, spread=spread,
                         fixed_seconds=run_fixed_seconds,
-                        first_touch_seconds=first_touch_seconds(task_clock, volumes, first_touch_seconds_per_byte))
+                        first_touch_seconds=first_touch_seconds(task_clock, volumes, first_touch_seconds_per_byte,
+                                                                first_touch_warm_bytes))
 
 
 def _staged_seconds(shape, stages, axis_chunks, grid, chunk_samples, n_tasks, *, workers: int, slots: int,
                     graph_task_seconds: float, io_seconds_per_voxel: float,
-                    run_fixed_seconds: float = 0.0,
-                    first_touch_seconds_per_byte: float | None = None) -> tuple[list, np.ndarray]:
+                    run_fixed_seconds: float = 0.0, first_touch_seconds_per_byte: float | None = None,
+                    first_touch_warm_bytes: float | None = None) -> tuple[list, np.ndarray]:
     """``(blocks per stage, seconds)``: :func:`plan_staged_chunks`'s time model (its docstring)
     for candidates on a sub-grid of per-axis chunk lengths.  A slot's first chunk touches afresh
     the pages of its largest stage (:func:`first_touch_seconds`; the later stages reuse them)."""
@@ -433,7 +438,8 @@ def _staged_seconds(shape, stages, axis_chunks, grid, chunk_samples, n_tasks, *,
             chunk_seconds += stage.seconds_per_voxel * volumes + (io_seconds_per_voxel * volumes
                                                                   if stage is stages[0] else 0.0)
         spreads.append(None if clock is None else clock.spread_at(volumes))
-        touch = np.maximum(touch, first_touch_seconds(clock, volumes, first_touch_seconds_per_byte))
+        touch = np.maximum(touch, first_touch_seconds(clock, volumes, first_touch_seconds_per_byte,
+                                                      first_touch_warm_bytes))
         if not stage.windowed:  # its halo slices come from the intermediate's chunks, some on other workers
             chunk_seconds += io_seconds_per_voxel * (workers - 1) / workers * (volumes - chunk_samples)
     spread = None if any(x is None for x in spreads) else np.max(spreads, axis=0)
@@ -460,7 +466,8 @@ def chunk_grid(shape, chunks) -> tuple[list, tuple, np.ndarray, np.ndarray]:
 def fused_seconds(shape, halo, chunks, *, slots: int, seconds_per_voxel=DEFAULT_SECONDS_PER_VOXEL,
                   graph_task_seconds: float = DEFAULT_GRAPH_TASK_SECONDS,
                   task_clock: TaskClock | None = None, run_fixed_seconds: float = 0.0,
-                  first_touch_seconds_per_byte: float | None = None) -> np.ndarray:
+                  first_touch_seconds_per_byte: float | None = None,
+                  first_touch_warm_bytes: float | None = None) -> np.ndarray:
     """The time model of :func:`plan_chunks` at given chunk shapes ``(m, ndim)`` (one task per
     block): what it predicts for a chunking it did not choose."""
     axis_chunks, grid, n_tasks, _ = chunk_grid(shape, chunks)
@@ -469,16 +476,19 @@ def fused_seconds(shape, halo, chunks, *, slots: int, seconds_per_voxel=DEFAULT_
     return _fused_seconds(tuple(shape), axis_chunks, grid, blocks, n_tasks, slots=slots,
                           seconds_per_voxel=seconds_per_voxel, graph_task_seconds=graph_task_seconds,
                           task_clock=task_clock, run_fixed_seconds=run_fixed_seconds,
-                          first_touch_seconds_per_byte=first_touch_seconds_per_byte)
+                          first_touch_seconds_per_byte=first_touch_seconds_per_byte,
+                          first_touch_warm_bytes=first_touch_warm_bytes)
 
 
 def staged_seconds(shape, stages, chunks, *, workers: int, slots: int,
                    graph_task_seconds: float = DEFAULT_GRAPH_TASK_SECONDS,
                    io_seconds_per_voxel: float = RUN_IO_SECONDS_PER_VOXEL, run_fixed_seconds: float = 0.0,
-                   first_touch_seconds_per_byte: float | None = None) -> np.ndarray:
+                   first_touch_seconds_per_byte: float | None = None,
+                   first_touch_warm_bytes: float | None = None) -> np.ndarray:
     """The time model of :func:`plan_staged_chunks` at given chunk shapes ``(m, ndim)``."""
     axis_chunks, grid, n_tasks, chunk_samples = chunk_grid(shape, chunks)
     return _staged_seconds(tuple(shape), stages, axis_chunks, grid, chunk_samples, n_tasks, workers=int(workers),
                            slots=int(slots), graph_task_seconds=graph_task_seconds,
                            io_seconds_per_voxel=io_seconds_per_voxel, run_fixed_seconds=run_fixed_seconds,
-                           first_touch_seconds_per_byte=first_touch_seconds_per_byte)[1]
+                           first_touch_seconds_per_byte=first_touch_seconds_per_byte,
+                           first_touch_warm_bytes=first_touch_warm_bytes)[1]

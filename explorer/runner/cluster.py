@@ -91,14 +91,16 @@ def _measure_workers(ctx: RunContext) -> None:
     out_dir = os.path.dirname(os.path.abspath(ctx.output)) or "."
     try:
         ctx.baseline = measure_worker_baseline(ctx.client, ctx.operator.name,
-                                               readable=(os.path.abspath(ctx.run_input.path),), writable=(out_dir,))
+                                               readable=(os.path.abspath(ctx.run_input.path),), writable=(out_dir,),
+                                               first_touch=True)
     except WorkerError as exc:
         lost = "was lost" in str(exc)
         raise _RunError(FAILED if lost else ERROR, str(exc),
                         advice="raise --memory-limit" if lost else None) from None
     ctx.result.worker_baseline_bytes = ctx.baseline.bytes
-    ctx.baseline.first_touch_seconds_per_byte = same_machine_first_touch(ctx.operator.name, ctx.baseline,
-                                                                         ctx.runs_dir)
+    if ctx.baseline.first_touch_seconds_per_byte is None:  # no cold page reached: this machine's, if known
+        ctx.baseline.first_touch_seconds_per_byte = same_machine_first_touch(ctx.operator.name, ctx.baseline,
+                                                                             ctx.runs_dir)
     from explorer.measure.inworker import reset_worker_high_water
 
     ctx.client.run(reset_worker_high_water, on_error="ignore")  # this run's peak, not the worker's of all time
