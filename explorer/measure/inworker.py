@@ -166,6 +166,8 @@ FIRST_TOUCH_MAX_BYTES = 512 << 20
 #: A segment that took this many times a warm one is on pages the host has to back
 #: (:func:`first_touch_seconds`); two in a row end the measurement.
 COLD_SEGMENT_FACTOR = 4.0
+#: The segments never take a worker past this share of its memory limit (Dask pauses it at 80%).
+FIRST_TOUCH_LIMIT_SHARE = 0.6
 _PAGE_BYTES = 4096
 
 
@@ -193,19 +195,24 @@ def first_touch_seconds(max_bytes: int = FIRST_TOUCH_MAX_BYTES, segment_bytes: i
     pages freed moments before, which the guest hands out first and reports only bit by bit
     (after a process freed 600 MiB, the next one's first 416 MiB were warm).  Segments are
     touched until two in a row take :data:`COLD_SEGMENT_FACTOR` times ``warm``, or ``max_bytes``
-    (a quarter of the worker's memory limit at most) are held: the slow ones time the pages a
+    (a quarter of the worker's memory limit at most, and never past
+    :data:`FIRST_TOUCH_LIMIT_SHARE` of it: none at all for a worker already near it) are held: the slow ones time the pages a
     run's first tasks pay for, the count before them is the warm memory there was to share.
     All of it is freed at the end, and so warm for what runs next.  Where a first touch costs a
     page fault on bare metal, no segment is cold.
     """
+    segment_bytes = int(segment_bytes)
     if dask_worker is not None and getattr(dask_worker, "memory_manager", None) is not None \
             and dask_worker.memory_manager.memory_limit:
-        max_bytes = min(int(max_bytes), int(dask_worker.memory_manager.memory_limit) // 4)
-    segment_bytes = int(segment_bytes)
+        limit = int(dask_worker.memory_manager.memory_limit)
+        room = int(FIRST_TOUCH_LIMIT_SHARE * limit) - int(read_status()["VmRSS"])  # never near its pause
+        max_bytes = min(int(max_bytes), limit // 4, room)
+        if max_bytes < 3 * segment_bytes:
+            return {"segment_bytes": segment_bytes, "warm": 0.0, "segments": [], "cold": 0}
     _touch(segment_bytes)
     warm, pages = _touch(segment_bytes)  # the pages just freed: warm whatever the machine
     held, seconds = [pages], []
-    while len(seconds) < max(2, int(max_bytes) // segment_bytes):
+    while len(seconds) < max(2, int(max_bytes) // segment_bytes - 1):
         took, pages = _touch(segment_bytes)
         held.append(pages)
         seconds.append(took)

@@ -135,7 +135,7 @@ def _first_touch(client) -> tuple[float | None, int | None]:
     rates, warm = [], []
     for reply in replies.values():
         segment, seconds = int(reply["segment_bytes"]), list(reply["segments"])
-        warm.append((1 + len(seconds)) * segment)
+        warm.append((1 + len(seconds)) * segment if seconds else 0)
         if reply["cold"]:
             rates.append(max(0.0, float(np.mean(seconds[-2:])) - float(reply["warm"])) / segment)
     return (float(np.median(rates)) if rates else None), (min(warm) if warm else None)
