@@ -699,36 +699,33 @@ def test_a_slots_first_task_pays_for_its_fresh_pages_once_and_larger_blocks_pay_
     chunks are the fastest plan.  When each task touches 400 bytes per voxel and the workers
     measured 2 ns per byte of fresh pages (about 2 ms per MiB, this machine's), a slot's first
     task pays 0.8 us per voxel of its block once: the plan takes smaller blocks, its predicted
-    seconds are the time model's with that term, and the plan keeps the rate (a replan uses it)."""
+    seconds are the time model's with that term, and the plan keeps it (a replan uses it).  The
+    warm bytes the workers found are not charged."""
     shape, halo = (256, 256, 256), (5, 5, 5)
     predict = lambda blocks, confidence=0.99: (100.0 * np.prod(blocks, axis=1),) * 2  # noqa: E731
     clock = time_model.TaskClock(volumes=(1e6, 1e8), seconds_per_voxel=(2e-7, 2e-7), spread_volumes=(1e6,),
                                  spreads=(0.02,), task_bytes_per_voxel=(400.0, 400.0))
+    fresh_pages = time_model.FirstTouch(seconds_per_byte=2e-9)
 
-    def plan(rate):
+    def plan(first_touch):
         return plan_chunks(VolumeGeometry(shape, halo), predict, WorkerSpec(64 * GiB, BASELINE, workers=2),
-                           TimeTerms(graph_task_seconds=0.002, task_clock=clock, first_touch_seconds_per_byte=rate))
+                           TimeTerms(graph_task_seconds=0.002, task_clock=clock, first_touch=first_touch))
 
-    unmeasured, fresh = plan(None), plan(2e-9)
-    assert unmeasured.n_tasks == 2 and unmeasured.first_touch_seconds_per_byte is None
-    assert math.prod(fresh.block) < math.prod(unmeasured.block) and fresh.first_touch_seconds_per_byte == 2e-9
+    unmeasured, fresh = plan(None), plan(fresh_pages)
+    assert unmeasured.n_tasks == 2 and unmeasured.first_touch is None
+    assert math.prod(fresh.block) < math.prod(unmeasured.block) and fresh.first_touch == fresh_pages
     expected = time_model.plan_seconds(fresh.n_tasks, math.prod(fresh.block), 2, seconds_per_voxel=2e-7,
-                                       tasks_per_chunk=3.0, graph_task_seconds=0.002, spread=0.02,
-                                       first_touch_seconds=2e-9 * 400.0 * math.prod(fresh.block))
-    assert fresh.predicted_seconds == pytest.approx(float(expected))
-    assert ChunkPlan.from_dict(json.loads(json.dumps(fresh.to_dict()))).first_touch_seconds_per_byte == 2e-9
-    # paid once, whatever the waves; nothing without a rate or without the clock's task bytes
-    once = time_model.plan_seconds([2, 20], 1e6, 2, seconds_per_voxel=1e-7, graph_task_seconds=0.0,
-                                   spread=0.0, first_touch_seconds=0.5)
-    np.testing.assert_allclose(once, [0.1 + 0.5, 1.0 + 0.5])
-    assert time_model.first_touch_seconds(clock, [1e6], None) == 0.0
+                                       tasks_per_chunk=3.0, graph_task_seconds=0.002, spread=0.02)
+    assert fresh.predicted_seconds == pytest.approx(float(expected) + 2e-9 * 400.0 * math.prod(fresh.block))
+    assert ChunkPlan.from_dict(json.loads(json.dumps(fresh.to_dict()))).first_touch == fresh_pages
+    # warm bytes enough for the largest block's tasks: nothing is charged, the plan is the clock's
+    assert plan(time_model.FirstTouch(2e-9, warm_bytes=1e12)).chunks == unmeasured.chunks
+    # r * max(0, m(V) - w); nothing without a rate or without the clock's task bytes
+    assert time_model.FirstTouch().seconds(clock, [1e6]) == 0.0
     bare = time_model.TaskClock(volumes=(1e6,), seconds_per_voxel=(2e-7,))
-    assert time_model.first_touch_seconds(bare, [1e6], 2e-9) == 0.0
-    np.testing.assert_allclose(time_model.first_touch_seconds(clock, [1e6, 4e6], 2e-9), [0.8, 3.2])
-    # the warm bytes the workers found are not charged: only the pages beyond them
-    np.testing.assert_allclose(time_model.first_touch_seconds(clock, [1e6, 4e6], 2e-9, 1e9), [0.0, 1.2])
-    with pytest.raises(ValueError):
-        time_model.plan_seconds(2, 1e6, 2, first_touch_seconds=-1.0)
+    assert fresh_pages.seconds(bare, [1e6]) == 0.0
+    np.testing.assert_allclose(fresh_pages.seconds(clock, [1e6, 4e6]), [0.8, 3.2])
+    np.testing.assert_allclose(time_model.FirstTouch(2e-9, 1e9).seconds(clock, [1e6, 4e6]), [0.0, 1.2])
     with pytest.raises(ValueError):
         time_model.TaskClock(volumes=(1e6, 1e7), seconds_per_voxel=(1e-7, 1e-7), task_bytes_per_voxel=(1.0,))
     # a fused pipeline's task touches its largest member's pages, not their sum

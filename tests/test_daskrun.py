@@ -253,8 +253,6 @@ def test_model_chunks_follow_recommend_chunks_with_the_clusters_baseline(cluster
                             workers=r.n_workers, baseline_bytes=r.worker_baseline_bytes)
     assert r.chunks_source == "model" and r.plan["chunks"] == list(plan.chunks) == r.chunks
     assert r.plan["baseline_bytes"] == r.worker_baseline_bytes and r.plan["baseline_source"] == "cluster"
-    # the run's workers touched memory until they found cold pages (or a quarter of their limit)
-    assert r.plan["first_touch_warm_bytes"] > 0
     assert any("no in-worker calibration" in w for w in r.warnings)  # the model was saved without probes
     assert r.observations_recorded == r.n_tasks
     assert isinstance(r.tasks_over_bound, int)

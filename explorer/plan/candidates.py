@@ -169,8 +169,7 @@ def chunk_candidates(geometry: VolumeGeometry, *, footprint, budget: int, slots:
                              seconds_per_voxel=time_terms.seconds_per_voxel,
                              graph_task_seconds=time_terms.graph_task_seconds, task_clock=time_terms.task_clock,
                              run_fixed_seconds=time_terms.run_fixed_seconds,
-                             first_touch_seconds_per_byte=time_terms.first_touch_seconds_per_byte,
-                             first_touch_warm_bytes=time_terms.first_touch_warm_bytes)
+                             first_touch=time_terms.first_touch)
     return Candidates(axis_chunks=axis_chunks, grid=grid, chunks=chunks, blocks=blocks, n_tasks=n_tasks[keep],
                       # a fused task reads its own block (operators.windowed_map): nothing kept for a neighbour
                       neighbours=np.zeros(len(keep), dtype=np.int64), seconds=seconds)

@@ -15,7 +15,7 @@ from explorer.plan.time_model import DEFAULT_GRAPH_TASK_SECONDS
 
 if TYPE_CHECKING:
     from explorer.plan.footprint import WorkerFootprint
-    from explorer.plan.time_model import TaskClock
+    from explorer.plan.time_model import FirstTouch, TaskClock
 
 __all__ = [
     "ChunkPlan",
@@ -72,13 +72,9 @@ class ChunkPlan:
     #: staged plan's: every stage's block by its member's clock); False: its seconds come from
     #: a clock's volume curve.
     block_clocked: bool = False
-    #: The workers' measured seconds per byte of pages new to them, which the predicted seconds
-    #: charge each slot's first task with (``explorer.plan.time_model.first_touch_seconds``;
-    #: None: not measured).
-    first_touch_seconds_per_byte: float | None = None
-    #: The warm bytes each worker found when the rate was measured (a run's workers; None: every
-    #: page of a first task charged).
-    first_touch_warm_bytes: float | None = None
+    #: What the predicted seconds charge each slot's first task for pages new to its worker
+    #: (``explorer.plan.time_model.FirstTouch``; None: not measured, no such charge).
+    first_touch: FirstTouch | None = None
     #: Input chunks a worker keeps for its neighbours' halos (:func:`neighbour_chunks_held`).
     neighbour_chunks: int = 0
     #: The workers the plan shares the work between.
@@ -152,8 +148,7 @@ class ChunkPlan:
             "seconds_per_voxel": self.seconds_per_voxel,
             "task_spread": self.task_spread,
             "block_clocked": self.block_clocked,
-            "first_touch_seconds_per_byte": self.first_touch_seconds_per_byte,
-            "first_touch_warm_bytes": self.first_touch_warm_bytes,
+            "first_touch": None if self.first_touch is None else self.first_touch.to_dict(),
             "neighbour_chunks": self.neighbour_chunks,
             "workers": self.workers,
             "baseline_bytes": self.footprint.baseline_bytes,
@@ -179,7 +174,7 @@ class ChunkPlan:
         A key a plan of an earlier version did not write takes the field's default; the
         derived keys are not read."""
         from explorer.plan.footprint import WorkerFootprint
-        from explorer.plan.time_model import TaskClock
+        from explorer.plan.time_model import FirstTouch, TaskClock
 
         ints = lambda v: tuple(int(x) for x in v)  # noqa: E731
         optional = lambda convert: lambda v: None if v is None else convert(v)  # noqa: E731
@@ -190,7 +185,7 @@ class ChunkPlan:
             "footprint": WorkerFootprint.from_dict, "n_candidates": int, "slots": int,
             "predicted_seconds": optional(float), "seconds_per_voxel": optional(float),
             "task_spread": optional(float), "task_clock": optional(TaskClock.from_dict), "block_clocked": bool,
-            "first_touch_seconds_per_byte": optional(float), "first_touch_warm_bytes": optional(float),
+            "first_touch": optional(FirstTouch.from_dict),
             "neighbour_chunks": int, "workers": int, "itemsize": int, "output_itemsize": int, "min_chunk": int,
             "max_block_voxels": optional(int), "graph_task_seconds": float, "run_fixed_seconds": float,
             "warnings": tuple, "baseline_source": str,

@@ -152,8 +152,7 @@ def plan_chunks(
         output_itemsize=int(geometry.output_itemsize), min_chunk=geometry.min_chunk,
         max_block_voxels=None if chunks is not None else geometry.max_block_voxels,
         graph_task_seconds=float(time_terms.graph_task_seconds), run_fixed_seconds=float(time_terms.run_fixed_seconds),
-        first_touch_seconds_per_byte=time_terms.first_touch_seconds_per_byte,
-        first_touch_warm_bytes=time_terms.first_touch_warm_bytes,
+        first_touch=time_terms.first_touch,
         warnings=tuple(warnings), baseline_source=str(worker_spec.baseline_source),
         block_multiple=None if geometry.block_multiple is None else tuple(int(m) for m in geometry.block_multiple),
     )
@@ -290,8 +289,7 @@ def replan(plan: ChunkPlan, predict: Predictor, *, done_fraction: float) -> Chun
                              pause_fraction=plan.pause_fraction, baseline_source=plan.baseline_source)
     time_terms = TimeTerms(seconds_per_voxel=plan.seconds_per_voxel or DEFAULT_SECONDS_PER_VOXEL,
                            graph_task_seconds=plan.graph_task_seconds, run_fixed_seconds=plan.run_fixed_seconds,
-                           task_clock=plan.task_clock, first_touch_seconds_per_byte=plan.first_touch_seconds_per_byte,
-                           first_touch_warm_bytes=plan.first_touch_warm_bytes)
+                           task_clock=plan.task_clock, first_touch=plan.first_touch)
     new = plan_chunks(geometry, predict, worker_spec, time_terms, confidence=plan.confidence, operator=plan.operator,
                       warnings=plan.warnings)
     return None if new.chunks == plan.chunks else new

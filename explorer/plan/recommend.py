@@ -13,7 +13,8 @@ from typing import Literal
 
 import numpy as np
 
-from explorer.plan.time_model import DEFAULT_GRAPH_TASK_SECONDS, RUN_IO_SECONDS_PER_VOXEL, run_seconds_per_voxel
+from explorer.plan.time_model import (DEFAULT_GRAPH_TASK_SECONDS, RUN_IO_SECONDS_PER_VOXEL, FirstTouch,
+                                      run_seconds_per_voxel)
 from explorer.core.units import FLOAT32_BYTES
 from explorer.plan.chunk_plan import ChunkPlan
 from explorer.plan.planner import plan_chunks
@@ -204,11 +205,10 @@ class _PlanRequest:
                           pause_fraction=worker_pause_fraction(), baseline_source=baseline.source)
 
     def first_touch(self) -> dict:
-        """The time terms of the workers' fresh pages (:meth:`worker_baseline`'s measured rate and
-        warm bytes; None for a baseline given as bytes, or one measured before they were kept)."""
-        baseline = self.worker_baseline()
-        return dict(first_touch_seconds_per_byte=baseline.first_touch_seconds_per_byte,
-                    first_touch_warm_bytes=baseline.first_touch_warm_bytes)
+        """The time term of the workers' fresh pages, ``{"first_touch": FirstTouch or None}``:
+        :meth:`worker_baseline`'s measured rate and warm bytes (None for a baseline given as
+        bytes, or one measured before they were kept)."""
+        return {"first_touch": _first_touch_of(self.worker_baseline())}
 
     def geometry(self, **operator_terms) -> VolumeGeometry:
         """The volume with the operator's whole axes and block multiple; ``operator_terms``: a
@@ -221,6 +221,14 @@ class _PlanRequest:
     def plan_options(self) -> dict:
         """The planner's keywords every strategy shares: the confidence, the operator, the one chunk shape."""
         return dict(confidence=self.confidence, operator=self.operator, chunks=self.chunks)
+
+
+def _first_touch_of(baseline: "WorkerBaseline | None") -> "FirstTouch | None":
+    """The time model's :class:`~explorer.plan.time_model.FirstTouch` of a measured baseline, or
+    None when it measured no rate."""
+    if baseline is None or baseline.first_touch_seconds_per_byte is None:
+        return None
+    return FirstTouch(baseline.first_touch_seconds_per_byte, baseline.first_touch_warm_bytes)
 
 
 def _fused_timing(request: _PlanRequest) -> dict:
@@ -374,14 +382,11 @@ def predicted_seconds(operator: str, shape, chunks, *, strategy: str = "fused", 
     slots = int(workers) * int(threads_per_worker)
     chunks = np.array(np.atleast_2d(chunks), dtype=np.int64)  # the axes it needs whole are whole, as a run makes them
     chunks[:, list(request.op.whole_axes)] = np.asarray(shape)[list(request.op.whole_axes)]
-    saved = local_worker_baseline(operator, runs_dir, measure=False)
-    touch = None if saved is None else saved.first_touch_seconds_per_byte
+    touch = _first_touch_of(local_worker_baseline(operator, runs_dir, measure=False))
     if strategy == "staged" and request.is_pipeline:
         stages, timing, _, _ = _staged_stages(request)
-        return staged_seconds(shape, stages, chunks, workers=int(workers), slots=slots, **timing,
-                              first_touch_seconds_per_byte=touch)
-    return fused_seconds(shape, request.op.halo, chunks, slots=slots, **_fused_timing(request),
-                         first_touch_seconds_per_byte=touch)
+        return staged_seconds(shape, stages, chunks, workers=int(workers), slots=slots, **timing, first_touch=touch)
+    return fused_seconds(shape, request.op.halo, chunks, slots=slots, **_fused_timing(request), first_touch=touch)
 
 
 def plan_for_chunks(operator: str, shape, chunks, memory_limit: int | str, *, strategy: str = "fused",

@@ -17,7 +17,7 @@ from explorer.plan.time_model import (
 )
 
 if TYPE_CHECKING:
-    from explorer.plan.time_model import TaskClock
+    from explorer.plan.time_model import FirstTouch, TaskClock
 
 __all__ = [
     "DEFAULT_MIN_CHUNK",
@@ -106,9 +106,6 @@ class TimeTerms:
     #: Seconds per voxel a run spends reading and storing beyond the operators; a staged plan's
     #: only (its first stage's read, its intermediates' halo slices from other workers).
     io_seconds_per_voxel: float = RUN_IO_SECONDS_PER_VOXEL
-    #: Seconds per byte a worker's first task of a run pays for pages new to it (the workers'
-    #: measured rate, ``explorer.measure.worker_baseline``; None: not measured, no such term).
-    first_touch_seconds_per_byte: float | None = None
-    #: The warm bytes each worker found when the rate was measured (None: none known, every page
-    #: of a first task charged).
-    first_touch_warm_bytes: float | None = None
+    #: What a slot's first task of a run pays for pages new to its worker (measured on the
+    #: workers; None: not measured, no such term).
+    first_touch: FirstTouch | None = None

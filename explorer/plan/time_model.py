@@ -16,7 +16,7 @@ from explorer.plan.grid import _samples, axis_blocks, exchanged_halo, row_produc
 __all__ = [
     "plan_seconds",
     "makespan_seconds",
-    "first_touch_seconds",
+    "FirstTouch",
     "schedule_waves",
     "expected_max_normal",
     "TaskClock",
@@ -113,11 +113,10 @@ def plan_seconds(
     spread=None,
     fixed_seconds: float = 0.0,
     units: int = 1,
-    first_touch_seconds=0.0,
 ):
     """Predicted wall time of ``n_tasks`` chunks' work on blocks of ``block_samples`` voxels::
 
-        seconds = fixed_seconds + schedule_waves(n, C, spread, units) * chunk_seconds + first_touch_seconds
+        seconds = fixed_seconds + schedule_waves(n, C, spread, units) * chunk_seconds
         chunk_seconds = graph_task_seconds * tasks_per_chunk + seconds_per_voxel * prod(b)
 
     on ``C = slots`` workers x threads (Dask hands ready tasks to free slots: greedy list
@@ -135,44 +134,59 @@ def plan_seconds(
     the result; learnt: ``explorer.plan.timing.fit_run_overheads``), the same for every
     chunking of one run, so it ranks nothing and only makes the figure a run's.  ``units``: a
     chunk's graph tasks the scheduler hands out one by one (a staged pipeline's stages:
-    :func:`schedule_waves`).  ``first_touch_seconds``: what each slot's first task pays beyond
-    the later ones, which the clock's figures leave out (its arrays' pages are new to the
-    worker: ``r * max(0, bytes(b) - w)``, ``r`` the workers' measured seconds per byte touched
-    afresh and ``w`` the warm bytes each found,
-    ``explorer.measure.worker_baseline.WorkerBaseline``, and ``bytes(b)`` the task's peak,
-    :meth:`TaskClock.task_bytes_at`: :func:`first_touch_seconds`).  The slots start their
-    first tasks together, so it is paid once per run, and more by a plan of larger blocks.
+    :func:`schedule_waves`).  A fused or staged plan's seconds add what each slot's first task
+    pays for pages new to its worker (:class:`FirstTouch`), which the clock's figures leave out.
     """
     seconds_per_voxel = np.asarray(seconds_per_voxel, dtype=np.float64)
     if (seconds_per_voxel < 0).any() or graph_task_seconds < 0:
         raise ValueError("seconds_per_voxel and graph_task_seconds must be non-negative")
     chunk_seconds = (graph_task_seconds * np.asarray(tasks_per_chunk, dtype=np.float64)
                      + seconds_per_voxel * np.asarray(block_samples, dtype=np.float64))
-    return makespan_seconds(n_tasks, slots, chunk_seconds, spread=spread, fixed_seconds=fixed_seconds, units=units,
-                            first_touch_seconds=first_touch_seconds)
+    return makespan_seconds(n_tasks, slots, chunk_seconds, spread=spread, fixed_seconds=fixed_seconds, units=units)
 
 
-def makespan_seconds(n_tasks, slots: int, chunk_seconds, *, spread=None, fixed_seconds: float = 0.0, units: int = 1,
-                     first_touch_seconds=0.0):
+def makespan_seconds(n_tasks, slots: int, chunk_seconds, *, spread=None, fixed_seconds: float = 0.0, units: int = 1):
     """A run's seconds, written once: ``fixed_seconds + schedule_waves(n, C, spread, units) *
-    chunk_seconds + first_touch_seconds`` (:func:`plan_seconds`; a staged plan's
-    ``chunk_seconds`` sums its stages')."""
-    first_touch_seconds = np.asarray(first_touch_seconds, dtype=np.float64)
-    if fixed_seconds < 0 or (first_touch_seconds < 0).any():
-        raise ValueError("fixed_seconds and first_touch_seconds must be non-negative")
-    return (fixed_seconds + schedule_waves(n_tasks, slots, spread, units) * np.asarray(chunk_seconds, dtype=np.float64)
-            + first_touch_seconds)
+    chunk_seconds`` (:func:`plan_seconds`; a staged plan's ``chunk_seconds`` sums its stages')."""
+    if fixed_seconds < 0:
+        raise ValueError("fixed_seconds must be non-negative")
+    return fixed_seconds + schedule_waves(n_tasks, slots, spread, units) * np.asarray(chunk_seconds, dtype=np.float64)
 
 
-def first_touch_seconds(task_clock: "TaskClock | None", volumes, seconds_per_byte: float | None,
-                        warm_bytes: float | None = None):
-    """``r * max(0, bytes(V) - w)``: what a slot's first task pays for the pages of its peak
-    beyond the ``w`` warm bytes its worker found (:func:`plan_seconds`; None: none known, every
-    page charged); 0 when the rate was not measured or the clock has no task bytes."""
-    task_bytes = None if task_clock is None else task_clock.task_bytes_at(volumes)
-    if task_bytes is None or seconds_per_byte is None or not seconds_per_byte > 0:
-        return 0.0
-    return float(seconds_per_byte) * np.maximum(0.0, task_bytes - float(warm_bytes or 0.0))
+@dataclass(frozen=True)
+class FirstTouch:
+    """What a slot's first task of a run pays for pages new to its worker, which the clock's
+    figures (its later tasks') leave out: measured on the workers
+    (``explorer.measure.worker_baseline.WorkerBaseline``).
+
+    ``seconds_per_byte`` ``r``: the cost of touching memory the machine has not used lately
+    (None: not measured, no such term); ``warm_bytes`` ``w``: the memory each worker found warm
+    (pages freed moments before) when it was measured (None: none known, every page charged).
+    A task of block ``b`` has peak ``m(b)`` (:meth:`TaskClock.task_bytes_at`), so its slot's
+    first task pays::
+
+        r * max(0, m(b) - w)
+
+    once per run (the slots start their first tasks together): more for a plan of larger
+    blocks.
+    """
+
+    seconds_per_byte: float | None = None
+    warm_bytes: float | None = None
+
+    def seconds(self, task_clock: "TaskClock | None", volumes):
+        """``r * max(0, m(V) - w)`` at block ``volumes``; 0 without a rate or the clock's task bytes."""
+        task_bytes = None if task_clock is None else task_clock.task_bytes_at(volumes)
+        if task_bytes is None or self.seconds_per_byte is None or not self.seconds_per_byte > 0:
+            return 0.0
+        return float(self.seconds_per_byte) * np.maximum(0.0, task_bytes - float(self.warm_bytes or 0.0))
+
+    def to_dict(self) -> dict:
+        return {"seconds_per_byte": self.seconds_per_byte, "warm_bytes": self.warm_bytes}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "FirstTouch":
+        return cls(**{k: None if data.get(k) is None else float(data[k]) for k in ("seconds_per_byte", "warm_bytes")})
 
 
 @functools.lru_cache(maxsize=64)
@@ -391,15 +405,14 @@ def composed_clock(clocks, shared_seconds_per_voxel: float = 0.0) -> TaskClock:
 
 def _fused_seconds(shape, axis_chunks, grid, blocks, n_tasks, *, slots: int, seconds_per_voxel,
                    graph_task_seconds: float, task_clock: TaskClock | None = None,
-                   run_fixed_seconds: float = 0.0, first_touch_seconds_per_byte: float | None = None,
-                   first_touch_warm_bytes: float | None = None) -> np.ndarray:
+                   run_fixed_seconds: float = 0.0, first_touch: FirstTouch | None = None) -> np.ndarray:
     """:func:`plan_seconds` of one task per block (an operator's plan, a pipeline's fused one) for
     candidates on a sub-grid of per-axis chunk lengths (:class:`Candidates`): with the learnt
     ``task_clock`` its seconds per voxel and spread at each block's volume, else the given
     ``seconds_per_voxel`` and Graham's bound.  A fused task's block is one windowed read of
     the file (``operators.windowed_map``): no halo is exchanged between chunks, so its graph
-    tasks are :func:`graph_tasks_per_chunk` with none.  ``first_touch_seconds_per_byte``,
-    ``first_touch_warm_bytes``: the workers' measured rate and warm bytes (:func:`first_touch_seconds`)."""
+    tasks are :func:`graph_tasks_per_chunk` with none.  ``first_touch``: the workers' fresh
+    pages (:class:`FirstTouch`)."""
     halo = (0,) * len(shape)
     volumes = _samples(blocks)
     spread = None
@@ -407,18 +420,15 @@ def _fused_seconds(shape, axis_chunks, grid, blocks, n_tasks, *, slots: int, sec
         seconds_per_voxel, spread = task_clock.seconds_per_voxel_at(volumes, blocks), task_clock.spread_at(volumes)
     return plan_seconds(n_tasks, volumes, slots, tasks_per_chunk=_grid_graph_tasks(shape, halo, axis_chunks, grid),
                         seconds_per_voxel=seconds_per_voxel, graph_task_seconds=graph_task_seconds, spread=spread,
-                        fixed_seconds=run_fixed_seconds,
-                        first_touch_seconds=first_touch_seconds(task_clock, volumes, first_touch_seconds_per_byte,
-                                                                first_touch_warm_bytes))
+                        fixed_seconds=run_fixed_seconds) + (first_touch or FirstTouch()).seconds(task_clock, volumes)
 
 
 def _staged_seconds(shape, stages, axis_chunks, grid, chunk_samples, n_tasks, *, workers: int, slots: int,
                     graph_task_seconds: float, io_seconds_per_voxel: float,
-                    run_fixed_seconds: float = 0.0, first_touch_seconds_per_byte: float | None = None,
-                    first_touch_warm_bytes: float | None = None) -> tuple[list, np.ndarray]:
+                    run_fixed_seconds: float = 0.0, first_touch: FirstTouch | None = None) -> tuple[list, np.ndarray]:
     """``(blocks per stage, seconds)``: :func:`plan_staged_chunks`'s time model (its docstring)
     for candidates on a sub-grid of per-axis chunk lengths.  A slot's first chunk touches afresh
-    the pages of its largest stage (:func:`first_touch_seconds`; the later stages reuse them)."""
+    the pages of its largest stage (:class:`FirstTouch`; the later stages reuse them)."""
     ndim = len(shape)
     blocks, chunk_seconds, spreads = [], np.zeros(len(chunk_samples)), []  # the stages' graph tasks and work
     touch = np.zeros(len(chunk_samples))
@@ -438,13 +448,12 @@ def _staged_seconds(shape, stages, axis_chunks, grid, chunk_samples, n_tasks, *,
             chunk_seconds += stage.seconds_per_voxel * volumes + (io_seconds_per_voxel * volumes
                                                                   if stage is stages[0] else 0.0)
         spreads.append(None if clock is None else clock.spread_at(volumes))
-        touch = np.maximum(touch, first_touch_seconds(clock, volumes, first_touch_seconds_per_byte,
-                                                      first_touch_warm_bytes))
+        touch = np.maximum(touch, (first_touch or FirstTouch()).seconds(clock, volumes))
         if not stage.windowed:  # its halo slices come from the intermediate's chunks, some on other workers
             chunk_seconds += io_seconds_per_voxel * (workers - 1) / workers * (volumes - chunk_samples)
     spread = None if any(x is None for x in spreads) else np.max(spreads, axis=0)
     return blocks, makespan_seconds(n_tasks, slots, chunk_seconds, spread=spread, fixed_seconds=run_fixed_seconds,
-                                    units=len(stages), first_touch_seconds=touch)
+                                    units=len(stages)) + touch
 
 
 def chunk_grid(shape, chunks) -> tuple[list, tuple, np.ndarray, np.ndarray]:
@@ -466,8 +475,7 @@ def chunk_grid(shape, chunks) -> tuple[list, tuple, np.ndarray, np.ndarray]:
 def fused_seconds(shape, halo, chunks, *, slots: int, seconds_per_voxel=DEFAULT_SECONDS_PER_VOXEL,
                   graph_task_seconds: float = DEFAULT_GRAPH_TASK_SECONDS,
                   task_clock: TaskClock | None = None, run_fixed_seconds: float = 0.0,
-                  first_touch_seconds_per_byte: float | None = None,
-                  first_touch_warm_bytes: float | None = None) -> np.ndarray:
+                  first_touch: FirstTouch | None = None) -> np.ndarray:
     """The time model of :func:`plan_chunks` at given chunk shapes ``(m, ndim)`` (one task per
     block): what it predicts for a chunking it did not choose."""
     axis_chunks, grid, n_tasks, _ = chunk_grid(shape, chunks)
@@ -476,19 +484,16 @@ def fused_seconds(shape, halo, chunks, *, slots: int, seconds_per_voxel=DEFAULT_
     return _fused_seconds(tuple(shape), axis_chunks, grid, blocks, n_tasks, slots=slots,
                           seconds_per_voxel=seconds_per_voxel, graph_task_seconds=graph_task_seconds,
                           task_clock=task_clock, run_fixed_seconds=run_fixed_seconds,
-                          first_touch_seconds_per_byte=first_touch_seconds_per_byte,
-                          first_touch_warm_bytes=first_touch_warm_bytes)
+                          first_touch=first_touch)
 
 
 def staged_seconds(shape, stages, chunks, *, workers: int, slots: int,
                    graph_task_seconds: float = DEFAULT_GRAPH_TASK_SECONDS,
                    io_seconds_per_voxel: float = RUN_IO_SECONDS_PER_VOXEL, run_fixed_seconds: float = 0.0,
-                   first_touch_seconds_per_byte: float | None = None,
-                   first_touch_warm_bytes: float | None = None) -> np.ndarray:
+                   first_touch: FirstTouch | None = None) -> np.ndarray:
     """The time model of :func:`plan_staged_chunks` at given chunk shapes ``(m, ndim)``."""
     axis_chunks, grid, n_tasks, chunk_samples = chunk_grid(shape, chunks)
     return _staged_seconds(tuple(shape), stages, axis_chunks, grid, chunk_samples, n_tasks, workers=int(workers),
                            slots=int(slots), graph_task_seconds=graph_task_seconds,
                            io_seconds_per_voxel=io_seconds_per_voxel, run_fixed_seconds=run_fixed_seconds,
-                           first_touch_seconds_per_byte=first_touch_seconds_per_byte,
-                           first_touch_warm_bytes=first_touch_warm_bytes)[1]
+                           first_touch=first_touch)[1]
