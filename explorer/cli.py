@@ -16,7 +16,7 @@ import time
 
 from explorer.core import validate
 from explorer.cli_text import (considered_text, largest_block_text, print_explore, print_probes, print_run,
-                               print_started, print_step, print_timings, probe_progress)
+                               print_started, print_step, print_timings, probe_progress, time_model_text)
 from explorer.core.units import format_bytes, format_shape, parse_shape
 
 EXIT_USAGE = 2
@@ -364,14 +364,7 @@ def _cmd_chunks(argv: list[str]) -> int:
     print(f"threads/worker  {plan.threads_per_worker}")
     print(f"worker baseline {format_bytes(plan.footprint.baseline_bytes)} ({_BASELINE_SOURCES[plan.baseline_source]})")
     if plan.predicted_seconds is not None:
-        spread = ("Graham's bound, no task clocks yet" if plan.task_spread is None
-                  else f"equal tasks' spread {plan.task_spread:.0%}, from the workers' clocks")
-        source = ("timed at this block by the workers" if plan.block_clocked
-                  else "the workers' clock at this block's volume" if plan.task_clock is not None
-                  else "from the profiles")
-        speed = "" if plan.seconds_per_voxel is None else f"{plan.seconds_per_voxel * 1e9:.0f} ns/voxel {source}, "
-        print(f"time model      ~{plan.predicted_seconds:.3g} s on {plan.slots} slot(s) "
-              f"({speed}{spread}; used to rank shapes, not a promise)")
+        print(f"time model      {time_model_text(plan)}")
     return 0
 
 

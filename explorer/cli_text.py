@@ -80,6 +80,23 @@ def largest_block_text(plan) -> str:
             f"{math.prod(plan.block):,}; `explore {plan.operator} --probe-seconds S` learns and probes larger)")
 
 
+def time_model_text(plan) -> str:
+    """The plan's predicted seconds and what they are made of (``explore chunks``' time line)."""
+    spread = ("Graham's bound, no task clocks yet" if plan.task_spread is None
+              else f"equal tasks' spread {plan.task_spread:.0%}, from the workers' clocks")
+    source = ("timed at this block by the workers" if plan.block_clocked
+              else "the workers' clock at this block's volume" if plan.task_clock is not None
+              else "from the profiles")
+    speed = "" if plan.seconds_per_voxel is None else f"{plan.seconds_per_voxel * 1e9:.0f} ns/voxel {source}, "
+    touch = plan.first_touch
+    fresh = ""
+    if touch is not None and touch.seconds_per_byte:
+        beyond = ("every page" if not touch.warm_bytes else f"beyond {format_bytes(touch.warm_bytes)} warm")
+        fresh = f", first tasks' fresh pages at {touch.seconds_per_byte * 2**20 * 1e3:.2g} ms/MiB ({beyond})"
+    return (f"~{plan.predicted_seconds:.3g} s on {plan.slots} slot(s) ({speed}{spread}{fresh}; used to rank shapes, "
+            f"not a promise)")
+
+
 def print_timings(timings: dict, total_seconds: float) -> None:
     """``explore --timings``: each section's seconds, entries and share of the wall time, to stderr
     (nested sections are parts of their parent: ``ExploreResult.timings``)."""

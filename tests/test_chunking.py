@@ -720,6 +720,12 @@ def test_a_slots_first_task_pays_for_its_fresh_pages_once_and_larger_blocks_pay_
     assert ChunkPlan.from_dict(json.loads(json.dumps(fresh.to_dict()))).first_touch == fresh_pages
     # warm bytes enough for the largest block's tasks: nothing is charged, the plan is the clock's
     assert plan(time_model.FirstTouch(2e-9, warm_bytes=1e12)).chunks == unmeasured.chunks
+    # explore chunks says what the predicted seconds charge for
+    from explorer.cli_text import time_model_text
+
+    assert "fresh pages at 2.1 ms/MiB (every page)" in time_model_text(fresh)  # 2e-9 s/byte
+    assert "beyond 1.00 GiB warm" in time_model_text(plan(time_model.FirstTouch(2e-9, warm_bytes=2**30)))
+    assert "fresh pages" not in time_model_text(unmeasured)
     # r * max(0, m(V) - w); nothing without a rate or without the clock's task bytes
     assert time_model.FirstTouch().seconds(clock, [1e6]) == 0.0
     bare = time_model.TaskClock(volumes=(1e6,), seconds_per_voxel=(2e-7,))
