@@ -87,12 +87,13 @@ def _prepare_workers(ctx: RunContext) -> None:
 def _measure_workers(ctx: RunContext) -> None:
     """Warm the operator on every worker, check the paths, measure the baseline."""
     from explorer.measure.worker_baseline import WorkerError, measure_worker_baseline, same_machine_first_touch
+    from explorer.search.store import SOURCE_PROBE
 
     out_dir = os.path.dirname(os.path.abspath(ctx.output)) or "."
     try:
         ctx.baseline = measure_worker_baseline(ctx.client, ctx.operator.name,
                                                readable=(os.path.abspath(ctx.run_input.path),), writable=(out_dir,),
-                                               first_touch=True)
+                                               first_touch=ctx.source != SOURCE_PROBE)  # a probe plans nothing
     except WorkerError as exc:
         lost = "was lost" in str(exc)
         raise _RunError(FAILED if lost else ERROR, str(exc),
