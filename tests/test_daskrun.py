@@ -207,37 +207,32 @@ def test_auto_chunks_are_reported_on_a_cluster_given_by_its_client(cluster, segy
     assert r.observations_recorded == 0 and r.tasks_over_bound is None
 
 
-def test_the_workers_first_touch_rate_is_measured_on_them_and_used_on_this_machine_only(cluster, tmp_path):
+def test_the_workers_first_touch_is_measured_on_them_and_a_saved_rate_is_kept(cluster, tmp_path):
     """``first_touch=True`` touches memory on every worker until it reaches pages the machine has
     not used lately (a real LocalCluster): a rate of at least 0 s per byte once some worker did,
-    and the warm bytes each found (all of a quarter of its 1 GiB when none did); without it
-    nothing is measured.  Saved as this machine's local baseline, the rate reaches a run's
-    baseline measured on workers of this machine, not on another's, and a later baseline that
-    reached no cold page keeps it."""
+    none when no worker did (within a quarter of its 1 GiB), and the warm bytes each found;
+    without it nothing is measured.  This machine's saved baseline keeps its rate when a later
+    one measured none (``recommend_chunks`` outside a run charges at it)."""
     from dataclasses import replace
 
     from distributed import Client
 
-    from explorer.measure.worker_baseline import (measure_worker_baseline, same_machine_first_touch,
-                                                  save_worker_baseline)
+    from explorer.measure.worker_baseline import _load_local, measure_worker_baseline, save_worker_baseline
 
     with Client(cluster) as client:
         timed = measure_worker_baseline(client, OPERATOR, first_touch=True)
         untimed = measure_worker_baseline(client, OPERATOR)
     assert timed.first_touch_warm_bytes is not None and timed.first_touch_warm_bytes > 0
     if timed.first_touch_seconds_per_byte is None:
-        assert timed.first_touch_warm_bytes >= LIMIT // 4
+        assert timed.first_touch_warm_bytes >= LIMIT // 4 - 2 * 2**20 * 16
     else:
         assert timed.first_touch_seconds_per_byte >= 0
     assert untimed.first_touch_seconds_per_byte is None and untimed.first_touch_warm_bytes is None
     runs = tmp_path / "runs"
-    assert same_machine_first_touch(OPERATOR, untimed, runs) is None  # nothing saved
     save_worker_baseline(OPERATOR, replace(timed, first_touch_seconds_per_byte=1.5e-9), runs)
-    assert same_machine_first_touch(OPERATOR, untimed, runs) == 1.5e-9
-    elsewhere = replace(untimed, environment={**untimed.environment, "hostname": "another-node"})
-    assert same_machine_first_touch(OPERATOR, elsewhere, runs) is None
+    assert _load_local(OPERATOR, runs).first_touch_seconds_per_byte == 1.5e-9
     save_worker_baseline(OPERATOR, untimed, runs)  # nothing measured: the saved rate stays
-    assert same_machine_first_touch(OPERATOR, untimed, runs) == 1.5e-9
+    assert _load_local(OPERATOR, runs).first_touch_seconds_per_byte == 1.5e-9
 
 
 def test_model_chunks_follow_recommend_chunks_with_the_clusters_baseline(cluster, segy, expected, model_runs,

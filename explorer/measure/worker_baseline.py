@@ -32,7 +32,6 @@ __all__ = [
     "WorkerBaseline",
     "local_worker_baseline",
     "measure_worker_baseline",
-    "same_machine_first_touch",
 ]
 
 
@@ -273,16 +272,3 @@ def local_worker_baseline(operator: str, runs_dir=None, *, measure: bool = True)
     save_worker_baseline(operator, baseline, runs_dir)
     return baseline
 
-
-def same_machine_first_touch(operator: str, baseline: WorkerBaseline, runs_dir=None) -> float | None:
-    """The saved local baseline's ``first_touch_seconds_per_byte`` when ``baseline``'s workers
-    run on this machine (their environment's hostname and machine are the saved one's), else
-    None: a run's workers are not made to touch hundreds of MiB to measure it, and a rate is
-    used only where it was measured."""
-    saved = _load_local(operator, runs_dir)
-    if saved is None or saved.first_touch_seconds_per_byte is None or not baseline.environment:
-        return None
-    keys = ("hostname", "machine")
-    if any((saved.environment or {}).get(k) != baseline.environment.get(k) for k in keys):
-        return None
-    return saved.first_touch_seconds_per_byte

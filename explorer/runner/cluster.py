@@ -86,7 +86,7 @@ def _prepare_workers(ctx: RunContext) -> None:
 
 def _measure_workers(ctx: RunContext) -> None:
     """Warm the operator on every worker, check the paths, measure the baseline."""
-    from explorer.measure.worker_baseline import WorkerError, measure_worker_baseline, same_machine_first_touch
+    from explorer.measure.worker_baseline import WorkerError, measure_worker_baseline
     from explorer.search.store import SOURCE_PROBE
 
     out_dir = os.path.dirname(os.path.abspath(ctx.output)) or "."
@@ -99,9 +99,6 @@ def _measure_workers(ctx: RunContext) -> None:
         raise _RunError(FAILED if lost else ERROR, str(exc),
                         advice="raise --memory-limit" if lost else None) from None
     ctx.result.worker_baseline_bytes = ctx.baseline.bytes
-    if ctx.baseline.first_touch_seconds_per_byte is None:  # no cold page reached: this machine's, if known
-        ctx.baseline.first_touch_seconds_per_byte = same_machine_first_touch(ctx.operator.name, ctx.baseline,
-                                                                             ctx.runs_dir)
     from explorer.measure.inworker import reset_worker_high_water
 
     ctx.client.run(reset_worker_high_water, on_error="ignore")  # this run's peak, not the worker's of all time
