@@ -68,8 +68,8 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from explorer.measure.highwater import is_supported, read_status, reset_high_water_mark
 
-__all__ = ["ObservationPlugin", "first_touch_seconds", "measured_run", "reset_worker_high_water", "resident_bytes", "warm_worker",
-           "worker_high_water_bytes"]
+__all__ = ["ObservationPlugin", "first_touch_seconds", "measured_run", "reset_worker_high_water", "resident_bytes",
+           "warm_worker", "worker_high_water_bytes"]
 
 
 class _Interval:
@@ -195,11 +195,11 @@ def first_touch_seconds(max_bytes: int = FIRST_TOUCH_MAX_BYTES, segment_bytes: i
     pages freed moments before, which the guest hands out first and reports only bit by bit
     (after a process freed 600 MiB, the next one's first 416 MiB were warm).  Segments are
     touched until two in a row take :data:`COLD_SEGMENT_FACTOR` times ``warm``, or ``max_bytes``
-    (a quarter of the worker's memory limit at most, and never past
-    :data:`FIRST_TOUCH_LIMIT_SHARE` of it: none at all for a worker already near it) are held: the slow ones time the pages a
-    run's first tasks pay for, the count before them is the warm memory there was to share.
-    All of it is freed at the end, and so warm for what runs next.  Where a first touch costs a
-    page fault on bare metal, no segment is cold.
+    are held (a quarter of the worker's memory limit at most, and never past
+    :data:`FIRST_TOUCH_LIMIT_SHARE` of it: none at all for a worker already near it).  The slow
+    ones time the pages a run's first tasks pay for; the count before them is the warm memory
+    there was to share.  All of it is freed at the end, and so warm for what runs next.  Where a
+    first touch costs a page fault on bare metal, no segment is cold.
     """
     segment_bytes = int(segment_bytes)
     if dask_worker is not None and getattr(dask_worker, "memory_manager", None) is not None \

@@ -54,8 +54,8 @@ class WorkerBaseline:
     pay, and ``first_touch_warm_bytes`` the memory each worker found warm when it was measured
     (:func:`_first_touch`; None when not measured); the time model charges each slot's first
     task with the rate for the bytes it touches beyond the warm ones
-    (``explorer.plan.time_model.plan_seconds``).  Only the rate is saved: the warm bytes are
-    the moment's.
+    (``explorer.plan.time_model.FirstTouch``).  Only the rate is saved: the warm bytes are the
+    moment's.
     """
 
     bytes: int

@@ -1,6 +1,7 @@
 """The time model: a plan's predicted seconds (graph tasks, waves of list scheduling, a
-chunk's seconds at its block's volume) and the workers' learnt clock (:class:`TaskClock`).
-Used to rank chunk shapes, never a promise.
+chunk's seconds at its block's volume, the fresh pages of each slot's first task:
+:class:`FirstTouch`) and the workers' learnt clock (:class:`TaskClock`).  Used to rank chunk
+shapes, never a promise.
 """
 
 from __future__ import annotations
@@ -274,7 +275,7 @@ class TaskClock:
 
     ``task_bytes_per_voxel``: per volume of ``volumes``, the median peak of the tasks (bytes
     above the worker before each) per block voxel: the memory a worker's first task of a run
-    touches afresh (:func:`plan_seconds`); empty in a clock saved before it was kept.
+    touches afresh (:class:`FirstTouch`); empty in a clock saved before it was kept.
     """
 
     volumes: tuple[float, ...]
