@@ -184,9 +184,9 @@ def first_touch_seconds(max_bytes: int = FIRST_TOUCH_MAX_BYTES, segment_bytes: i
                         dask_worker=None) -> dict:
     """What this process pays to touch memory, segment by segment, until it reaches pages the
     machine has not used lately (run it on workers with ``client.run``): ``{"segment_bytes",
-    "warm", "segments", "cold"}``: the seconds of a segment touched just after it was freed
-    (``warm``), of each segment touched in turn (all held until the end), and how many of the
-    last were cold (0 or 2).
+    "warm", "segments", "cold", "touched_bytes"}``: the seconds of a segment touched just after it
+    was freed (``warm``), of each segment touched in turn (all held until the end), whether the
+    last two were cold, and all the bytes touched (warm once freed).
 
     An array larger than the mmap threshold is a fresh mapping, whose pages the kernel zeroes
     on their first touch.  On a virtual machine whose balloon reports free pages to its host
@@ -208,19 +208,18 @@ def first_touch_seconds(max_bytes: int = FIRST_TOUCH_MAX_BYTES, segment_bytes: i
         room = int(FIRST_TOUCH_LIMIT_SHARE * limit) - int(read_status()["VmRSS"])  # never near its pause
         max_bytes = min(int(max_bytes), limit // 4, room)
         if max_bytes < 3 * segment_bytes:
-            return {"segment_bytes": segment_bytes, "warm": 0.0, "segments": [], "cold": 0}
+            return {"segment_bytes": segment_bytes, "warm": 0.0, "segments": [], "cold": False, "touched_bytes": 0}
     _touch(segment_bytes)
     warm, pages = _touch(segment_bytes)  # the pages just freed: warm whatever the machine
-    held, seconds = [pages], []
-    while len(seconds) < max(2, int(max_bytes) // segment_bytes - 1):
+    held, seconds, cold = [pages], [], False
+    while not cold and len(seconds) < max(2, int(max_bytes) // segment_bytes - 1):
         took, pages = _touch(segment_bytes)
         held.append(pages)
         seconds.append(took)
-        if len(seconds) >= 2 and min(seconds[-2:]) > COLD_SEGMENT_FACTOR * warm:
-            break
+        cold = len(seconds) >= 2 and min(seconds[-2:]) > COLD_SEGMENT_FACTOR * warm
     del held, pages
-    cold = 2 if len(seconds) >= 2 and min(seconds[-2:]) > COLD_SEGMENT_FACTOR * warm else 0
-    return {"segment_bytes": segment_bytes, "warm": warm, "segments": seconds, "cold": cold}
+    return {"segment_bytes": segment_bytes, "warm": warm, "segments": seconds, "cold": cold,
+            "touched_bytes": (1 + len(seconds)) * segment_bytes}
 
 
 def measured_run(run, block):

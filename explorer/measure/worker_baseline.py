@@ -133,10 +133,10 @@ def _first_touch(client) -> tuple[float | None, int | None]:
         return None, None
     rates, warm = [], []
     for reply in replies.values():
-        segment, seconds = int(reply["segment_bytes"]), list(reply["segments"])
-        warm.append((1 + len(seconds)) * segment if seconds else 0)
+        warm.append(int(reply["touched_bytes"]))
         if reply["cold"]:
-            rates.append(max(0.0, float(np.mean(seconds[-2:])) - float(reply["warm"])) / segment)
+            cold_seconds = float(np.mean(reply["segments"][-2:])) - float(reply["warm"])
+            rates.append(max(0.0, cold_seconds) / int(reply["segment_bytes"]))
     return (float(np.median(rates)) if rates else None), (min(warm) if warm else None)
 
 
