@@ -16,6 +16,7 @@ from explorer.core import environment
 from explorer.plan import calibration as cal
 from explorer.plan import excess as plan_excess
 from explorer.plan import task_model
+from explorer.plan import time_model
 from explorer.plan import timing
 from explorer.core.environment import StaleModelWarning, environment_stamp
 from explorer.search.store import Record, Store
@@ -268,6 +269,33 @@ def test_the_clock_keeps_each_volumes_task_bytes_per_voxel_the_pages_a_first_tas
     assert clock.task_bytes_at([1000.0])[0] == pytest.approx(6000.0)
     bare = timing.fit_clock([("a", small, 0.1, 0.1, "w1"), ("a", large, 0.2, 0.2, "w1")])
     assert bare.task_bytes_per_voxel == () and bare.task_bytes_at([1000.0]) is None
+
+
+def test_the_clock_learns_the_seconds_per_voxel_read_and_what_its_tasks_read_per_voxel():
+    """Probe-like cubes on SEG-Ys of two chunks per axis read their whole traces: twice their
+    voxels along samples.  Their read seconds are 1 ms plus 5 ns per voxel read (a worker's
+    first task 3x, fresh pages): the clock's rate is the later tasks' slope, and per volume and
+    shape it keeps what the tasks read per block voxel.  Records without a read timed (saved
+    before reads were) leave a clock without reads."""
+    def task(edge, worker, first=False):
+        shape, volume_shape = (edge,) * 3, [2 * edge] * 3
+        read = 2.0 * edge**3
+        return record(shape, 1, run=f"r{edge}", worker=worker, task_seconds=0.5, run_seconds=0.1, other_seconds=0.0,
+                      read_seconds=(3.0 if first else 1.0) * (1e-3 + 5e-9 * read),
+                      read_unit=[1, 1, 2 * edge], volume_shape=volume_shape)
+
+    rows = [task(e, w, first=True) for e in (40, 80) for w in ("w1", "w2")]
+    rows += [task(e, w) for e in (40, 80) for w in ("w1", "w2", "w1")]
+    clock = timing.fit_timing(rows).clock
+    assert clock.read_seconds_per_voxel == pytest.approx(5e-9)
+    assert clock.read_voxels_per_voxel == pytest.approx((2.0, 2.0))
+    assert clock.shape_read_voxels_per_voxel == pytest.approx((2.0, 2.0))
+    # a full-trace block of the 80^3 volume reads its voxels once: 5 ns less per voxel than the clock's cube
+    assert clock.read_correction([80.0**3], None, [80.0**3])[0] == pytest.approx(-5e-9 * 80**3)
+    assert time_model.TaskClock.from_dict(json.loads(json.dumps(clock.to_dict()))) == clock
+    bare = [record((40,) * 3, 1, run="old", worker="w1", task_seconds=0.5, run_seconds=0.1, other_seconds=0.0)] * 2
+    assert timing.fit_timing(bare).clock.read_seconds_per_voxel is None
+    assert timing.fit_timing(bare).clock.read_correction([1e5], None, [1e6]) == 0.0
 
 
 def test_a_tasks_fixed_cost_stays_with_the_blocks_that_pay_it():

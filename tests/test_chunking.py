@@ -761,6 +761,44 @@ def test_a_clocked_block_shape_takes_its_own_figure_and_survives_a_round_trip():
     assert fused.seconds_per_voxel_at([4e6], [[100, 100, 400]])[0] == pytest.approx(5e-7 + 3e-7 - 5e-8)
 
 
+def test_a_read_touches_whole_units_a_segy_trace_or_a_zarr_chunk():
+    # on average over positions: the window plus a unit less one sample, at most the axis
+    assert grid.read_extent(5, 1, 10) == 5 and grid.read_extent(5, 4, 10) == 8 and grid.read_extent(5, 10, 10) == 10
+    # exactly, over an axis's chunks: windows [0, 5), [3, 9), [7, 10) of chunks of 4 with a halo of 1
+    np.testing.assert_allclose(grid.mean_read_extent(10, [4], 1, 1), [(5 + 6 + 3) / 3])
+    # units of 4: [0, 4) and [4, 8) whole, [8, 10) reads the last unit's 2 samples
+    np.testing.assert_allclose(grid.mean_read_extent(10, [4, 10], 0, 4), [(4 + 4 + 2) / 3, 10])
+    # a SEG-Y's samples axis: every chunk reads whole traces
+    np.testing.assert_allclose(grid.mean_read_extent(320, [40, 160, 320], 3, 320), [320, 320, 320])
+
+
+def test_a_plan_keeps_whole_traces_when_its_clocked_cubes_read_twice_their_voxels():
+    """A clock timed on cubes that read whole traces twice their length (the probes': rho = 2),
+    read at 10 ns per voxel of 20 ns per block voxel in all.  On a SEG-Y (a read unit of one
+    trace) a block that keeps whole traces reads half as much per voxel: the time model takes
+    10 ns per voxel off it, and the plan keeps the traces whole, where without the read unit the
+    two tie and the compact block wins."""
+    shape = (256, 256, 256)
+    predict = lambda blocks, confidence=0.99: (100.0 * np.prod(blocks, axis=1),) * 2  # noqa: E731
+    clock = time_model.TaskClock(volumes=(1e5, 1e8), seconds_per_voxel=(2e-8, 2e-8), read_seconds_per_voxel=1e-8,
+                                 read_voxels_per_voxel=(2.0, 2.0))
+
+    def plan(read_unit):
+        return plan_chunks(VolumeGeometry(shape, (0, 0, 0), read_unit=read_unit, max_block_voxels=2**21), predict,
+                           WorkerSpec(1536 * MiB, BASELINE, workers=2),
+                           TimeTerms(graph_task_seconds=0.002, task_clock=clock))
+
+    compact, traces = plan(None), plan((1, 1, 256))
+    assert compact.chunks[2] < 256 and compact.read_unit is None
+    assert traces.chunks[2] == 256 and traces.read_unit == (1, 1, 256)
+    assert ChunkPlan.from_dict(json.loads(json.dumps(traces.to_dict()))) == traces
+    cube, slab = time_model.fused_seconds(shape, (0, 0, 0), [compact.chunks, traces.chunks], slots=2,
+                                          graph_task_seconds=0.002, task_clock=clock, read_unit=(1, 1, 256))
+    assert slab < cube
+    assert cube == pytest.approx(float(time_model.fused_seconds(shape, (0, 0, 0), [compact.chunks], slots=2,
+                                                                graph_task_seconds=0.002, task_clock=clock)[0]))
+
+
 def test_a_plan_avoids_a_block_shape_the_workers_timed_slow_and_says_whether_its_block_was_timed():
     """256^3, halo 5, two slots, 1.5 GiB: by one cost per voxel the two largest chunks that fit
     are the fastest plan (one wave, least halo); once the workers timed their block at 1.6x that

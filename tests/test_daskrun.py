@@ -256,6 +256,10 @@ def test_model_chunks_follow_recommend_chunks_with_the_clusters_baseline(cluster
     runs = Store(model_runs).records(OPERATOR, source="run")
     assert len(runs) == 1 and runs[0].context["run"] == r.run_id and runs[0].context["n_tasks"] == r.n_tasks
     assert runs[0].context["baseline_bytes"] == r.worker_baseline_bytes
+    assert r.plan["read_unit"] == [1, 1, VOLUME[2]]  # the SEG-Y's traces, which each task reads whole
+    for task in Store(model_runs).records(OPERATOR, source="production"):
+        assert task.context["read_unit"] == [1, 1, VOLUME[2]] and task.context["volume_shape"] == list(VOLUME)
+        assert 0 < task.context["read_seconds"] < task.context["task_seconds"] - task.context["run_seconds"] + 1e-3
     assert_equal_to_numpy(zarr.open_array(str(tmp_path / "out.zarr"), mode="r")[:], expected)
 
 

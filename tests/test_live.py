@@ -211,6 +211,8 @@ def test_observations_carry_run_environment_and_clocks(client, segy, tmp_path, m
     for r in records:
         assert r.context["run"] == observer.run_id and r.context["environment"] == digest
         assert 0 < r.context["run_seconds"] <= r.context["task_seconds"]
+        # before its run the task gathered its overlap pieces: part of its own seconds
+        assert 0 <= r.context["read_seconds"] <= r.context["task_seconds"] - r.context["run_seconds"] + 1e-3
         assert r.context["other_seconds"] >= 0 and r.context["other_tasks"] >= 0
     assert sum(r.context["other_tasks"] for r in records) > 0  # the reads and overlap slices
     c = calibrate(OPERATOR, store, model, runs_dir=tmp_path, save=False)

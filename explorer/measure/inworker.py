@@ -48,7 +48,8 @@ life, across runs.  A worker's first task of a run finds none of the run's freed
 process to reuse and peaked highest on each worker of the first-run trials (issue 33):
 ``explorer.plan.calibration`` estimates that offset from groups holding both kinds.
 
-Clocks: each operator task reports its own seconds, the seconds inside ``run``, and the
+Clocks: each operator task reports its own seconds, the seconds inside ``run``, the seconds
+before its first ``run`` (``read_seconds``: a windowed task reads its block then), and the
 seconds and count of the worker's other tasks (reads, overlap slices) since its previous
 report; a task's seconds are its compute as the worker records it (``startstops``, without the
 event loop's latency), so ``explorer.plan.calibration`` can learn a run's time per voxel.
@@ -229,6 +230,7 @@ def measured_run(run, block):
     the ``run`` call (``run_peak_bytes``) under the task's key for
     :class:`ObservationPlugin`; anywhere else it is just ``run(block)``.
     """
+    from distributed.metrics import time as task_clock
     from distributed.worker import thread_state
 
     key = getattr(thread_state, "key", None)
@@ -236,13 +238,15 @@ def measured_run(run, block):
         return run(block)
     operator = getattr(getattr(run, "__self__", None), "name", None)
     token = object()
+    task_started = getattr(thread_state, "start_time", None)  # set by the worker as the task starts
+    before_run = None if task_started is None else max(0.0, task_clock() - float(task_started))
     _HIGH_WATER.begin(token, key)
     try:
         return run(block)
     finally:
         measured = _HIGH_WATER.end(token)
         if measured is not None:
-            note = (operator, [int(n) for n in np.shape(block)], measured[0], measured[3], measured[4])
+            note = (operator, [int(n) for n in np.shape(block)], measured[0], measured[3], measured[4], before_run)
             with _RUNS_LOCK:
                 _RUNS.setdefault(key, []).append(note)
 
@@ -297,7 +301,7 @@ class ObservationPlugin(WorkerPlugin):
 
     Each report is ``worker.log_event(topic, msg)`` with ``msg`` a dict: ``operator``,
     ``shape`` (the block ``run`` saw), ``peak_bytes`` (task), ``run_peak_bytes``,
-    ``seconds``, ``run_seconds``, ``other_seconds``, ``other_tasks``, ``exact``,
+    ``seconds``, ``run_seconds``, ``read_seconds``, ``other_seconds``, ``other_tasks``, ``exact``,
     ``n_runs``, ``rss_before_bytes``, ``process_peak_bytes``, ``worker``, ``threads``,
     ``memory_limit``, ``environment`` (digest), ``key``, ``id``, and the task's order on its
     worker (module docstring): ``first_in_run``, ``task_index``, ``process_task_index``.
@@ -400,6 +404,7 @@ class ObservationPlugin(WorkerPlugin):
             "run_peak_bytes": int(largest[2]),
             "seconds": float(seconds),
             "run_seconds": float(sum(n[4] for n in mine)),
+            "read_seconds": mine[0][5],
             "other_seconds": float(other_seconds),
             "other_tasks": int(other_tasks),
             "exact": bool(exact and largest[3] and len(mine) == 1),

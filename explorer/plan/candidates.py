@@ -14,7 +14,7 @@ import numpy as np
 from explorer.plan.grid import Candidates, _samples, axis_blocks
 from explorer.plan.predictor import takes
 from explorer.plan.spec import TimeTerms
-from explorer.plan.time_model import _fused_seconds
+from explorer.plan.time_model import _fused_seconds, _grid_read_voxels
 
 if TYPE_CHECKING:
     from explorer.plan.chunk_plan import ChunkPlan
@@ -169,7 +169,8 @@ def chunk_candidates(geometry: VolumeGeometry, *, footprint, budget: int, slots:
                              seconds_per_voxel=time_terms.seconds_per_voxel,
                              graph_task_seconds=time_terms.graph_task_seconds, task_clock=time_terms.task_clock,
                              run_fixed_seconds=time_terms.run_fixed_seconds,
-                             first_touch=time_terms.first_touch)
+                             first_touch=time_terms.first_touch,
+                             read_voxels=_grid_read_voxels(shape, halo, axis_chunks, grid, geometry.read_unit))
     return Candidates(axis_chunks=axis_chunks, grid=grid, chunks=chunks, blocks=blocks, n_tasks=n_tasks[keep],
                       # a fused task reads its own block (operators.windowed_map): nothing kept for a neighbour
                       neighbours=np.zeros(len(keep), dtype=np.int64), seconds=seconds)

@@ -75,6 +75,9 @@ class ChunkPlan:
     #: What the predicted seconds charge each slot's first task for pages new to its worker
     #: (``explorer.plan.time_model.FirstTouch``; None: not measured, no such charge).
     first_touch: FirstTouch | None = None
+    #: What a task's read of the input touches whole, per axis, as the predicted seconds priced
+    #: it (``VolumeGeometry.read_unit``; None: as the clock's tasks read).
+    read_unit: tuple[int, ...] | None = None
     #: Input chunks a worker keeps for its neighbours' halos (:func:`neighbour_chunks_held`).
     neighbour_chunks: int = 0
     #: The workers the plan shares the work between.
@@ -149,6 +152,7 @@ class ChunkPlan:
             "task_spread": self.task_spread,
             "block_clocked": self.block_clocked,
             "first_touch": None if self.first_touch is None else self.first_touch.to_dict(),
+            "read_unit": None if self.read_unit is None else list(self.read_unit),
             "neighbour_chunks": self.neighbour_chunks,
             "workers": self.workers,
             "baseline_bytes": self.footprint.baseline_bytes,
@@ -185,7 +189,7 @@ class ChunkPlan:
             "footprint": WorkerFootprint.from_dict, "n_candidates": int, "slots": int,
             "predicted_seconds": optional(float), "seconds_per_voxel": optional(float),
             "task_spread": optional(float), "task_clock": optional(TaskClock.from_dict), "block_clocked": bool,
-            "first_touch": optional(FirstTouch.from_dict),
+            "first_touch": optional(FirstTouch.from_dict), "read_unit": optional(ints),
             "neighbour_chunks": int, "workers": int, "itemsize": int, "output_itemsize": int, "min_chunk": int,
             "max_block_voxels": optional(int), "graph_task_seconds": float, "run_fixed_seconds": float,
             "warnings": tuple, "baseline_source": str,

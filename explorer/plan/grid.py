@@ -34,6 +34,34 @@ def axis_blocks(length: int, chunks, halo: int) -> np.ndarray:
     return np.where(n_chunks == 1, length, block)
 
 
+def read_extent(window, unit, length):
+    """Samples a read of ``window`` samples touches along an axis of ``length`` stored in units of
+    ``unit`` samples (a SEG-Y's samples axis: one trace; a Zarr array's: its chunk), on average
+    over where the window starts::
+
+        min(length, window + unit - 1)
+
+    (a window touches ``1 + (window - 1) / unit`` units on average): the window itself when
+    ``unit`` is 1, the whole axis when ``unit`` is the axis.  Arrays broadcast."""
+    w, u = np.asarray(window, dtype=np.float64), np.asarray(unit, dtype=np.float64)
+    return np.minimum(np.asarray(length, dtype=np.float64), w + u - 1.0)
+
+
+def mean_read_extent(length: int, chunks, halo: int, unit: int) -> np.ndarray:
+    """Per chunk length of ``chunks``, the mean over the axis's chunks of the samples their
+    windowed reads touch (``operators.windowed_map``): chunk ``j``'s window ``[lo, hi) = [max(0,
+    j c - h), min(N, (j + 1) c + h))`` touches the units ``floor(lo / u)`` to ``ceil(hi / u)``,
+    so ``min(N, u ceil(hi / u)) - u floor(lo / u)`` samples; exact where :func:`read_extent`
+    averages over positions."""
+    out = np.empty(len(np.atleast_1d(chunks)), dtype=np.float64)
+    for i, c in enumerate(np.atleast_1d(np.asarray(chunks, dtype=np.int64)).tolist()):
+        starts = np.arange(0, length, c, dtype=np.int64)
+        lo = np.maximum(0, starts - halo)
+        hi = np.minimum(length, starts + c + halo)
+        out[i] = float((np.minimum(length, -(-hi // unit) * unit) - (lo // unit) * unit).mean())
+    return out
+
+
 def row_product(a: np.ndarray):
     """``prod`` over the last axis of ``(ndim,)`` or ``(m, ndim)``: for many rows a product of
     columns, the same multiplications in the same order as ``np.prod(axis=-1)`` and 10x

@@ -152,7 +152,7 @@ def plan_chunks(
         output_itemsize=int(geometry.output_itemsize), min_chunk=geometry.min_chunk,
         max_block_voxels=None if chunks is not None else geometry.max_block_voxels,
         graph_task_seconds=float(time_terms.graph_task_seconds), run_fixed_seconds=float(time_terms.run_fixed_seconds),
-        first_touch=time_terms.first_touch,
+        first_touch=time_terms.first_touch, read_unit=geometry.read_unit,
         warnings=tuple(warnings), baseline_source=str(worker_spec.baseline_source),
         block_multiple=None if geometry.block_multiple is None else tuple(int(m) for m in geometry.block_multiple),
     )
@@ -283,7 +283,7 @@ def replan(plan: ChunkPlan, predict: Predictor, *, done_fraction: float) -> Chun
         return None
     geometry = VolumeGeometry(plan.shape, plan.halo, whole_axes=plan.whole_axes, block_multiple=plan.block_multiple,
                               itemsize=plan.itemsize, output_itemsize=plan.output_itemsize, min_chunk=plan.min_chunk,
-                              max_block_voxels=plan.max_block_voxels)
+                              max_block_voxels=plan.max_block_voxels, read_unit=plan.read_unit)
     worker_spec = WorkerSpec(plan.limit_bytes, plan.footprint.baseline_bytes,
                              threads_per_worker=plan.threads_per_worker, workers=plan.workers,
                              pause_fraction=plan.pause_fraction, baseline_source=plan.baseline_source)

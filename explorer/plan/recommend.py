@@ -40,6 +40,7 @@ def recommend_chunks(
     workers: int = 1,
     baseline_bytes: "int | WorkerBaseline | Literal['local'] | None" = "local",
     strategy: str = "auto",
+    read_unit=None,
 ) -> ChunkPlan:
     """The safe chunks for ``operator`` on a float32 volume of ``shape``.
 
@@ -74,6 +75,11 @@ def recommend_chunks(
     around its run inside a worker); the plan's ``considered`` keeps both.  A single
     operator has one form: its plan is ``"fused"`` whatever is asked.
 
+    ``read_unit``: what a task's read of the input touches whole, per axis (``explore run``
+    passes its input's: ``explorer.runner.inputs.RunInput.read_unit``); None (default): a SEG-Y's
+    trace, ``(1, 1, shape[2])``.  A block that keeps part of each trace reads the whole traces,
+    which the time model prices (``explorer.plan.time_model.TaskClock.read_correction``).
+
     Raises ``KeyError`` for an unknown operator, ``ModelNotFoundError`` naming the
     ``explore`` command when no model is saved, ``ChunkPlanError`` when the limit is too
     small, ``ValueError`` for a malformed shape, size, strategy or calibration file.
@@ -94,7 +100,7 @@ def recommend_chunks(
 
     op = operators.get(operator)
     request = _PlanRequest(operator, op, shape, limit_bytes, threads_per_worker, confidence, runs_dir, workers,
-                           baseline_bytes)
+                           baseline_bytes, read_unit=_read_unit(read_unit, shape))
     staged_possible = request.is_pipeline
     wanted = [s for s in ("fused", "staged") if strategy in ("auto", s) and (s == "fused" or staged_possible)]
     if not wanted:  # "staged" asked of a single operator: its one form
@@ -160,6 +166,8 @@ class _PlanRequest:
     _model: object = None
     #: One chunk shape to plan instead of searching (:func:`plan_for_chunks`).
     chunks: tuple | None = None
+    #: What a task's read touches whole, per axis (:func:`_read_unit`).
+    read_unit: tuple | None = None
 
     def model(self):
         """The operator's (or pipeline's) task model, loaded once for every strategy."""
@@ -216,7 +224,7 @@ class _PlanRequest:
         op = self.op
         return VolumeGeometry(self.shape, whole_axes=tuple(op.whole_axes),
                               block_multiple=None if set(op.block_multiple) == {1} else op.block_multiple,
-                              **operator_terms)
+                              read_unit=self.read_unit, **operator_terms)
 
     def plan_options(self) -> dict:
         """The planner's keywords every strategy shares: the confidence, the operator, the one chunk shape."""
@@ -359,6 +367,16 @@ def _staged_plan(request: _PlanRequest) -> tuple[ChunkPlan, bool]:
     return plan, calibrated
 
 
+def _read_unit(read_unit, shape) -> tuple:
+    """The checked read unit, per axis positive and at most the axis; None: a SEG-Y's trace."""
+    if read_unit is None:
+        return (1,) * (len(shape) - 1) + (int(shape[-1]),)
+    unit = tuple(int(n) for n in read_unit)
+    if len(unit) != len(shape) or any(n < 1 for n in unit):
+        raise ValueError(f"read_unit must be {len(shape)} positive lengths, got {read_unit!r}")
+    return tuple(min(n, int(length)) for n, length in zip(unit, shape))
+
+
 def predicted_seconds(operator: str, shape, chunks, *, strategy: str = "fused", workers: int = 1,
                       threads_per_worker: int = 1, runs_dir=None) -> np.ndarray:
     """What the planner's time model predicts for running ``operator`` on ``shape`` with each
@@ -367,7 +385,8 @@ def predicted_seconds(operator: str, shape, chunks, *, strategy: str = "fused", 
     :func:`recommend_chunks` weighs (``explorer.plan.time_model.fused_seconds`` and
     ``staged_seconds``), for chunkings it did not choose (``scripts/bench_pipeline_runs.py``
     sets them beside the measured seconds).  Needs no memory limit and starts no cluster: the
-    first tasks' fresh pages are charged at this machine's saved rate, if one was measured."""
+    first tasks' fresh pages are charged at this machine's saved rate, if one was measured; the
+    reads are a SEG-Y's (:func:`recommend_chunks`' default ``read_unit``)."""
     from explorer.core import validate
     from explorer.plan.time_model import fused_seconds, staged_seconds
 
@@ -385,13 +404,15 @@ def predicted_seconds(operator: str, shape, chunks, *, strategy: str = "fused", 
     touch = _first_touch_of(local_worker_baseline(operator, runs_dir, measure=False))
     if strategy == "staged" and request.is_pipeline:
         stages, timing, _, _ = _staged_stages(request)
-        return staged_seconds(shape, stages, chunks, workers=int(workers), slots=slots, **timing, first_touch=touch)
-    return fused_seconds(shape, request.op.halo, chunks, slots=slots, **_fused_timing(request), first_touch=touch)
+        return staged_seconds(shape, stages, chunks, workers=int(workers), slots=slots, **timing, first_touch=touch,
+                              read_unit=_read_unit(None, shape))
+    return fused_seconds(shape, request.op.halo, chunks, slots=slots, **_fused_timing(request), first_touch=touch,
+                         read_unit=_read_unit(None, shape))
 
 
 def plan_for_chunks(operator: str, shape, chunks, memory_limit: int | str, *, strategy: str = "fused",
                     threads_per_worker: int = 1, confidence: float = 0.99, runs_dir=None, workers: int = 1,
-                    baseline_bytes: "int | WorkerBaseline | None" = None) -> ChunkPlan:
+                    baseline_bytes: "int | WorkerBaseline | None" = None, read_unit=None) -> ChunkPlan:
     """The plan :func:`recommend_chunks` would make of one chunk shape it did not choose: its
     footprint's bound and mean, its predicted seconds, in ``strategy`` (``"fused"``, or a
     pipeline's ``"staged"``).  ``ChunkPlanError`` when its bound does not fit ``memory_limit``
@@ -408,7 +429,7 @@ def plan_for_chunks(operator: str, shape, chunks, memory_limit: int | str, *, st
     request = _PlanRequest(operator, operators.get(operator), shape, validate.size(memory_limit, "memory_limit"),
                            validate.positive_int(threads_per_worker, "threads_per_worker"),
                            validate.confidence(confidence), runs_dir, validate.positive_int(workers, "workers"),
-                           baseline_bytes, chunks=tuple(chunks))
+                           baseline_bytes, chunks=tuple(chunks), read_unit=_read_unit(read_unit, shape))
     plan, _ = _staged_plan(request) if strategy == "staged" and request.is_pipeline else _fused_plan(request)
     return plan
 

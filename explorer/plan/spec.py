@@ -84,6 +84,10 @@ class VolumeGeometry:
     #: operator's tasks were measured on inside a worker (``TaskModel.largest_block_voxels``),
     #: beyond which neither the in-worker bound's spread nor the clock was seen; None: any.
     max_block_voxels: int | None = None
+    #: What a task's read touches whole, per axis (``explorer.runner.inputs.RunInput.read_unit``):
+    #: a SEG-Y's trace ``(1, 1, samples)``, a Zarr array's chunks; the time model prices a block's
+    #: reads by it (``TaskClock.read_correction``).  None: reads priced as the clock's tasks read.
+    read_unit: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -174,7 +174,7 @@ def plan_staged_chunks(
                                         graph_task_seconds=time_terms.graph_task_seconds,
                                         io_seconds_per_voxel=time_terms.io_seconds_per_voxel,
                                         run_fixed_seconds=time_terms.run_fixed_seconds,
-                                        first_touch=time_terms.first_touch)
+                                        first_touch=time_terms.first_touch, read_unit=geometry.read_unit)
     held_chunks = np.zeros(m, dtype=np.int64)
     held_bytes = np.zeros(m, dtype=np.int64)
     for group in sorted({s.group for s in stages}):
@@ -269,7 +269,7 @@ def plan_staged_chunks(
         min_chunk=geometry.min_chunk, max_block_voxels=None if chunks is not None else geometry.max_block_voxels,
         graph_task_seconds=float(time_terms.graph_task_seconds),
         run_fixed_seconds=float(time_terms.run_fixed_seconds), warnings=tuple(warnings),
-        first_touch=time_terms.first_touch,
+        first_touch=time_terms.first_touch, read_unit=geometry.read_unit,
         baseline_source=str(worker_spec.baseline_source),
         block_multiple=None if geometry.block_multiple is None else tuple(int(m) for m in geometry.block_multiple),
         strategy="staged", stages=table)

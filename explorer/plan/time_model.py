@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from explorer.plan.grid import _samples, axis_blocks, exchanged_halo, row_product
+from explorer.plan.grid import _samples, axis_blocks, exchanged_halo, mean_read_extent, reads_file, row_product
 
 __all__ = [
     "plan_seconds",
@@ -276,6 +276,16 @@ class TaskClock:
     ``task_bytes_per_voxel``: per volume of ``volumes``, the median peak of the tasks (bytes
     above the worker before each) per block voxel: the memory a worker's first task of a run
     touches afresh (:class:`FirstTouch`); empty in a clock saved before it was kept.
+
+    Reads: a task reads whole units of its input (a SEG-Y's traces, a Zarr array's chunks), so
+    a block that keeps part of each trace reads more than its voxels, and the figures above hold
+    the reads of the blocks they were timed on (the probes' cubes read twice their voxels along
+    a split samples axis).  ``read_seconds_per_voxel`` ``r``: the seconds per voxel read, the
+    slope of the tasks' measured read seconds (``read_seconds``, from the task's start to its
+    ``run``) over the voxels their reads touched; ``read_voxels_per_voxel`` ``rho`` (per volume)
+    and ``shape_read_voxels_per_voxel`` (per shape): the voxels the timed tasks read per block
+    voxel.  A task reading ``R`` voxels then costs what the figure says plus
+    :meth:`read_correction`, ``r (R - rho V)``.  None and empty in a clock without reads timed.
     """
 
     volumes: tuple[float, ...]
@@ -285,8 +295,17 @@ class TaskClock:
     shapes: tuple[tuple[int, ...], ...] = ()
     shape_seconds_per_voxel: tuple[float, ...] = ()
     task_bytes_per_voxel: tuple[float, ...] = ()
+    read_seconds_per_voxel: float | None = None
+    read_voxels_per_voxel: tuple[float, ...] = ()
+    shape_read_voxels_per_voxel: tuple[float, ...] = ()
 
     def __post_init__(self):
+        if self.read_seconds_per_voxel is not None and (
+                not self.read_seconds_per_voxel >= 0 or len(self.read_voxels_per_voxel) != len(self.volumes)
+                or len(self.shape_read_voxels_per_voxel) != len(self.shapes)
+                or any(not x > 0 for x in self.read_voxels_per_voxel + self.shape_read_voxels_per_voxel)):
+            raise ValueError("a task clock's reads need a non-negative rate and one positive voxels read per "
+                             "block voxel per volume and per shape")
         if self.task_bytes_per_voxel and (len(self.task_bytes_per_voxel) != len(self.volumes)
                                           or any(not b >= 0 for b in self.task_bytes_per_voxel)):
             raise ValueError("a task clock's task bytes per voxel must be one non-negative figure per volume")
@@ -338,6 +357,26 @@ class TaskClock:
         own = np.asarray(self.shape_seconds_per_voxel, dtype=np.float64)[np.maximum(index, 0)]
         return np.where(index >= 0, own, np.broadcast_to(curve, index.shape))
 
+    def read_correction(self, volumes, blocks, read_voxels):
+        """Seconds a task of block volume ``volumes`` (shapes ``blocks``, or None) reading
+        ``read_voxels`` voxels pays beyond what its figure holds: ``r (R - rho V)``, negative when
+        it reads less per voxel than the timed tasks did; 0 without reads timed."""
+        if self.read_seconds_per_voxel is None:
+            return 0.0
+        volumes = np.asarray(volumes, dtype=np.float64)
+        rho = self.read_voxels_per_voxel_at(volumes, blocks)
+        return self.read_seconds_per_voxel * (np.asarray(read_voxels, dtype=np.float64) - rho * volumes)
+
+    def read_voxels_per_voxel_at(self, volumes, blocks=None) -> np.ndarray:
+        """``rho``: the timed tasks' voxels read per block voxel at ``volumes`` (a clocked shape's
+        own in its row, as :meth:`seconds_per_voxel_at`); needs reads timed."""
+        rho = self._at(volumes, self.volumes, self.read_voxels_per_voxel)
+        if blocks is None or not self.shapes:
+            return rho
+        index = self._shape_index(blocks)
+        own = np.asarray(self.shape_read_voxels_per_voxel, dtype=np.float64)[np.maximum(index, 0)]
+        return np.where(index >= 0, own, np.broadcast_to(rho, index.shape))
+
     def task_bytes_at(self, volumes):
         """A task's peak bytes at ``volumes`` (per voxel interpolated like the seconds), or None
         when the clock has no task bytes."""
@@ -351,16 +390,18 @@ class TaskClock:
         return self._at(volumes, self.spread_volumes, self.spreads) if self.spreads else None
 
     def to_dict(self) -> dict:
-        data = {k: list(v) for k, v in asdict(self).items()}
+        data = {k: v if k == "read_seconds_per_voxel" else list(v) for k, v in asdict(self).items()}
         data["shapes"] = [list(shape) for shape in self.shapes]
         return data
 
     @classmethod
     def from_dict(cls, data: dict) -> "TaskClock":
+        rate = data.get("read_seconds_per_voxel")
         return cls(**{k: tuple(float(x) for x in data.get(k) or ()) for k in
                       ("volumes", "seconds_per_voxel", "spread_volumes", "spreads", "shape_seconds_per_voxel",
-                       "task_bytes_per_voxel")},
-                   shapes=tuple(tuple(int(n) for n in shape) for shape in data.get("shapes") or ()))
+                       "task_bytes_per_voxel", "read_voxels_per_voxel", "shape_read_voxels_per_voxel")},
+                   shapes=tuple(tuple(int(n) for n in shape) for shape in data.get("shapes") or ()),
+                   read_seconds_per_voxel=None if rate is None else float(rate))
 
 
 def composed_clock(clocks, shared_seconds_per_voxel: float = 0.0) -> TaskClock:
@@ -374,6 +415,7 @@ def composed_clock(clocks, shared_seconds_per_voxel: float = 0.0) -> TaskClock:
         s(V)     = sum_s s_s(V) - (S - 1) * io          (at the union of the members' volumes)
         sigma(V) = max_s sigma_s(V)                     (none when a member has no spread)
         bytes(V) = max_s bytes_s(V)                     (each member reuses its predecessor's pages)
+        r, rho   = mean_s r_s, mean_s rho_s(V)          (the one read left; when every member timed reads)
 
     and alike per block shape that every member clocked (:class:`TaskClock`).
     """
@@ -397,28 +439,54 @@ def composed_clock(clocks, shared_seconds_per_voxel: float = 0.0) -> TaskClock:
     task_bytes = ()
     if all(c.task_bytes_per_voxel for c in clocks):
         task_bytes = tuple(float(x) for x in np.max([c.task_bytes_at(volumes) for c in clocks], axis=0) / volumes)
+    reads = {}
+    if all(c.read_seconds_per_voxel is not None for c in clocks):
+        reads = dict(read_seconds_per_voxel=float(np.mean([c.read_seconds_per_voxel for c in clocks])),
+                     read_voxels_per_voxel=tuple(float(x) for x in np.mean(
+                         [c.read_voxels_per_voxel_at(volumes) for c in clocks], axis=0)),
+                     shape_read_voxels_per_voxel=tuple(float(x) for x in np.mean(
+                         [c.read_voxels_per_voxel_at(volumes_of, shapes) for c in clocks], axis=0)) if shapes else ())
     return TaskClock(volumes=tuple(float(v) for v in volumes),
                      seconds_per_voxel=tuple(float(x) for x in np.maximum(speed, floor)),
                      spread_volumes=spread_volumes, spreads=spreads, shapes=tuple(shapes),
                      shape_seconds_per_voxel=tuple(float(x) for x in own) if shapes else (),
-                     task_bytes_per_voxel=task_bytes)
+                     task_bytes_per_voxel=task_bytes, **reads)
+
+
+def _grid_read_voxels(shape, halo, axis_chunks, grid, read_unit) -> np.ndarray | None:
+    """Per candidate on a sub-grid of per-axis chunk lengths, the mean voxels a task's windowed
+    read touches (:func:`explorer.plan.grid.mean_read_extent` per axis, multiplied: the mean of
+    products over a full grid of chunks); None without a ``read_unit``."""
+    if read_unit is None:
+        return None
+    voxels = None
+    for length, chunks, rows, h, u in zip(shape, axis_chunks, grid, halo, read_unit):
+        extent = mean_read_extent(int(length), chunks, int(h), int(u))[rows]
+        voxels = extent if voxels is None else voxels * extent
+    return voxels
 
 
 def _fused_seconds(shape, axis_chunks, grid, blocks, n_tasks, *, slots: int, seconds_per_voxel,
                    graph_task_seconds: float, task_clock: TaskClock | None = None,
-                   run_fixed_seconds: float = 0.0, first_touch: FirstTouch | None = None) -> np.ndarray:
+                   run_fixed_seconds: float = 0.0, first_touch: FirstTouch | None = None,
+                   read_voxels=None) -> np.ndarray:
     """:func:`plan_seconds` of one task per block (an operator's plan, a pipeline's fused one) for
     candidates on a sub-grid of per-axis chunk lengths (:class:`Candidates`): with the learnt
     ``task_clock`` its seconds per voxel and spread at each block's volume, else the given
     ``seconds_per_voxel`` and Graham's bound.  A fused task's block is one windowed read of
     the file (``operators.windowed_map``): no halo is exchanged between chunks, so its graph
     tasks are :func:`graph_tasks_per_chunk` with none.  ``first_touch``: the workers' fresh
-    pages (:class:`FirstTouch`)."""
+    pages (:class:`FirstTouch`).  ``read_voxels``: the voxels each candidate's task reads
+    (:func:`_grid_read_voxels`), whose difference from the clocked tasks' reads the clock
+    prices (:meth:`TaskClock.read_correction`); None: read as the clocked tasks did."""
     halo = (0,) * len(shape)
     volumes = _samples(blocks)
     spread = None
     if task_clock is not None:
         seconds_per_voxel, spread = task_clock.seconds_per_voxel_at(volumes, blocks), task_clock.spread_at(volumes)
+        if read_voxels is not None:
+            seconds_per_voxel = np.maximum(
+                0.0, seconds_per_voxel + task_clock.read_correction(volumes, blocks, read_voxels) / volumes)
     return plan_seconds(n_tasks, volumes, slots, tasks_per_chunk=_grid_graph_tasks(shape, halo, axis_chunks, grid),
                         seconds_per_voxel=seconds_per_voxel, graph_task_seconds=graph_task_seconds, spread=spread,
                         fixed_seconds=run_fixed_seconds) + (first_touch or FirstTouch()).seconds(task_clock, volumes)
@@ -426,10 +494,12 @@ def _fused_seconds(shape, axis_chunks, grid, blocks, n_tasks, *, slots: int, sec
 
 def _staged_seconds(shape, stages, axis_chunks, grid, chunk_samples, n_tasks, *, workers: int, slots: int,
                     graph_task_seconds: float, io_seconds_per_voxel: float,
-                    run_fixed_seconds: float = 0.0, first_touch: FirstTouch | None = None) -> tuple[list, np.ndarray]:
+                    run_fixed_seconds: float = 0.0, first_touch: FirstTouch | None = None,
+                    read_unit=None) -> tuple[list, np.ndarray]:
     """``(blocks per stage, seconds)``: :func:`plan_staged_chunks`'s time model (its docstring)
     for candidates on a sub-grid of per-axis chunk lengths.  A slot's first chunk touches afresh
-    the pages of its largest stage (:class:`FirstTouch`; the later stages reuse them)."""
+    the pages of its largest stage (:class:`FirstTouch`; the later stages reuse them).  The
+    stages that read the file price their reads by ``read_unit`` (:func:`_fused_seconds`)."""
     ndim = len(shape)
     blocks, chunk_seconds, spreads = [], np.zeros(len(chunk_samples)), []  # the stages' graph tasks and work
     touch = np.zeros(len(chunk_samples))
@@ -443,6 +513,9 @@ def _staged_seconds(shape, stages, axis_chunks, grid, chunk_samples, n_tasks, *,
         clock = stage.task_clock
         if clock is not None:
             chunk_seconds += clock.seconds_per_voxel_at(volumes, b) * volumes
+            if reads_file(stage.group) and read_unit is not None:
+                read = _grid_read_voxels(shape, stage.halo, axis_chunks, grid, read_unit)
+                chunk_seconds += clock.read_correction(volumes, b, read)
             if stage is not stages[0]:  # its input and output stay in the workers: no read, no store
                 chunk_seconds -= io_seconds_per_voxel * chunk_samples
         else:
@@ -476,25 +549,27 @@ def chunk_grid(shape, chunks) -> tuple[list, tuple, np.ndarray, np.ndarray]:
 def fused_seconds(shape, halo, chunks, *, slots: int, seconds_per_voxel=DEFAULT_SECONDS_PER_VOXEL,
                   graph_task_seconds: float = DEFAULT_GRAPH_TASK_SECONDS,
                   task_clock: TaskClock | None = None, run_fixed_seconds: float = 0.0,
-                  first_touch: FirstTouch | None = None) -> np.ndarray:
+                  first_touch: FirstTouch | None = None, read_unit=None) -> np.ndarray:
     """The time model of :func:`plan_chunks` at given chunk shapes ``(m, ndim)`` (one task per
-    block): what it predicts for a chunking it did not choose."""
+    block): what it predicts for a chunking it did not choose.  ``read_unit``: the input's
+    (``VolumeGeometry.read_unit``)."""
     axis_chunks, grid, n_tasks, _ = chunk_grid(shape, chunks)
     blocks = np.stack([axis_blocks(shape[a], axis_chunks[a], int(halo[a]))[grid[a]] for a in range(len(shape))],
                       axis=1)
     return _fused_seconds(tuple(shape), axis_chunks, grid, blocks, n_tasks, slots=slots,
                           seconds_per_voxel=seconds_per_voxel, graph_task_seconds=graph_task_seconds,
                           task_clock=task_clock, run_fixed_seconds=run_fixed_seconds,
-                          first_touch=first_touch)
+                          first_touch=first_touch,
+                          read_voxels=_grid_read_voxels(shape, halo, axis_chunks, grid, read_unit))
 
 
 def staged_seconds(shape, stages, chunks, *, workers: int, slots: int,
                    graph_task_seconds: float = DEFAULT_GRAPH_TASK_SECONDS,
                    io_seconds_per_voxel: float = RUN_IO_SECONDS_PER_VOXEL, run_fixed_seconds: float = 0.0,
-                   first_touch: FirstTouch | None = None) -> np.ndarray:
+                   first_touch: FirstTouch | None = None, read_unit=None) -> np.ndarray:
     """The time model of :func:`plan_staged_chunks` at given chunk shapes ``(m, ndim)``."""
     axis_chunks, grid, n_tasks, chunk_samples = chunk_grid(shape, chunks)
     return _staged_seconds(tuple(shape), stages, axis_chunks, grid, chunk_samples, n_tasks, workers=int(workers),
                            slots=int(slots), graph_task_seconds=graph_task_seconds,
                            io_seconds_per_voxel=io_seconds_per_voxel, run_fixed_seconds=run_fixed_seconds,
-                           first_touch=first_touch)[1]
+                           first_touch=first_touch, read_unit=read_unit)[1]

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from explorer.plan.grid import read_extent
 from explorer.plan.time_model import TaskClock
 from explorer.plan.excess import IN_WORKER_SOURCES, RUN_SOURCE
 
@@ -90,13 +91,24 @@ def _slope_through(volume: np.ndarray, seconds: np.ndarray) -> tuple[float, floa
     return float(slope), float(intercept)
 
 
+def _read_voxels(block, unit, volume_shape) -> float | None:
+    """The voxels a task's windowed read of ``block`` touched, on an input of ``volume_shape``
+    stored in ``unit`` s (``explorer.plan.grid.read_extent`` per axis: exact for a SEG-Y's traces,
+    the mean over positions for a Zarr array's chunks); None when the record lacks either."""
+    if not unit or not volume_shape or len(unit) != len(block) or len(volume_shape) != len(block):
+        return None
+    return float(np.prod(read_extent(np.asarray(block), np.asarray(unit), np.asarray(volume_shape))))
+
+
 def fit_clock(rows) -> TaskClock | None:
     """The :class:`~explorer.plan.time_model.TaskClock` of in-worker tasks ``(run, shape, seconds,
-    own_seconds[, worker[, peak_bytes]])`` in the order the workers reported them (module
-    docstring): ``seconds`` what the worker spent for the task (its own seconds and the other
-    tasks' since its previous report), ``own_seconds`` the task's own, ``peak_bytes`` its task
-    peak (per volume, the median per voxel is the clock's ``task_bytes_per_voxel``: the pages a
-    worker's first task of a run touches afresh, which these seconds leave out).
+    own_seconds[, worker[, peak_bytes[, read_seconds, read_voxels]]])`` in the order the workers
+    reported them (module docstring): ``seconds`` what the worker spent for the task (its own
+    seconds and the other tasks' since its previous report), ``own_seconds`` the task's own,
+    ``peak_bytes`` its task peak (per volume, the median per voxel is the clock's
+    ``task_bytes_per_voxel``: the pages a worker's first task of a run touches afresh, which these
+    seconds leave out), ``read_seconds`` the seconds before its ``run`` and ``read_voxels`` the
+    voxels its read touched (:func:`_read_voxels`; the clock's reads: :func:`_read_terms`).
 
     A worker's first task of a run is slower than its later ones: it faults in the fresh
     pages its arrays need, which the later ones find in the process's heap (gst3d's 150^3
@@ -119,15 +131,19 @@ def fit_clock(rows) -> TaskClock | None:
     other_by_shape: dict[tuple, list[float]] = {}
     groups: dict[tuple, list[float]] = {}
     peaks_by_volume: dict[int, list[float]] = {}
+    reads: list[tuple] = []
     started: set = set()
     for row in rows:
         run, shape, seconds, own = row[:4]
         worker = row[4] if len(row) > 4 else None
         peak = row[5] if len(row) > 5 else None
+        read_seconds, read_voxels = row[6:8] if len(row) > 7 else (None, None)
         shape = tuple(int(n) for n in shape)
         volume = math.prod(shape)
         warm = worker is None or (run, worker) in started
         started.add((run, worker))
+        if read_seconds is not None and read_voxels:
+            reads.append((shape, warm, float(read_seconds), float(read_voxels)))
         own_by_volume.setdefault(volume, ([], []))[warm].append(own / volume)
         other_by_volume.setdefault(volume, []).append((seconds - own) / volume)
         own_by_shape.setdefault(shape, ([], []))[warm].append(own / volume)
@@ -163,7 +179,33 @@ def fit_clock(rows) -> TaskClock | None:
                      shapes=tuple(shapes),
                      shape_seconds_per_voxel=tuple(typical(own_by_shape[b]) + float(np.mean(other_by_shape[b]))
                                                    for b in shapes),
-                     task_bytes_per_voxel=task_bytes)
+                     task_bytes_per_voxel=task_bytes, **_read_terms(reads, volumes, shapes))
+
+
+def _read_terms(reads, volumes, shapes) -> dict:
+    """The clock's read terms from tasks ``(shape, warm, read_seconds, read_voxels)``, or none
+    without a read timed by a task that was not its worker's first in its run.
+
+    ``r`` is the slope of ``read_seconds`` over ``read_voxels`` of those tasks
+    (:func:`_slope_through`: a task's fixed read cost, opening the file, is its intercept, which
+    every task pays alike; a first task's reads also fault in fresh pages), and ``rho`` per volume
+    and per shape the median ``read_voxels / V`` of all the tasks there (volumes without any
+    interpolated in ``log V``)."""
+    timed = [(voxels, seconds) for _shape, warm, seconds, voxels in reads if warm]
+    if not timed:
+        return {}
+    rate, _ = _slope_through(*(np.asarray(col) for col in zip(*timed)))
+    read_by_volume: dict[int, list[float]] = {}
+    read_by_shape: dict[tuple, list[float]] = {}
+    for shape, _warm, _seconds, voxels in reads:
+        read_by_volume.setdefault(math.prod(shape), []).append(voxels / math.prod(shape))
+        read_by_shape.setdefault(shape, []).append(voxels / math.prod(shape))
+    known = sorted(read_by_volume)
+    rho = np.interp(np.log(volumes), np.log(known), [float(np.median(read_by_volume[v])) for v in known])
+    curve = dict(zip(volumes, rho))
+    return dict(read_seconds_per_voxel=float(rate), read_voxels_per_voxel=tuple(float(x) for x in rho),
+                shape_read_voxels_per_voxel=tuple(float(np.median(read_by_shape[b])) if b in read_by_shape
+                                                  else float(curve[math.prod(b)]) for b in shapes))
 
 
 def fit_timing(records, environment: str | None = None) -> TimingFit:
@@ -191,7 +233,8 @@ def fit_timing(records, environment: str | None = None) -> TimingFit:
         rows.append((float(math.prod(r.shape)), float(inside), max(0.0, float(task) - float(inside)) + other))
         runs.append(str(c.get("run", "")))
         own = max(float(task), float(inside))
-        clocked.append((runs[-1], tuple(r.shape), own + other, own, c.get("worker"), r.peak_bytes))
+        clocked.append((runs[-1], tuple(r.shape), own + other, own, c.get("worker"), r.peak_bytes,
+                        c.get("read_seconds"), _read_voxels(r.shape, c.get("read_unit"), c.get("volume_shape"))))
     if not rows:
         return TimingFit(None, None, None, 0, 0)
     volume, inside, around = (np.asarray(col) for col in zip(*rows))

@@ -218,7 +218,12 @@ def _recommend(ctx: RunContext):
 
     return recommend_chunks(ctx.operator.name, ctx.shape, ctx.limit, threads_per_worker=ctx.threads,
                             confidence=ctx.confidence, runs_dir=ctx.runs_dir, workers=ctx.result.n_workers or 1,
-                            baseline_bytes=ctx.baseline, strategy=ctx.strategy)
+                            baseline_bytes=ctx.baseline, strategy=ctx.strategy, read_unit=read_unit(ctx))
+
+
+def read_unit(ctx: RunContext) -> tuple | None:
+    """What a task's read of the run's input touches whole (``RunInput.read_unit``), or None."""
+    return tuple(ctx.run_input.read_unit) if ctx.run_input is not None and ctx.run_input.read_unit else None
 
 
 def _suggestion(ctx: RunContext) -> str:

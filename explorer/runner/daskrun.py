@@ -484,7 +484,8 @@ def _start_observing(ctx: RunContext, interrupt: _Interrupt):
     ctx.observer = observe(
         ctx.client, ctx.operator.name, store=store, model=ctx.model, confidence=ctx.confidence, source=ctx.source,
         context={"cluster": ctx.cluster_kind, "n_workers": result.n_workers, "chunks": list(ctx.chunk),
-                 "volume_shape": list(ctx.shape), "output": ctx.kind, **ctx.context},
+                 "volume_shape": list(ctx.shape), "read_unit": list(ctx.run_input.read_unit), "output": ctx.kind,
+                 **ctx.context},
         on_over_bound=replanner.on_over_bound if replanner else None, warn=False, windowed=True,
     ).start()
     result.run_id = ctx.observer.run_id

@@ -44,7 +44,9 @@ class InputError(ValueError):
 class RunInput:
     """An opened input: ``kind`` ``"segy"``, ``"zarr"`` or ``"mdio"``, the volume's ``shape`` and
     ``dtype``, ``path`` (the file or the store on disk), for Zarr and MDIO the array's path in its
-    store (an MDIO dataset's variable) and ``dims`` (its dimension names, when named)."""
+    store (an MDIO dataset's variable) and ``dims`` (its dimension names, when named).
+    ``read_unit``: what a read touches whole, per axis: a SEG-Y's trace ``(1, 1, samples)``, a
+    Zarr array's chunks (``explorer.plan.grid.mean_read_extent``: a task's read seconds)."""
 
     text: str
     kind: str
@@ -55,6 +57,7 @@ class RunInput:
     array_path: str = ""
     attributes: dict = field(default_factory=dict)
     dims: tuple = ()
+    read_unit: tuple = ()
 
     def source(self):
         """What the tasks read windows from: a SEG-Y reader, or the Zarr array (as float32)."""
@@ -123,7 +126,7 @@ def _segy(text: str, path: str) -> RunInput:
     except OSError as exc:
         raise InputError(f"input {text} cannot be read ({type(exc).__name__}: {exc})") from None
     return RunInput(text=text, kind="segy", path=path, shape=tuple(geometry.shape), dtype="float32",
-                    geometry=geometry)
+                    geometry=geometry, read_unit=(1, 1, int(geometry.shape[2])))
 
 
 def _zarr(text: str, path: str, array_path: str) -> RunInput:
@@ -150,7 +153,8 @@ def _zarr(text: str, path: str, array_path: str) -> RunInput:
     if min(node.shape) < 1:
         raise InputError(f"input {text} is empty (shape {tuple(node.shape)})")
     return RunInput(text=text, kind="zarr", path=path, shape=tuple(int(n) for n in node.shape),
-                    dtype=str(node.dtype), array_path=array_path, attributes=_carried(path, array_path, node))
+                    dtype=str(node.dtype), array_path=array_path, attributes=_carried(path, array_path, node),
+                    read_unit=tuple(int(n) for n in node.chunks))
 
 
 def _mdio(text: str, path: str, variable: str) -> RunInput:
@@ -168,7 +172,7 @@ def _mdio(text: str, path: str, variable: str) -> RunInput:
         raise InputError(f"input {text}: variable {variable!r} has dims {dims or 'without names'}: a volume's are "
                          f"(inline, crossline, samples), in that order")
     return RunInput(text=text, kind="mdio", path=path, shape=found.shape, dtype=found.dtype, array_path=variable,
-                    attributes=found.attributes, dims=dims)
+                    attributes=found.attributes, dims=dims, read_unit=found.read_unit)
 
 
 def _carried(path: str, array_path: str, array) -> dict:

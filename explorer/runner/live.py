@@ -217,7 +217,7 @@ class Observer:
                 peak_bytes=int(msg["peak_bytes"]), run_peak_bytes=int(msg["run_peak_bytes"]),
                 seconds=float(msg["seconds"]), exact=bool(msg["exact"]), worker=str(msg["worker"]),
                 threads=int(msg["threads"]), memory_limit=int(msg["memory_limit"]), key=str(msg["key"]),
-                extra={k: msg[k] for k in ("run_seconds", "other_seconds", "other_tasks", "n_runs",
+                extra={k: msg[k] for k in ("run_seconds", "read_seconds", "other_seconds", "other_tasks", "n_runs",
                                            "rss_before_bytes", "process_peak_bytes", "environment",
                                            "managed_before_bytes", "managed_after_bytes", "first_in_run",
                                            "task_index", "process_task_index") if k in msg},

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from explorer.core.units import format_shape
 from explorer.runner.cluster import _measure_workers
-from explorer.runner.context import MAX_TRIALS, TRIAL_SHARE, _recommend
+from explorer.runner.context import MAX_TRIALS, TRIAL_SHARE, _recommend, read_unit
 
 if TYPE_CHECKING:
     from explorer.runner.context import RunContext
@@ -204,7 +204,8 @@ def _timed_plan_instead(ctx: RunContext) -> None:
         try:
             plan = plan_for_chunks(ctx.operator.name, ctx.shape, chunks, ctx.limit, strategy=strategy,
                                    threads_per_worker=ctx.threads, confidence=ctx.confidence, runs_dir=ctx.runs_dir,
-                                   workers=ctx.result.n_workers or 1, baseline_bytes=ctx.baseline)
+                                   workers=ctx.result.n_workers or 1, baseline_bytes=ctx.baseline,
+                                   read_unit=read_unit(ctx))
         except ChunkPlanError:
             continue
         if plan.block_clocked:
@@ -232,7 +233,8 @@ def _trial_plans(ctx: RunContext) -> list:
             plans.append(plan_for_chunks(ctx.operator.name, ctx.shape, neighbour, ctx.limit,
                                          strategy=ctx.plan.strategy, threads_per_worker=ctx.threads,
                                          confidence=ctx.confidence, runs_dir=ctx.runs_dir,
-                                         workers=ctx.result.n_workers or 1, baseline_bytes=ctx.baseline))
+                                         workers=ctx.result.n_workers or 1, baseline_bytes=ctx.baseline,
+                                         read_unit=read_unit(ctx)))
         except ChunkPlanError:
             pass
     return plans
