@@ -680,7 +680,7 @@ class TimedPlan:
 def timed_plans(records: list[dict]) -> list[TimedPlan]:
     """The grid shapes and ours (refine=False) of ``records``, one per scenario and method."""
     from explorer.plan.time_model import DEFAULT_GRAPH_TASK_SECONDS, TaskClock, graph_tasks_per_chunk, run_seconds_per_voxel
-    from explorer.plan.grid import axis_blocks
+    from explorer.plan.grid import axis_blocks, mean_read_extent
 
     groups: dict[tuple, list[dict]] = {}
     for r in records:
@@ -699,8 +699,12 @@ def timed_plans(records: list[dict]) -> list[TimedPlan]:
         learnt_g = runs[0].get("learnt_graph_task_seconds")
         clock = TaskClock.from_dict(runs[0]["learnt_clock"]) if runs[0].get("learnt_clock") else None
         volume = math.prod(block)
-        per_voxel = (float(clock.seconds_per_voxel_at(volume)) if clock is not None
-                     else runs[0].get("learnt_seconds_per_voxel") or constant)
+        per_voxel = runs[0].get("learnt_seconds_per_voxel") or constant
+        if clock is not None:  # the planner's figure: the block's shape if clocked, and what its reads touch
+            read = math.prod(float(mean_read_extent(n, [c], h, u)[0])  # the SEG-Y's traces, read whole
+                             for n, c, h, u in zip(shape, chunks, halo, (1, 1, shape[2])))
+            per_voxel = float(clock.seconds_per_voxel_at([volume], [block])[0]
+                              + clock.read_correction([volume], [block], [read])[0] / volume)
         spread = None if clock is None or clock.spread_at(volume) is None else float(clock.spread_at(volume))
         out.append(TimedPlan(op_name, name, chunks, math.prod(counts), volume,
                              float(graph_tasks_per_chunk(counts, (0,) * len(shape))),  # windowed: no halo exchanged

@@ -50,6 +50,7 @@ __all__ = [
     "fit_clock",
     "fit_run_overheads",
     "fit_timing",
+    "task_read_voxels",
 ]
 
 
@@ -91,7 +92,7 @@ def _slope_through(volume: np.ndarray, seconds: np.ndarray) -> tuple[float, floa
     return float(slope), float(intercept)
 
 
-def _read_voxels(block, unit, volume_shape) -> float | None:
+def task_read_voxels(block, unit, volume_shape) -> float | None:
     """The voxels a task's windowed read of ``block`` touched, on an input of ``volume_shape``
     stored in ``unit`` s (``explorer.plan.grid.read_extent`` per axis: exact for a SEG-Y's traces,
     the mean over positions for a Zarr array's chunks); None when the record lacks either."""
@@ -108,7 +109,7 @@ def fit_clock(rows) -> TaskClock | None:
     ``peak_bytes`` its task peak (per volume, the median per voxel is the clock's
     ``task_bytes_per_voxel``: the pages a worker's first task of a run touches afresh, which these
     seconds leave out), ``read_seconds`` the seconds before its ``run`` and ``read_voxels`` the
-    voxels its read touched (:func:`_read_voxels`; the clock's reads: :func:`_read_terms`).
+    voxels its read touched (:func:`task_read_voxels`; the clock's reads: :func:`_read_terms`).
 
     A worker's first task of a run is slower than its later ones: it faults in the fresh
     pages its arrays need, which the later ones find in the process's heap (gst3d's 150^3
@@ -234,7 +235,7 @@ def fit_timing(records, environment: str | None = None) -> TimingFit:
         runs.append(str(c.get("run", "")))
         own = max(float(task), float(inside))
         clocked.append((runs[-1], tuple(r.shape), own + other, own, c.get("worker"), r.peak_bytes,
-                        c.get("read_seconds"), _read_voxels(r.shape, c.get("read_unit"), c.get("volume_shape"))))
+                        c.get("read_seconds"), task_read_voxels(r.shape, c.get("read_unit"), c.get("volume_shape"))))
     if not rows:
         return TimingFit(None, None, None, 0, 0)
     volume, inside, around = (np.asarray(col) for col in zip(*rows))
