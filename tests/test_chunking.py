@@ -799,6 +799,54 @@ def test_a_plan_keeps_whole_traces_when_its_clocked_cubes_read_twice_their_voxel
                                                                 graph_task_seconds=0.002, task_clock=clock)[0]))
 
 
+def test_the_stride_key_counts_a_columns_lines_against_the_cache_lines_its_stride_can_use():
+    from explorer.core.machine import CacheGeometry
+
+    l1 = CacheGeometry(line_bytes=64, sets=64, ways=12)  # a way of 4 KiB
+    blocks = [(96, 176, 320), (96, 176, 321), (97, 177, 320), (176, 176, 168), (176, 176, 160), (168, 168, 168)]
+    # plane strides 2^12, 2^6, 2^8, 2^9, 2^11 and 2^8 bytes times odd numbers: 1, 64, 16, 8, 2 and 16 sets
+    # of 12 lines for columns of 96, 96, 97, 176, 176 and 168 lines
+    np.testing.assert_allclose(plan_candidates.stride_key(blocks, 4, l1),
+                               [3.0, 0.0, 0.0, math.log2(176 / 96), math.log2(176 / 24), 0.0])
+    assert not plan_candidates.stride_key(blocks, 4, None).any()  # no cache known: a tie
+
+
+def test_this_machines_first_data_cache_is_read_from_sysfs(tmp_path):
+    from explorer.core.machine import CacheGeometry, l1_data_cache
+
+    for index, (level, kind, sets, ways) in enumerate([("1", "Instruction", 32, 8), ("1", "Data", 64, 12),
+                                                       ("2", "Unified", 1024, 8)]):
+        d = tmp_path / f"index{index}"
+        d.mkdir()
+        for name, value in (("level", level), ("type", kind), ("coherency_line_size", "64"),
+                            ("number_of_sets", str(sets)), ("ways_of_associativity", str(ways))):
+            (d / name).write_text(value + "\n")
+    assert l1_data_cache(tmp_path) == CacheGeometry(64, 64, 12)
+    assert l1_data_cache(tmp_path / "missing") is None
+
+
+def test_among_tied_plans_the_block_whose_stride_keeps_its_columns_cached_wins():
+    """Whole traces of 320 samples, a halo of 8: 80x160x320 chunks make 96x168x320 blocks, whose
+    plane stride (2^11 bytes times 105) leaves a column of 96 lines 24 of the 12-way cache's; the
+    next length, 161, makes them 169 wide (2^8 times 845: 192 lines) for the same predicted time.
+    Without a cache geometry the even split stands."""
+    from explorer.core.machine import CacheGeometry
+
+    shape, halo = (320, 320, 320), (8, 8, 8)
+    predict = lambda blocks, confidence=0.99: (100.0 * np.prod(blocks, axis=1),) * 2  # noqa: E731
+
+    def plan(cache):
+        return plan_chunks(VolumeGeometry(shape, halo, whole_axes=(2,), max_block_voxels=96 * 169 * 320), predict,
+                           WorkerSpec(1536 * MiB, BASELINE, workers=2, cache=cache),
+                           TimeTerms(graph_task_seconds=0.002,
+                                     task_clock=time_model.TaskClock(volumes=(1e5, 1e8), seconds_per_voxel=(2e-8, 2e-8))))
+
+    even, odd = plan(None), plan(CacheGeometry(64, 64, 12))
+    assert even.chunks == (80, 160, 320) and even.block == (96, 168, 320)
+    assert odd.chunks == (80, 161, 320) and odd.block == (96, 169, 320)
+    assert odd.predicted_seconds <= even.predicted_seconds * (1 + plan_candidates.SECONDS_TIE_FRACTION)
+
+
 def test_a_plan_avoids_a_block_shape_the_workers_timed_slow_and_says_whether_its_block_was_timed():
     """256^3, halo 5, two slots, 1.5 GiB: by one cost per voxel the two largest chunks that fit
     are the fastest plan (one wave, least halo); once the workers timed their block at 1.6x that

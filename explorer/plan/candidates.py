@@ -17,11 +17,13 @@ from explorer.plan.spec import TimeTerms
 from explorer.plan.time_model import _fused_seconds, _grid_read_voxels
 
 if TYPE_CHECKING:
+    from explorer.core.machine import CacheGeometry
     from explorer.plan.chunk_plan import ChunkPlan
     from explorer.plan.predictor import Predictor
     from explorer.plan.spec import VolumeGeometry
 
 __all__ = [
+    "stride_key",
     "chunk_candidates",
     "evaluate_candidates",
     "rank_candidates",
@@ -59,7 +61,7 @@ def _counts(n_max: int, cap: int) -> np.ndarray:
 
 
 def axis_chunk_candidates(length: int, halo: int, whole: bool, min_chunk: int, cap: int,
-                          multiple: int = 1) -> np.ndarray:
+                          multiple: int = 1, odd_blocks: bool = False) -> np.ndarray:
     """Candidate chunk lengths along one axis, largest first.
 
     Whole axis: ``[length]``.  Otherwise the distinct ``ceil(length / k)`` for
@@ -67,7 +69,9 @@ def axis_chunk_candidates(length: int, halo: int, whole: bool, min_chunk: int, c
     each rounded up to a multiple of ``multiple`` when the axis is split (an operator
     that pads its blocks to a multiple needs its chunk boundaries on that grid:
     ``Operator.block_multiple``), keeping those whose last chunk is at least ``halo``
-    (Dask's ``map_overlap`` rechunks smaller ones).
+    (Dask's ``map_overlap`` rechunks smaller ones).  ``odd_blocks`` (one of a block's two
+    trailing axes, whose lengths set its memory strides: :func:`stride_key`): beside each
+    split length whose block (:func:`axis_blocks`) is even, the next length, whose block is odd.
     """
     if whole:
         return np.array([length], dtype=np.int64)
@@ -77,6 +81,9 @@ def axis_chunk_candidates(length: int, halo: int, whole: bool, min_chunk: int, c
     m = int(multiple)
     if m > 1:
         chunk = np.where(chunk >= length, length, np.minimum(-(-chunk // m) * m, length))
+    elif odd_blocks:
+        even = (chunk < length - 1) & (axis_blocks(length, chunk, halo) % 2 == 0)
+        chunk = np.concatenate([chunk, chunk[even] + 1])
     chunk = np.unique(chunk)[::-1]
     n_chunks = -(-length // chunk)
     last = length - (n_chunks - 1) * chunk
@@ -145,7 +152,8 @@ def chunk_candidates(geometry: VolumeGeometry, *, footprint, budget: int, slots:
     cap = _axis_cap(ndim, whole)
     multiple = (1,) * ndim if block_multiple is None else tuple(int(m) for m in block_multiple)
     if chunks is None:
-        axis_chunks = [axis_chunk_candidates(shape[i], halo[i], i in whole, min_chunk, cap, multiple[i])
+        axis_chunks = [axis_chunk_candidates(shape[i], halo[i], i in whole, min_chunk, cap, multiple[i],
+                                             odd_blocks=i >= ndim - 2)
                        for i in range(ndim)]
     else:
         axis_chunks = [np.array([shape[i] if i in whole else min(int(chunks[i]), shape[i])], dtype=np.int64)
@@ -236,13 +244,16 @@ def evaluate_candidates(c: Candidates, predict: Predictor | None, *, confidence:
     return predicted
 
 
-def rank_candidates(c: Candidates, shape, whole, *, budget: int, slots: int) -> int:
-    """The index of the plan among the candidates that fit (module docstring, keys 1-5)."""
-    tied, keys = _ranking_keys(c, shape, whole, budget=budget, slots=slots)
+def rank_candidates(c: Candidates, shape, whole, *, budget: int, slots: int, itemsize: int = 4,
+                    cache: "CacheGeometry | None" = None) -> int:
+    """The index of the plan among the candidates that fit (module docstring, keys 1-6); ``itemsize``
+    and ``cache`` for key 2 (:func:`stride_key`)."""
+    tied, keys = _ranking_keys(c, shape, whole, budget=budget, slots=slots, itemsize=itemsize, cache=cache)
     return int(tied[np.lexsort(keys)[0]])
 
 
-def _ranking_keys(c: Candidates, shape, whole, *, budget: int, slots: int) -> tuple[np.ndarray, list]:
+def _ranking_keys(c: Candidates, shape, whole, *, budget: int, slots: int, itemsize: int = 4,
+                  cache: "CacheGeometry | None" = None) -> tuple[np.ndarray, list]:
     """``(tied, keys)``: the candidates that fit within the first key's tie, and their later
     keys for ``np.lexsort`` (last key first; :func:`rank_candidates`)."""
     ndim = len(shape)
@@ -253,16 +264,50 @@ def _ranking_keys(c: Candidates, shape, whole, *, budget: int, slots: int) -> tu
     tied = np.flatnonzero(fits & (first_key <= first_key[fits].min() * tie))
     tied_chunks = c.chunks[tied]
     n_chunks = -(-np.asarray(shape) // tied_chunks)
-    # 2. evenness: the share of the task grid past the array's end.
+    # 2. the block's memory strides: the fewest cache sets lost to its plane stride.
+    twos = stride_key(c.blocks[tied], itemsize, cache)
+    # 3. evenness: the share of the task grid past the array's end.
     grid_samples = _samples(n_chunks * tied_chunks).astype(np.float64)
     padding_fraction = grid_samples / float(math.prod(shape)) - 1.0
-    # 3. compactness: aspect ratio over the non-whole axes.
+    # 4. compactness: aspect ratio over the non-whole axes.
     free = [i for i in range(ndim) if i not in whole] or list(range(ndim))
     aspect = tied_chunks[:, free].max(axis=1) / tied_chunks[:, free].min(axis=1)
-    # 4. fewest tasks, 5. smaller upper footprint, then longer chunks on later axes.
+    # 5. fewest tasks, 6. smaller upper footprint, then longer chunks on later axes.
     #    (np.lexsort: last key first.)
     later_axes_longer = [-tied_chunks[:, i] for i in range(ndim)]
-    return tied, later_axes_longer + [c.upper_total[tied], c.n_tasks[tied], aspect, padding_fraction]
+    return tied, later_axes_longer + [c.upper_total[tied], c.n_tasks[tied], aspect, padding_fraction, twos]
+
+
+def stride_key(blocks, itemsize: int, cache: "CacheGeometry | None") -> np.ndarray:
+    """Per block ``(m, ndim)``, the ranking's second key (least first): by how much a walk along
+    its first axis outgrows the lines of ``cache`` its stride can use, ``log2`` of the ratio.
+
+    A C-order block's plane stride is ``s = b_{-2} b_{-1} itemsize`` bytes, ``2^k`` times an odd
+    number.  A cache of ``S`` sets of ``A`` ways of ``L``-byte lines puts an address in set
+    ``(address // L) mod S``, so the ``b_0`` lines of a column visit ``S / 2^(k' - log2 L)`` sets,
+    ``k' = clip(k, log2 L, log2 (L S))``: all of them for a stride of a line or less, one from a
+    way up.  A 3D stencil's pass along the first axis reuses a column's lines for the next
+    columns only while they stay cached::
+
+        key = max(0, log2(b_0 / (A S / 2^(k' - log2 L))))
+
+    Measured on this machine (L1 data: 64-byte lines, 64 sets, 12 ways) on gaussian's ``run``
+    (``scripts/shape_speed.py``, ``scripts/results/shape_speed_gaussian.md``): 96x168x320 (``k =
+    11``, 24 lines for a column of 96) ran 18 ns per voxel and 96x169x320 (``k = 8``, 192 lines)
+    12 ns; 96x176x320 (``k = 12``, 12 lines) 21 ns, 96x176x321 (``k = 6``) and 97x177x320 13 ns;
+    176x176x168, x176 and x160 (``k`` 9, 10, 11: 96, 48, 24 lines for 176) 15, 16 and 17 ns; 168^3
+    (``k = 8``, 192 lines) 12 ns.  Among the plans the time model ties, an odd
+    block length on either trailing axis takes the factors of two out
+    (:func:`axis_chunk_candidates` offers one beside each even one).  Zeros (a tie) without a
+    ``cache``."""
+    blocks = np.atleast_2d(np.asarray(blocks, dtype=np.int64))
+    if cache is None or blocks.shape[1] < 2:
+        return np.zeros(len(blocks))
+    plane = blocks[:, -2:].prod(axis=1) * int(itemsize) if blocks.shape[1] >= 3 else blocks[:, -1] * int(itemsize)
+    twos = np.log2(plane & -plane)
+    line = math.log2(cache.line_bytes)
+    visited = cache.sets / 2.0 ** (np.clip(twos, line, line + math.log2(cache.sets)) - line)
+    return np.maximum(0.0, np.log2(blocks[:, 0] / (cache.ways * visited)))
 
 
 def _predict_rows(predict, c: Candidates, rows, confidence, footprint, takes_tasks: bool,

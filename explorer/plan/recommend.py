@@ -15,6 +15,7 @@ import numpy as np
 
 from explorer.plan.time_model import (DEFAULT_GRAPH_TASK_SECONDS, RUN_IO_SECONDS_PER_VOXEL, FirstTouch,
                                       run_seconds_per_voxel)
+from explorer.core.machine import l1_data_cache
 from explorer.core.units import FLOAT32_BYTES
 from explorer.plan.chunk_plan import ChunkPlan
 from explorer.plan.planner import plan_chunks
@@ -206,11 +207,14 @@ class _PlanRequest:
 
     def worker_spec(self) -> WorkerSpec:
         """The workers every strategy plans for: the asked limit, threads and workers, the
-        worker baseline (:meth:`worker_baseline`), Dask's pause fraction."""
+        worker baseline (:meth:`worker_baseline`), Dask's pause fraction, and this machine's
+        first data cache (the workers' where they run here, as a LocalCluster's do; the
+        ranking's stride key, a tie-break, assumes a cluster's are alike)."""
         baseline = self.worker_baseline()
         return WorkerSpec(limit_bytes=self.limit_bytes, baseline_bytes=baseline.bytes,
                           threads_per_worker=self.threads, workers=self.workers,
-                          pause_fraction=worker_pause_fraction(), baseline_source=baseline.source)
+                          pause_fraction=worker_pause_fraction(), baseline_source=baseline.source,
+                          cache=l1_data_cache())
 
     def first_touch(self) -> dict:
         """The time term of the workers' fresh pages, ``{"first_touch": FirstTouch or None}``:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from explorer.core.machine import CacheGeometry
 from explorer.core.units import FLOAT32_BYTES
 from explorer.plan.dask_config import FALLBACK_PAUSE_FRACTION
 from explorer.plan.time_model import (
@@ -54,6 +55,9 @@ class WorkerSpec:
     #: Where ``baseline_bytes`` came from: ``"cluster"`` (measured on the run's workers),
     #: ``"local"`` (measured once on this machine and saved) or ``"given"``.
     baseline_source: str = "given"
+    #: The workers' level-1 data cache (``explorer.core.machine.l1_data_cache``), which the
+    #: ranking's stride key reads (``explorer.plan.candidates.stride_key``); None: that key ties.
+    cache: CacheGeometry | None = None
 
 
 @dataclass(frozen=True)
