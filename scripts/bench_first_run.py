@@ -291,6 +291,8 @@ def main() -> None:
     for name, d in rows:
         verdicts.extend(run_verdicts(name, d))
 
+    readme_samples(explored, cache)
+
     # 3. One run on the smallest real crop.
     crop_runs = cache / "crop-runs"
     shutil.rmtree(crop_runs, ignore_errors=True)
@@ -355,6 +357,30 @@ def main() -> None:
         p(f"- {'PASS' if passed else 'FAIL'} {name}: {detail}")
     p(f"\nBenchmark wall time {time.perf_counter() - STARTED:.0f} s.")
     p(f"Machine: {machine_line()}")
+
+
+def readme_samples(explored: Path, cache: Path) -> None:
+    """The README's sample plan and Python quick start on the explored model (a copy of its runs
+    directory, no production run): ``explore chunks``' text and the calls' values."""
+    samples = cache / "samples-runs"
+    shutil.rmtree(samples, ignore_errors=True)
+    shutil.copytree(explored, samples)
+    text = cli("chunks", "gst3d", "--shape", "800x600x1000", "--memory-limit", "4GiB", runs=samples).stdout
+    code = ("import numpy as np, explorer; m = explorer.load_model('gst3d', runs_dir={r!r}); "
+            "p = explorer.recommend_chunks('gst3d', (800, 600, 1000), memory_limit='4GiB', confidence=0.99, "
+            "runs_dir={r!r}); mean, upper = m.predict((128, 128, 128), confidence=0.99); "
+            "print(p.chunks, p.dask_chunks, p.upper_bytes, p.n_tasks, *(int(np.ravel(x)[0]) for x in (mean, upper)), "
+            "sep='\\n')")
+    values = subprocess.run([sys.executable, "-c", code.format(r=str(samples))], capture_output=True, text=True,
+                            check=True, cwd=ROOT).stdout.splitlines()
+    print("\n### The README's samples on this model\n")
+    print("```console\n$ explore chunks gst3d --shape 800x600x1000 --memory-limit 4GiB")
+    print(text.rstrip() + "\n```\n")
+    names = ("plan.chunks", "plan.dask_chunks", "plan.upper_bytes", "plan.n_tasks",
+             "model.predict((128, 128, 128)) mean", "model.predict((128, 128, 128)) upper")
+    for name, value in zip(names, values):
+        print(f"- `{name}`: `{value}`")
+    print()
 
 
 def unet_scenario(args, cache: Path) -> list:
