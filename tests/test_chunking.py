@@ -806,9 +806,13 @@ def test_the_stride_key_counts_a_columns_lines_against_the_cache_lines_its_strid
     blocks = [(96, 176, 320), (96, 176, 321), (97, 177, 320), (176, 176, 168), (176, 176, 160), (168, 168, 168)]
     # plane strides 2^12, 2^6, 2^8, 2^9, 2^11 and 2^8 bytes times odd numbers: 1, 64, 16, 8, 2 and 16 sets
     # of 12 lines for columns of 96, 96, 97, 176, 176 and 168 lines
-    np.testing.assert_allclose(plan_candidates.stride_key(blocks, 4, l1),
+    np.testing.assert_allclose(plan_candidates.stride_key(blocks, (8, 8, 8), 4, l1),
                                [3.0, 0.0, 0.0, math.log2(176 / 96), math.log2(176 / 24), 0.0])
-    assert not plan_candidates.stride_key(blocks, 4, None).any()  # no cache known: a tie
+    assert not plan_candidates.stride_key(blocks, (8, 8, 8), 4, None).any()  # no cache known: a tie
+    # no context needed along the first two axes (envelope's, an FFT along the samples): no such walk
+    assert not plan_candidates.stride_key(blocks, (0, 0, 0), 4, l1).any()
+    # along the second axis the row stride counts: 320 x 4 bytes = 2^8 x 5, 16 sets of 12 lines for 400
+    np.testing.assert_allclose(plan_candidates.stride_key([(10, 400, 320)], (0, 3, 0), 4, l1), [math.log2(400 / 192)])
 
 
 def test_this_machines_first_data_cache_is_read_from_sysfs(tmp_path):

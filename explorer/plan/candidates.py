@@ -245,15 +245,16 @@ def evaluate_candidates(c: Candidates, predict: Predictor | None, *, confidence:
 
 
 def rank_candidates(c: Candidates, shape, whole, *, budget: int, slots: int, itemsize: int = 4,
-                    cache: "CacheGeometry | None" = None) -> int:
-    """The index of the plan among the candidates that fit (module docstring, keys 1-6); ``itemsize``
-    and ``cache`` for key 2 (:func:`stride_key`)."""
-    tied, keys = _ranking_keys(c, shape, whole, budget=budget, slots=slots, itemsize=itemsize, cache=cache)
+                    cache: "CacheGeometry | None" = None, halo=None) -> int:
+    """The index of the plan among the candidates that fit (module docstring, keys 1-6); ``itemsize``,
+    ``cache`` and the operator's ``halo`` for key 2 (:func:`stride_key`)."""
+    tied, keys = _ranking_keys(c, shape, whole, budget=budget, slots=slots, itemsize=itemsize, cache=cache,
+                               halo=halo)
     return int(tied[np.lexsort(keys)[0]])
 
 
 def _ranking_keys(c: Candidates, shape, whole, *, budget: int, slots: int, itemsize: int = 4,
-                  cache: "CacheGeometry | None" = None) -> tuple[np.ndarray, list]:
+                  cache: "CacheGeometry | None" = None, halo=None) -> tuple[np.ndarray, list]:
     """``(tied, keys)``: the candidates that fit within the first key's tie, and their later
     keys for ``np.lexsort`` (last key first; :func:`rank_candidates`)."""
     ndim = len(shape)
@@ -265,7 +266,7 @@ def _ranking_keys(c: Candidates, shape, whole, *, budget: int, slots: int, items
     tied_chunks = c.chunks[tied]
     n_chunks = -(-np.asarray(shape) // tied_chunks)
     # 2. the block's memory strides: the fewest cache sets lost to its plane stride.
-    twos = stride_key(c.blocks[tied], itemsize, cache)
+    twos = stride_key(c.blocks[tied], halo, itemsize, cache)
     # 3. evenness: the share of the task grid past the array's end.
     grid_samples = _samples(n_chunks * tied_chunks).astype(np.float64)
     padding_fraction = grid_samples / float(math.prod(shape)) - 1.0
@@ -278,36 +279,42 @@ def _ranking_keys(c: Candidates, shape, whole, *, budget: int, slots: int, items
     return tied, later_axes_longer + [c.upper_total[tied], c.n_tasks[tied], aspect, padding_fraction, twos]
 
 
-def stride_key(blocks, itemsize: int, cache: "CacheGeometry | None") -> np.ndarray:
-    """Per block ``(m, ndim)``, the ranking's second key (least first): by how much a walk along
-    its first axis outgrows the lines of ``cache`` its stride can use, ``log2`` of the ratio.
+def stride_key(blocks, halo, itemsize: int, cache: "CacheGeometry | None") -> np.ndarray:
+    """Per block ``(m, ndim)``, the ranking's second key (least first): by how much a column the
+    operator walks, along an axis it needs context on (``halo > 0``), outgrows the lines of
+    ``cache`` its stride can use, ``log2`` of the ratio (the worst such axis; 0 without one).
 
-    A C-order block's plane stride is ``s = b_{-2} b_{-1} itemsize`` bytes, ``2^k`` times an odd
-    number.  A cache of ``S`` sets of ``A`` ways of ``L``-byte lines puts an address in set
-    ``(address // L) mod S``, so the ``b_0`` lines of a column visit ``S / 2^(k' - log2 L)`` sets,
-    ``k' = clip(k, log2 L, log2 (L S))``: all of them for a stride of a line or less, one from a
-    way up.  A 3D stencil's pass along the first axis reuses a column's lines for the next
-    columns only while they stay cached::
+    A C-order block's stride along axis ``a`` is ``s_a = prod(b_{a+1:}) itemsize`` bytes, ``2^k``
+    times an odd number.  A cache of ``S`` sets of ``A`` ways of ``L``-byte lines puts an address
+    in set ``(address // L) mod S``, so the ``b_a`` lines of a column visit ``S / 2^(k' - log2 L)``
+    sets, ``k' = clip(k, log2 L, log2 (L S))``: all of them for a stride of a line or less, one
+    from a way up.  A stencil's pass along that axis reuses a column's lines for the next columns
+    only while they stay cached::
 
-        key = max(0, log2(b_0 / (A S / 2^(k' - log2 L))))
+        key = max over a < ndim - 1 with halo_a > 0 of  max(0, log2(b_a / (A S / 2^(k'_a - log2 L))))
 
-    Measured on this machine (L1 data: 64-byte lines, 64 sets, 12 ways) on gaussian's ``run``
-    (``scripts/shape_speed.py``, ``scripts/results/shape_speed_gaussian.md``): 96x168x320 (``k =
-    11``, 24 lines for a column of 96) ran 18 ns per voxel and 96x169x320 (``k = 8``, 192 lines)
-    12 ns; 96x176x320 (``k = 12``, 12 lines) 21 ns, 96x176x321 (``k = 6``) and 97x177x320 13 ns;
-    176x176x168, x176 and x160 (``k`` 9, 10, 11: 96, 48, 24 lines for 176) 15, 16 and 17 ns; 168^3
-    (``k = 8``, 192 lines) 12 ns.  Among the plans the time model ties, an odd
-    block length on either trailing axis takes the factors of two out
-    (:func:`axis_chunk_candidates` offers one beside each even one).  Zeros (a tie) without a
-    ``cache``."""
+    An operator that needs no context along an axis (envelope's FFT along the samples) makes no
+    such pass, and its plans are not ranked by it.  Measured on this machine (L1 data: 64-byte
+    lines, 64 sets, 12 ways) on gaussian's ``run`` (halo 8 on every axis; ``scripts/shape_speed.py``,
+    ``scripts/results/shape_speed_gaussian.md``): 96x168x320 (axis 0: ``k = 11``, 24 lines for a
+    column of 96) ran 18 ns per voxel and 96x169x320 (``k = 8``, 192 lines) 12 ns; 96x176x320 (``k
+    = 12``, 12 lines) 21 ns, 96x176x321 (``k = 6``) and 97x177x320 13 ns; 176x176x168, x176 and
+    x160 (``k`` 9, 10, 11: 96, 48, 24 lines for 176) 15, 16 and 17 ns; 168^3 (``k = 8``, 192
+    lines) 12 ns.  Among the plans the time model ties, an odd block length on either trailing
+    axis takes the factors of two out (:func:`axis_chunk_candidates` offers one beside each even
+    one).  Zeros (a tie) without a ``cache``."""
     blocks = np.atleast_2d(np.asarray(blocks, dtype=np.int64))
-    if cache is None or blocks.shape[1] < 2:
-        return np.zeros(len(blocks))
-    plane = blocks[:, -2:].prod(axis=1) * int(itemsize) if blocks.shape[1] >= 3 else blocks[:, -1] * int(itemsize)
-    twos = np.log2(plane & -plane)
+    key = np.zeros(len(blocks))
+    if cache is None:
+        return key
     line = math.log2(cache.line_bytes)
-    visited = cache.sets / 2.0 ** (np.clip(twos, line, line + math.log2(cache.sets)) - line)
-    return np.maximum(0.0, np.log2(blocks[:, 0] / (cache.ways * visited)))
+    for a in range(blocks.shape[1] - 1):
+        if halo is None or not int(halo[a]) > 0:
+            continue
+        stride = blocks[:, a + 1:].prod(axis=1) * int(itemsize)
+        visited = cache.sets / 2.0 ** (np.clip(np.log2(stride & -stride), line, line + math.log2(cache.sets)) - line)
+        key = np.maximum(key, np.log2(blocks[:, a] / (cache.ways * visited)))
+    return key
 
 
 def _predict_rows(predict, c: Candidates, rows, confidence, footprint, takes_tasks: bool,

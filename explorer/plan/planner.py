@@ -30,10 +30,10 @@ Among the candidates that fit the plan is, in order:
    ``waves`` list scheduling's makespan in tasks: :func:`schedule_waves`), all plans within 5%
    (:data:`SECONDS_TIE_FRACTION`) of the fastest tied: enough chunks per slot that
    none idles through the tail, not so many that the overhead ``n o`` wins;
-2. a column along the first axis that stays in the cache: a plane stride of ``2^k`` bytes
-   times an odd number leaves a walk along that axis ``1 / 2^(k - 6)`` of the sets of a cache
-   of 64-byte lines (gaussian's ``run`` took 18 ns per voxel on 96x168x320 blocks, 12 ns on
-   96x169x320: :func:`stride_key`, from the cache geometry in ``WorkerSpec.cache``);
+2. columns that stay in the cache: along an axis the operator needs context on, a stride of
+   ``2^k`` bytes times an odd number leaves a walk along that axis ``1 / 2^(k - 6)`` of the sets
+   of a cache of 64-byte lines (gaussian's ``run`` took 18 ns per voxel on 96x168x320 blocks,
+   12 ns on 96x169x320: :func:`stride_key`, from the cache geometry in ``WorkerSpec.cache``);
 3. most even: smallest padding fraction ``(prod(k_i c_i) - prod(N_i)) / prod(N_i)``,
    the share of the task grid past the array's end (0 when each axis divides evenly);
 4. most compact: smallest aspect ratio ``max(c_i) / min(c_i)`` over non-whole axes
@@ -138,7 +138,8 @@ def plan_chunks(
             predict, candidates, rows, confidence, footprint, takes_tasks, slots=slots))
         raise ChunkPlanError(_no_fit_message(candidates, shape, operator, threads, confidence, pause_fraction,
                                              limit_bytes, budget, baseline_bytes))
-    ranking = dict(budget=budget, slots=slots, itemsize=int(geometry.itemsize), cache=worker_spec.cache)
+    ranking = dict(budget=budget, slots=slots, itemsize=int(geometry.itemsize), cache=worker_spec.cache,
+                   halo=geometry.halo)
     index = rank_candidates(candidates, shape, whole, **ranking)
     if takes(predict, "ceiling"):
         index = _rank_on_own_bounds(candidates, shape, whole, index, predict, confidence, footprint, ranking)

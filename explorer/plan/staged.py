@@ -240,7 +240,7 @@ def plan_staged_chunks(
         raise ChunkPlanError(_no_fit_message(c, shape, operator, threads, confidence, pause_fraction, limit_bytes,
                                              budget, baseline_bytes).replace(" fits", " fits staged", 1))
     index = rank_candidates(c, shape, whole, budget=budget, slots=slots, itemsize=int(stages[0].itemsize),
-                            cache=worker_spec.cache)
+                            cache=worker_spec.cache, halo=halo_max)
     j = int(np.argmax(running_upper[index]))
     chunk = tuple(int(x) for x in c.chunks[index])
     stage_j = stages[j]
