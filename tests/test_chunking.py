@@ -1103,6 +1103,28 @@ def test_a_composed_clock_sums_the_members_and_takes_off_the_io_a_fused_task_doe
     assert fused.spread_at(1e4) == pytest.approx(0.5) and fused.spread_at(1e6) == pytest.approx(0.3)
     no_spread = time_model.TaskClock(volumes=(1e5,), seconds_per_voxel=(1e-7,))
     assert time_model.composed_clock([a, no_spread]).spread_at(1e5) is None
+    # a fused task reads once: the members' read rates and voxels read per voxel, averaged
+    read_a = dataclasses.replace(a, read_seconds_per_voxel=4e-9, read_voxels_per_voxel=(2.0, 2.0))
+    read_b = dataclasses.replace(b, read_seconds_per_voxel=6e-9, read_voxels_per_voxel=(1.0, 3.0))
+    both = time_model.composed_clock([read_a, read_b])
+    assert both.read_seconds_per_voxel == pytest.approx(5e-9)
+    assert both.read_voxels_per_voxel_at([1e5])[0] == pytest.approx((2.0 + 1.0) / 2)
+    assert time_model.composed_clock([read_a, b]).read_seconds_per_voxel is None  # a member without reads timed
+
+
+def test_a_staged_plans_first_stage_pays_the_reads_of_its_windows():
+    """Only the stage that reads the file has a read correction: a read unit of whole traces
+    charges a block that splits them, at its stage's clock's rate."""
+    shape = (300, 260, 200)
+    clock = time_model.TaskClock(volumes=(1e5, 1e7), seconds_per_voxel=(1e-7, 1e-7), read_seconds_per_voxel=1e-8,
+                                 read_voxels_per_voxel=(1.0, 1.0))
+    stages = [dataclasses.replace(s, task_clock=clock) for s in staged_stages()]
+    chunks = [(100, 130, 100), (100, 130, 200)]  # half traces, whole traces
+    kwargs = dict(workers=2, slots=2, graph_task_seconds=0.002, io_seconds_per_voxel=5e-8)
+    as_timed = time_model.staged_seconds(shape, stages, chunks, **kwargs)
+    traces = time_model.staged_seconds(shape, stages, chunks, **kwargs, read_unit=(1, 1, 200))
+    assert traces[0] > as_timed[0]  # a half-trace block reads its traces whole: more than the clock's tasks
+    assert traces[1] == pytest.approx(as_timed[1], rel=0.02)  # whole traces read what the clock's tasks read (halo aside)
 
 
 def test_a_staged_plan_is_timed_when_every_stages_block_is_and_pays_each_stages_own_figure():
