@@ -347,15 +347,20 @@ class TaskClock:
         """Whether each block shape of ``blocks`` ``(m, ndim)`` (or one shape) was timed in workers."""
         return self._shape_index(blocks) >= 0
 
-    def seconds_per_voxel_at(self, volumes, blocks=None) -> np.ndarray:
-        """Seconds per voxel at ``volumes`` (the curve); given the ``blocks`` ``(m, ndim)``
-        those volumes are of, a clocked shape's own figure in its row."""
-        curve = self._at(volumes, self.volumes, self.seconds_per_voxel)
+    def _curve_or_shape(self, volumes, blocks, per_volume, per_shape) -> np.ndarray:
+        """``per_volume`` interpolated at ``volumes``; given the ``blocks`` ``(m, ndim)`` those
+        volumes are of, a clocked shape's own figure of ``per_shape`` in its row."""
+        curve = self._at(volumes, self.volumes, per_volume)
         if blocks is None or not self.shapes:
             return curve
         index = self._shape_index(blocks)
-        own = np.asarray(self.shape_seconds_per_voxel, dtype=np.float64)[np.maximum(index, 0)]
+        own = np.asarray(per_shape, dtype=np.float64)[np.maximum(index, 0)]
         return np.where(index >= 0, own, np.broadcast_to(curve, index.shape))
+
+    def seconds_per_voxel_at(self, volumes, blocks=None) -> np.ndarray:
+        """Seconds per voxel at ``volumes`` (the curve); given the ``blocks`` ``(m, ndim)``
+        those volumes are of, a clocked shape's own figure in its row."""
+        return self._curve_or_shape(volumes, blocks, self.seconds_per_voxel, self.shape_seconds_per_voxel)
 
     def read_correction(self, volumes, blocks, read_voxels):
         """Seconds a task of block volume ``volumes`` (shapes ``blocks``, or None) reading
@@ -370,12 +375,7 @@ class TaskClock:
     def read_voxels_per_voxel_at(self, volumes, blocks=None) -> np.ndarray:
         """``rho``: the timed tasks' voxels read per block voxel at ``volumes`` (a clocked shape's
         own in its row, as :meth:`seconds_per_voxel_at`); needs reads timed."""
-        rho = self._at(volumes, self.volumes, self.read_voxels_per_voxel)
-        if blocks is None or not self.shapes:
-            return rho
-        index = self._shape_index(blocks)
-        own = np.asarray(self.shape_read_voxels_per_voxel, dtype=np.float64)[np.maximum(index, 0)]
-        return np.where(index >= 0, own, np.broadcast_to(rho, index.shape))
+        return self._curve_or_shape(volumes, blocks, self.read_voxels_per_voxel, self.shape_read_voxels_per_voxel)
 
     def task_bytes_at(self, volumes):
         """A task's peak bytes at ``volumes`` (per voxel interpolated like the seconds), or None
