@@ -66,7 +66,17 @@ def time_command(name: str, command: str, work: Path) -> dict:
         if re.search(r"\d+ (passed|failed)", line):
             summary = line.strip("= ")
             break
+    if name == "tests" and status == 0:
+        summary += f"; unit tier: {unit_tier(clone)}"
     return {"command": name, "seconds": seconds, "status": status, "summary": summary, "log": str(log)}
+
+
+def unit_tier(clone: Path) -> str:
+    """``python -m pytest -q -m unit --collect-only`` in the clone's venv: the README's unit-tier count."""
+    out = subprocess.run(["bash", "-c", ". .venv/bin/activate && python -m pytest -q -m unit --collect-only"],
+                         cwd=clone, capture_output=True, text=True).stdout
+    found = re.findall(r"(\d+)/\d+ tests collected", out)
+    return f"{found[-1]} tests" if found else "not counted"
 
 
 def main() -> None:

@@ -3,6 +3,7 @@ data cache's geometry, which the planner's stride key reads (``explorer.plan.can
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,8 +29,10 @@ class CacheGeometry:
     ways: int
 
 
+@functools.lru_cache(maxsize=4)
 def l1_data_cache(root: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> CacheGeometry | None:
-    """This machine's level-1 data cache, from Linux's sysfs, or None where it does not say."""
+    """This machine's level-1 data cache, from Linux's sysfs, or None where it does not say (read
+    once per process: every plan asks)."""
     try:
         for index in sorted(root.glob("index*")):
             read = lambda name: (index / name).read_text().strip()  # noqa: E731

@@ -173,12 +173,14 @@ def chunk_candidates(geometry: VolumeGeometry, *, footprint, budget: int, slots:
     grid = np.unravel_index(keep, [len(c) for c in axis_chunks])
     chunks = np.stack([c[g] for c, g in zip(axis_chunks, grid)], axis=1)
     blocks = np.stack([b[g] for b, g in zip(axis_block, grid)], axis=1)
+    clock = time_terms.task_clock  # reads priced only where it timed them
     seconds = _fused_seconds(shape, axis_chunks, grid, blocks, n_tasks[keep], slots=slots,
                              seconds_per_voxel=time_terms.seconds_per_voxel,
                              graph_task_seconds=time_terms.graph_task_seconds, task_clock=time_terms.task_clock,
                              run_fixed_seconds=time_terms.run_fixed_seconds,
                              first_touch=time_terms.first_touch,
-                             read_voxels=_grid_read_voxels(shape, halo, axis_chunks, grid, geometry.read_unit))
+                             read_voxels=None if clock is None or clock.read_seconds_per_voxel is None
+                             else _grid_read_voxels(shape, halo, axis_chunks, grid, geometry.read_unit))
     return Candidates(axis_chunks=axis_chunks, grid=grid, chunks=chunks, blocks=blocks, n_tasks=n_tasks[keep],
                       # a fused task reads its own block (operators.windowed_map): nothing kept for a neighbour
                       neighbours=np.zeros(len(keep), dtype=np.int64), seconds=seconds)
@@ -265,8 +267,8 @@ def _ranking_keys(c: Candidates, shape, whole, *, budget: int, slots: int, items
     tied = np.flatnonzero(fits & (first_key <= first_key[fits].min() * tie))
     tied_chunks = c.chunks[tied]
     n_chunks = -(-np.asarray(shape) // tied_chunks)
-    # 2. the block's memory strides: the fewest cache sets lost to its plane stride.
-    twos = stride_key(c.blocks[tied], halo, itemsize, cache)
+    # 2. columns that stay cached along the axes with a halo.
+    strides = stride_key(c.blocks[tied], halo, itemsize, cache)
     # 3. evenness: the share of the task grid past the array's end.
     grid_samples = _samples(n_chunks * tied_chunks).astype(np.float64)
     padding_fraction = grid_samples / float(math.prod(shape)) - 1.0
@@ -276,7 +278,7 @@ def _ranking_keys(c: Candidates, shape, whole, *, budget: int, slots: int, items
     # 5. fewest tasks, 6. smaller upper footprint, then longer chunks on later axes.
     #    (np.lexsort: last key first.)
     later_axes_longer = [-tied_chunks[:, i] for i in range(ndim)]
-    return tied, later_axes_longer + [c.upper_total[tied], c.n_tasks[tied], aspect, padding_fraction, twos]
+    return tied, later_axes_longer + [c.upper_total[tied], c.n_tasks[tied], aspect, padding_fraction, strides]
 
 
 def stride_key(blocks, halo, itemsize: int, cache: "CacheGeometry | None") -> np.ndarray:

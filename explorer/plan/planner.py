@@ -182,7 +182,7 @@ def _time_at_block(time_terms: TimeTerms, block) -> dict:
 
 def _rank_on_own_bounds(c: Candidates, shape, whole, index: int, predict: Predictor, confidence, footprint,
                         ranking: dict) -> int:
-    """The plan's index once the candidates the ranking's upper footprint (key 5) decides
+    """The plan's index once the candidates the ranking's upper footprint (key 6) decides
     among have their own bounds: a predictor given a ceiling may have answered an upper bound
     of a row's upper where it showed the row fits (:class:`Predictor`, ``exact`` False).  Those
     are the rows ranked equal to ``index`` on keys 1-5 (usually it alone, whose footprint the
