@@ -227,10 +227,16 @@ def test_observations_carry_run_environment_and_clocks(client, segy, tmp_path, m
 def test_high_water_intervals_fold_before_each_reset_and_flag_overlap():
     """An allocation freed before a second measurement begins still counts for the first:
     the current VmHWM is folded into open intervals before each reset."""
+    import mmap
+
     hw = inworker._HighWater()
     hw.begin("a", owner="task-a")
-    big = np.ones(64 * 2**20 // 8)  # 64 MiB of fresh (mmapped) pages touched, then freed
-    del big
+    # 64 MiB of new resident pages, then unmapped: an anonymous map, every page written.
+    # np.ones(64 MiB) measured 0 once in CI (stop 50), as in the test below; a guess, not
+    # reproduced: malloc served it from free heap pages the long-lived process still had
+    pages = mmap.mmap(-1, 64 * 2**20)
+    np.frombuffer(pages, dtype=np.uint8)[:] = 1
+    pages.close()
     hw.begin("b", owner="task-b")  # resets VmHWM: without folding, task a's peak is lost
     b = hw.end("b")
     a = hw.end("a")
