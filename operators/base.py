@@ -189,8 +189,8 @@ def windowed_map(source, chunks, depth, function, *, dtype, leading: tuple[int, 
     ``k`` chunks with depth ``d``, block ``j`` is the window ``[start_j - d [j > 0], stop_j +
     d [j < k - 1])`` of ``source``: the block ``dask.array.overlap.overlap(x, depth,
     boundary="none")`` gives the same task.  The task reads it (``source[window]``), applies
-    ``function`` and trims the depth off the block's inner sides (a view of the result, as
-    ``map_overlap``'s trim is).  ``overlap`` instead slices every chunk into pieces that its
+    ``function`` and trims the depth off the block's inner sides (a contiguous copy, the
+    untrimmed result freed: :func:`_windowed_task`).  ``overlap`` instead slices every chunk into pieces that its
     neighbours gather, so a chunk read from the file stays resident until its last neighbour
     has run, and a worker that reads ahead of its slow tasks holds many
     (``scripts/results/run_trace_survey.md``: one worker held about 15 chunks' worth of
@@ -235,7 +235,13 @@ def windowed_map(source, chunks, depth, function, *, dtype, leading: tuple[int, 
 
 
 def _windowed_task(source, window, function, trim) -> np.ndarray:
-    return function(np.asarray(source[window]))[trim]
+    """The block read, computed and trimmed to its chunk: a contiguous copy, so that the block's
+    whole output is freed when the task returns.  A trimmed view would keep it alive, and the
+    store would then copy the view again before encoding: one block more at the task's peak
+    (``zarr``'s ``array[...] = view`` of a 160^3 float32 chunk: 2 chunks beside it, 1 for a
+    contiguous array; first_derivative's in-worker tasks: 3 blocks on cubes, 2 on whole traces)."""
+    result = function(np.asarray(source[window]))
+    return np.ascontiguousarray(result[trim])
 
 
 _REGISTRY: dict[str, Callable[[], Operator]] = {}

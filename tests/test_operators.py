@@ -570,6 +570,21 @@ def test_a_windowed_task_depends_on_the_source_alone_and_keeps_nothing_for_a_nei
     assert len(overlapped) > 3 * n_blocks
 
 
+def test_a_windowed_task_returns_its_chunk_contiguous_and_frees_the_block():
+    """The trimmed chunk is a copy: a view would keep the block's whole output alive, and the
+    store would copy it again (one block more at the task's peak)."""
+    import dask
+
+    op = get("gaussian")  # a halo on every axis: every block is trimmed
+    x = operators.synthetic_volume((40, 36, 64), seed=7)
+    windowed = op.dask(x, chunks=(20, 18, 32))
+    graph = dict(windowed.__dask_graph__())
+    interior = dask.get(graph, [(windowed.name, 1, 1, 1)])[0]
+    assert interior.shape == (20, 18, 32) and interior.flags.c_contiguous
+    assert interior.base is None or interior.base.size == interior.size
+    np.testing.assert_array_equal(windowed.compute(scheduler="synchronous"), op.run(x))
+
+
 def test_a_source_without_chunks_is_refused():
     with pytest.raises(ValueError, match="needs its chunks"):
         get("gaussian").dask(np.zeros((8, 8, 8), np.float32))

@@ -5,9 +5,11 @@ Memory: the in-worker excess
 ----------------------------
 A task on a block ``b`` inside a worker holds, besides what the operator itself needs
 (the isolated ``peak_bytes`` ``P(b)``), the block it reads from the file (or
-concatenates from overlap pieces), the trimmed output copied for the store, the store's encode buffers and the task's own
-overhead; reused free heap can also make it smaller.  The excess is affine in the
-block's voxels ``V`` (measured: about 4 bytes per voxel for gst3d, 10 for gaussian)::
+concatenates from overlap pieces), its trimmed output (a copy:
+``operators.base._windowed_task``), the store's encode buffers and the task's own overhead;
+reused free heap can also make it smaller.  The excess is affine in the block's voxels
+``V`` (measured while the trimmed output was a view, which the store copied: about 4 bytes
+per voxel for gst3d, 10 for gaussian; the copy made in the task frees a float32 block sooner)::
 
     y_task(b) = P(b) + delta(b),    delta(b) = a + k V(b) + e,    e ~ N(0, s^2)
 
