@@ -27,7 +27,8 @@ fresh ``LocalCluster``, with ``refine=False`` unless said otherwise.  Per scenar
   ``(ceil(N/4), N, N)``; a shape equal (after whole axes) to auto's or the prototype's
   is not run again, its row says so.  Every grid shape runs once; those that ended ok
   without a restart in at most 1.5x the fastest one's time (at most three) are the oracle
-  candidates and run ``--repeat`` more times in rounds with ours (each once per round, in
+  candidates and run ``--repeat`` more times (or, with ``--timed-seconds S``, enough rounds that
+  half of them at the fastest screening run's seconds sum to ``S``) in rounds with ours (each once per round, in
   the orders of a Williams design over whole cycles, ``--repeat`` rounded up, its methods
   relabelled at random per scenario, ``harness/rounds.py``: every method after every other,
   and in every position, equally often, since a run is slower after some plans than after
@@ -469,7 +470,9 @@ def run_scenario(sc: Scenario, args, cache: Path, tmp: Path, profiles: Prototype
     for method in [ours] + candidates:
         method.screened = len(method.runs)
     arms = [ours] + candidates
-    orders = round_orders(len(arms), args.repeat, key=sc.name)
+    rounds = timed_rounds(args.repeat, args.timed_seconds,
+                          [r.result.seconds for m in arms for r in m.runs if r.ok and r.result.seconds])
+    orders = round_orders(len(arms), rounds, key=sc.name)
     choosing = choosing_rounds(len(orders), cycle_length(len(arms)))
     for order in orders:
         for method in (arms[i] for i in order):
@@ -490,6 +493,17 @@ def run_scenario(sc: Scenario, args, cache: Path, tmp: Path, profiles: Prototype
     verdicts = verdicts_for(sc, ours, ours_refine, oracle, auto)
     return Outcome(sc, methods, oracle, ours, ours_refine, auto, explored, time.perf_counter() - started, verdicts,
                    runs_dir)
+
+
+def timed_rounds(repeat: int, timed_seconds: float, screening_seconds) -> int:
+    """Rounds enough that each arm's timed half sums to about ``timed_seconds`` at the fastest
+    screening run, and at least ``repeat``: the median of sub-second runs needs more of them for
+    the precision a median of seconds-long runs has (``first_derivative``'s 0.3 s runs spread
+    0.24-0.39 s between repeats of one plan)."""
+    fastest = min(screening_seconds, default=None)
+    if not timed_seconds or not fastest:
+        return repeat
+    return max(repeat, math.ceil(2 * timed_seconds / fastest))
 
 
 def verdicts_for(sc: Scenario, ours: Method, ours_refine: Method | None, oracle: Method | None, auto: Method):
@@ -1003,6 +1017,9 @@ def main() -> None:
                         help="comma-separated OPERATOR:EDGE_OR_SHAPE:LIMIT (default %(default)s)")
     parser.add_argument("--cache", default="runs/bench", help="inputs, profiles and runs dirs go to CACHE/chunks")
     parser.add_argument("--repeat", type=int, default=3, help="runs of ours and of the oracle candidates")
+    parser.add_argument("--timed-seconds", type=float, default=0.0,
+                        help="more rounds than --repeat where runs are short: enough that each arm's "
+                             "timed half sums to about this many seconds (0: --repeat rounds)")
     parser.add_argument("--budget", type=int, default=30, help="explore budget (profiles) for ours' model")
     parser.add_argument("--proto-edges", default="50,200",
                         help="min,max edge of the prototype's 4x4x4 grid; its 8 corners are profiled")
@@ -1038,7 +1055,9 @@ def main() -> None:
     print("## Chunk sizing: auto, the prototype's rule, a manual grid, ours\n")
     print(f"Load average at start: {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} (1/5/15 min) on "
           f"{os.cpu_count()} cores.  {WORKERS} workers x {THREADS} thread, LocalCluster, allowed_failures=1, "
-          f"stall guard {STALL_SECONDS:g} s; repeats {args.repeat}.", flush=True)
+          f"stall guard {STALL_SECONDS:g} s; repeats {args.repeat}"
+          + (f", or enough that each arm's timed runs sum to {args.timed_seconds:g} s" if args.timed_seconds else "")
+          + ".", flush=True)
     profiles = PrototypeProfiles(cache / "prototype-profiles.json")
     outcomes = []
     tmp = Path(tempfile.mkdtemp(prefix="bench-chunks-"))
