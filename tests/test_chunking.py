@@ -920,6 +920,19 @@ def test_replan_policy_only_early_and_only_when_the_plan_no_longer_fits():
         planner.replan(plan, scaled(1e4), done_fraction=0.1)
 
 
+def test_a_replan_ranks_with_the_cache_its_plan_was_made_for():
+    """The plan carries the workers' data cache (JSON too): a re-plan keeps the stride key."""
+    from explorer.core.machine import CacheGeometry
+
+    l1 = CacheGeometry(line_bytes=64, sets=64, ways=12)
+    spec = WorkerSpec(LIMIT, BASELINE, cache=l1)
+    plan = plan_chunks(VolumeGeometry(SHAPE, HALO), predict, spec)
+    assert plan.cache == l1 and ChunkPlan.from_dict(plan.to_dict()) == plan
+    new = planner.replan(plan, scaled(2.0), done_fraction=0.1)
+    assert new is not None and new.cache == l1
+    assert new == plan_chunks(VolumeGeometry(SHAPE, HALO), scaled(2.0), spec)
+
+
 def test_chunks_of_an_operator_that_pads_its_blocks_sit_on_its_grid():
     """unet3d pads blocks to multiples of 8: split axes get chunk lengths on that grid, and the
     plan carries the multiple (a re-plan keeps it)."""

@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from explorer.core.machine import CacheGeometry
 from explorer.core.units import FLOAT32_BYTES
 from explorer.plan.grid import _axis_chunks
 from explorer.plan.spec import DEFAULT_MIN_CHUNK
@@ -99,6 +100,9 @@ class ChunkPlan:
     #: Where ``footprint.baseline_bytes`` came from: ``"cluster"`` (measured on the workers
     #: of the run), ``"local"`` (measured once on this machine and saved) or ``"given"``.
     baseline_source: str = "given"
+    #: The workers' first data cache the ranking's stride key used (``WorkerSpec.cache``);
+    #: None: unknown, no stride key.
+    cache: CacheGeometry | None = None
     #: Chunk lengths of split axes are multiples of these (``Operator.block_multiple``).
     block_multiple: tuple[int, ...] | None = None
     #: A fan-out pipeline's branches in the order its tasks run them (the order the
@@ -157,6 +161,7 @@ class ChunkPlan:
             "workers": self.workers,
             "baseline_bytes": self.footprint.baseline_bytes,
             "baseline_source": self.baseline_source,
+            "cache": None if self.cache is None else dict(vars(self.cache)),
             "block_multiple": None if self.block_multiple is None else list(self.block_multiple),
             "graph_task_seconds": self.graph_task_seconds,
             "run_fixed_seconds": self.run_fixed_seconds,
@@ -192,7 +197,7 @@ class ChunkPlan:
             "first_touch": optional(FirstTouch.from_dict), "read_unit": optional(ints),
             "neighbour_chunks": int, "workers": int, "itemsize": int, "output_itemsize": int, "min_chunk": int,
             "max_block_voxels": optional(int), "graph_task_seconds": float, "run_fixed_seconds": float,
-            "warnings": tuple, "baseline_source": str,
+            "warnings": tuple, "baseline_source": str, "cache": optional(lambda v: CacheGeometry(**v)),
             "block_multiple": optional(ints), "branch_order": tuple, "strategy": str,
             "stages": lambda v: tuple(dict(stage) for stage in v),
             "considered": lambda v: {k: dict(c) for k, c in v.items()},

@@ -160,7 +160,7 @@ def plan_chunks(
         max_block_voxels=None if chunks is not None else geometry.max_block_voxels,
         graph_task_seconds=float(time_terms.graph_task_seconds), run_fixed_seconds=float(time_terms.run_fixed_seconds),
         first_touch=time_terms.first_touch, read_unit=geometry.read_unit,
-        warnings=tuple(warnings), baseline_source=str(worker_spec.baseline_source),
+        warnings=tuple(warnings), baseline_source=str(worker_spec.baseline_source), cache=worker_spec.cache,
         block_multiple=None if geometry.block_multiple is None else tuple(int(m) for m in geometry.block_multiple),
     )
 
@@ -293,7 +293,8 @@ def replan(plan: ChunkPlan, predict: Predictor, *, done_fraction: float) -> Chun
                               max_block_voxels=plan.max_block_voxels, read_unit=plan.read_unit)
     worker_spec = WorkerSpec(plan.limit_bytes, plan.footprint.baseline_bytes,
                              threads_per_worker=plan.threads_per_worker, workers=plan.workers,
-                             pause_fraction=plan.pause_fraction, baseline_source=plan.baseline_source)
+                             pause_fraction=plan.pause_fraction, baseline_source=plan.baseline_source,
+                             cache=plan.cache)
     time_terms = TimeTerms(seconds_per_voxel=plan.seconds_per_voxel or DEFAULT_SECONDS_PER_VOXEL,
                            graph_task_seconds=plan.graph_task_seconds, run_fixed_seconds=plan.run_fixed_seconds,
                            task_clock=plan.task_clock, first_touch=plan.first_touch)

@@ -271,6 +271,6 @@ def plan_staged_chunks(
         graph_task_seconds=float(time_terms.graph_task_seconds),
         run_fixed_seconds=float(time_terms.run_fixed_seconds), warnings=tuple(warnings),
         first_touch=time_terms.first_touch, read_unit=geometry.read_unit,
-        baseline_source=str(worker_spec.baseline_source),
+        baseline_source=str(worker_spec.baseline_source), cache=worker_spec.cache,
         block_multiple=None if geometry.block_multiple is None else tuple(int(m) for m in geometry.block_multiple),
         strategy="staged", stages=table)
