@@ -95,7 +95,7 @@ def log(message: str) -> None:
 def explore_members(specs, runs: Path, budget: int, limit: int) -> None:
     seen = set()
     for spec in specs:
-        for op in operators.get(spec).members:
+        for op in getattr(operators.get(spec), "members", None) or (operators.get(spec),):  # one operator: itself
             if op.name in seen:
                 continue
             seen.add(op.name)

@@ -2,6 +2,10 @@
 ``LocalCluster`` each, in a fixed sequence, one process; each run's seconds are grouped by the
 plan that ran just before it.
 
+Its ``any`` rows pool a plan's runs whatever ran before: with a sequence that puts every plan
+after every other equally often, an A/B (or A/B/C) of plans on one operator (``--spec`` a single
+operator: its plans ``fused:CHUNKS``).
+
 This is why the Dask benchmarks order their rounds by a Williams design
 (``harness/rounds.py``): if a plan runs slower after some plans than after itself, an order
 that always puts one arm after the same neighbour biases that arm.
@@ -92,6 +96,11 @@ def main() -> None:
     for (name, prior), seconds in sorted(groups.items()):
         print(f"| {name} | {prior} | {len(seconds)} | {statistics.median(seconds):.2f} | "
               f"{', '.join(f'{s:.2f}' for s in seconds)} |")
+    for name in plans:  # every run of a plan, whatever ran before it
+        seconds = [s for (n, _), runs in groups.items() if n == name for s in runs]
+        if seconds:
+            print(f"| {name} | any | {len(seconds)} | {statistics.median(seconds):.2f} | "
+                  f"{', '.join(f'{s:.2f}' for s in seconds)} |")
     print(f"\nMachine: {machine_line()}")
 
 
