@@ -46,10 +46,12 @@ keeps each thread fed:
 
 * one waiting input block of ``b`` (a ``map_overlap`` stage only): the next task's block
   (its chunk and the neighbour slices it gathers) is resident before a thread frees up;
-* one finished output per thread, sized ``b`` and not ``c``: the trim is a slice, a
-  *view* whose base is the operator's whole ``b``-shaped result (checked with dask
+* one finished output per thread, sized ``b`` and not ``c``: ``map_overlap``'s trim is a
+  slice, a *view* whose base is the operator's whole ``b``-shaped result (checked with dask
   2026.8), so a finished output keeps ``prod(b) * output_itemsize`` alive until its
-  consumer releases it;
+  consumer releases it (a windowed task returns a contiguous copy of its chunk,
+  ``operators.base._windowed_task``: there the term is larger than the ``prod(c)`` held, by
+  the halo's shell);
 * a ``map_overlap`` stage's input chunks kept for their neighbours' halos
   (:func:`neighbour_chunks_held`)::
 
