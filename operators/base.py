@@ -190,9 +190,9 @@ def windowed_map(source, chunks, depth, function, *, dtype, leading: tuple[int, 
     d [j < k - 1])`` of ``source``: the block ``dask.array.overlap.overlap(x, depth,
     boundary="none")`` gives the same task.  The task reads it (``source[window]``), applies
     ``function`` and trims the depth off the block's inner sides (a contiguous copy, the
-    untrimmed result freed: :func:`_windowed_task`).  ``overlap`` instead slices every chunk into pieces that its
-    neighbours gather, so a chunk read from the file stays resident until its last neighbour
-    has run, and a worker that reads ahead of its slow tasks holds many
+    untrimmed result freed: :func:`_windowed_task`).  ``overlap`` instead slices every chunk
+    into pieces that its neighbours gather, so a chunk read from the file stays resident until
+    its last neighbour has run, and a worker that reads ahead of its slow tasks holds many
     (``scripts/results/run_trace_survey.md``: one worker held about 15 chunks' worth of
     pieces).  Here a task depends on nothing (the source travels in it, unless it is a NumPy
     array): nothing is kept for a neighbour, and a task not yet started holds nothing.

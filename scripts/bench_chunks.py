@@ -27,12 +27,12 @@ fresh ``LocalCluster``, with ``refine=False`` unless said otherwise.  Per scenar
   ``(ceil(N/4), N, N)``; a shape equal (after whole axes) to auto's or the prototype's
   is not run again, its row says so.  Every grid shape runs once; those that ended ok
   without a restart in at most 1.5x the fastest one's time (at most three) are the oracle
-  candidates and run ``--repeat`` more times (or, with ``--timed-seconds S``, enough rounds that
-  half of them at the fastest screening run's seconds sum to ``S``) in rounds with ours (each once per round, in
-  the orders of a Williams design over whole cycles, ``--repeat`` rounded up, its methods
-  relabelled at random per scenario, ``harness/rounds.py``: every method after every other,
-  and in every position, equally often, since a run is slower after some plans than after
-  its own, and none first of all by the order of the list); the
+  candidates and run ``--repeat`` more times (or, with ``--timed-seconds S``, enough rounds
+  that half of them at the fastest screening run's seconds sum to ``S``) in rounds with ours
+  (each once per round, in the orders of a Williams design over whole cycles, the rounds
+  rounded up, its methods relabelled at random per scenario, ``harness/rounds.py``: every
+  method after every other, and in every position, equally often, since a run is slower after
+  some plans than after its own, and none first of all by the order of the list); the
   **oracle** is the candidate with the lowest median ``seconds`` over the first half of the
   rounds' cycles; its ``seconds`` and ours are the medians over the other half, which the choice
   never saw (one cycle only: chosen and timed on the same rounds).  The screening run that
