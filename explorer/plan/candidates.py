@@ -176,7 +176,7 @@ def chunk_candidates(geometry: VolumeGeometry, *, footprint, budget: int, slots:
     clock = time_terms.task_clock  # reads priced only where it timed them
     seconds = _fused_seconds(shape, axis_chunks, grid, blocks, n_tasks[keep], slots=slots,
                              seconds_per_voxel=time_terms.seconds_per_voxel,
-                             graph_task_seconds=time_terms.graph_task_seconds, task_clock=time_terms.task_clock,
+                             graph_task_seconds=time_terms.graph_task_seconds, task_clock=clock,
                              run_fixed_seconds=time_terms.run_fixed_seconds,
                              first_touch=time_terms.first_touch,
                              read_voxels=None if clock is None or clock.read_seconds_per_voxel is None

@@ -13,10 +13,10 @@ from typing import Literal
 
 import numpy as np
 
-from explorer.plan.time_model import (DEFAULT_GRAPH_TASK_SECONDS, RUN_IO_SECONDS_PER_VOXEL, FirstTouch,
-                                      run_seconds_per_voxel)
 from explorer.core.machine import l1_data_cache
 from explorer.core.units import FLOAT32_BYTES
+from explorer.plan.time_model import (DEFAULT_GRAPH_TASK_SECONDS, RUN_IO_SECONDS_PER_VOXEL, FirstTouch,
+                                      run_seconds_per_voxel)
 from explorer.plan.chunk_plan import ChunkPlan
 from explorer.plan.planner import plan_chunks
 from explorer.plan.dask_config import worker_pause_fraction
