@@ -973,8 +973,8 @@ def test_a_predictor_taking_tasks_bounds_the_largest_task_of_each_candidate_plan
 
 
 def test_the_planner_passes_only_the_keywords_a_predictor_declares():
-    """A keyword in a predictor's signature is not enough: the planner passes ``tasks`` or
-    ``ceiling`` only where the predictor declares it (``takes_<keyword>``,
+    """A keyword in a predictor's signature is not enough: the planner passes ``tasks``,
+    ``ceiling`` or ``cold`` only where the predictor declares it (``takes_<keyword>``,
     :func:`takes_keywords` or a class attribute of a callable object)."""
     from explorer.plan.predictor import takes, takes_keywords
 
@@ -990,17 +990,17 @@ def test_the_planner_passes_only_the_keywords_a_predictor_declares():
 
     undeclared_seen = set()
 
-    def undeclared(blocks, confidence=0.99, tasks=None, ceiling=None):
-        undeclared_seen.update(k for k, v in (("tasks", tasks), ("ceiling", ceiling)) if v is not None)
+    def undeclared(blocks, confidence=0.99, tasks=None, cold=None):
+        undeclared_seen.update(k for k, v in (("tasks", tasks), ("cold", cold)) if v is not None)
         return analytic_peak(blocks)
 
     declared = Declared()
     plan_chunks(VolumeGeometry(SHAPE, HALO), declared, WorkerSpec(LIMIT, BASELINE, workers=2))
     plan_chunks(VolumeGeometry(SHAPE, HALO), undeclared, WorkerSpec(LIMIT, BASELINE, workers=2))
     assert declared.keywords == {"tasks"} and not undeclared_seen
-    assert takes(Declared(), "tasks") and not takes(Declared(), "ceiling") and not takes(undeclared, "tasks")
+    assert takes(Declared(), "tasks") and not takes(Declared(), "cold") and not takes(undeclared, "tasks")
     with pytest.raises(ValueError, match="unknown predictor keyword"):
-        takes_keywords("cold")
+        takes_keywords("slots")
 
 
 # --------------------------------------------------------------------------- staged plans

@@ -48,24 +48,7 @@ STALE = "another environment"
 def _runs(tmp: Path) -> Path:
     runs = tmp / "runs"
     shutil.copytree(GOLDEN, runs, ignore=shutil.ignore_patterns("expected.json"))
-    _recalibrate(runs, "envelope")
     return runs
-
-
-def _recalibrate(runs: Path, operator: str) -> None:
-    """The fixture's calibration is of format 3 (each group valued at its warm tasks' mean, a cold
-    offset beside it), which format 4 (each group at its fresh level: ``explorer.plan.excess``)
-    does not read: it is rebuilt from the fixture's own probes, in the environment they were
-    made in, by this code (the plans in ``expected.json`` were rewritten with it on purpose)."""
-    from explorer import load_model
-    from explorer.plan.calibration import calibrate, calibration_path
-    from explorer.search.store import Store
-
-    old = json.loads(calibration_path(operator, runs).read_text())
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        calibrate(operator, Store(runs), load_model(operator, runs_dir=runs), runs_dir=runs,
-                  environment=old["environment"])
 
 
 def predictions(runs: Path) -> dict:

@@ -1,7 +1,6 @@
 """The bound on the largest of a plan's tasks in workers (issue 33 item 4): the exact quantile of
 a shared error plus the largest of n within-group deviations, against Monte Carlo and numerical
-integration (pure); each group at its fresh level, the mean of the tasks that were their
-worker's first of the run (recorded by real workers), and the spread learnt above it, from
+integration (pure); the cold first task per worker, recorded by real workers and estimated from
 synthetic groups."""
 
 from __future__ import annotations
@@ -99,7 +98,7 @@ def test_the_quadrature_sum_covers_too_few_plans_of_100_tasks_and_the_exact_quan
     sigma = float(within.sd(mean_p[0] + d_mean[0]))
     a = 1.4 * sigma  # the isolated model's scale: the shared and the largest's quantiles alike
     upper_p = mean_p + stats.t.ppf(c, nu_p) * a
-    mean, upper = plan_excess.task_bound(mean_p, upper_p, voxels, excess, within, c, n, isolated_dof=nu_p)
+    mean, upper = plan_excess.task_bound(mean_p, upper_p, voxels, excess, within, c, n, cold=0, isolated_dof=nu_p)
     # plans drawn from the model the bound describes: S = a T_nu_P + b T_{n-p}, W = sigma_w T_nu_w
     b = d_half[0] / stats.t.ppf(c, excess.dof)
     largest = mean[0] + simulate(rng, plans, a, b, sigma, n, dofs=(nu_p, excess.dof), within_dof=within.dof)
@@ -110,124 +109,128 @@ def test_the_quadrature_sum_covers_too_few_plans_of_100_tasks_and_the_exact_quan
     assert float((largest <= old).mean()) < 0.97 < 0.985 < covered
 
 
-def test_the_planner_bounds_the_largest_of_each_candidates_tasks():
-    """``plan_chunks`` passes each candidate's task count to a predictor that takes it."""
+def test_the_planner_bounds_the_largest_of_a_plans_tasks_with_one_cold_task_per_slot():
+    """``plan_chunks`` passes each candidate's task count and ``min(tasks, workers x threads)``
+    cold tasks to a predictor that takes them."""
     from explorer.plan.planner import plan_chunks
     from explorer.plan.predictor import takes_keywords
     from explorer.plan.spec import VolumeGeometry, WorkerSpec
 
     seen = []
 
-    @takes_keywords("tasks")
-    def predict(shapes, confidence=0.99, tasks=1):
-        seen.append((np.asarray(shapes).copy(), np.asarray(tasks).copy()))
+    @takes_keywords("tasks", "cold")
+    def predict(shapes, confidence=0.99, tasks=1, cold=None):
+        seen.append((np.asarray(tasks).copy(), np.asarray(cold).copy()))
         v = np.asarray(shapes, dtype=float).prod(1)
         return 50.0 * v, 60.0 * v
 
     plan = plan_chunks(VolumeGeometry((300, 300, 300), (2, 2, 2)), predict,
                        WorkerSpec(2**31, 100 * MiB, threads_per_worker=2, workers=3))
-    blocks, tasks = (np.concatenate(x) for x in zip(*seen))
-    at = np.flatnonzero((blocks == plan.block).all(axis=1))
-    assert len(at) and np.all(tasks[at] == plan.n_tasks) and len(np.unique(tasks)) > 1
+    tasks, cold = (np.concatenate(x) for x in zip(*seen))
+    assert np.array_equal(cold, np.minimum(tasks, 6)) and plan.n_tasks >= 1
 
 
-# --------------------------------------------------------------------------- the fresh level
+# --------------------------------------------------------------------------- the cold first task
 
 
-def probe_groups(rng, *, reuse=0.0, above=0.0, n_groups=7, workers=2, per_worker=4, alpha=0.2 * MiB, beta=0.02,
-                 flagged=True):
-    """Records of ``n_groups`` probe-like runs of ``workers x per_worker`` tasks each at levels
-    from 2 MiB to 2 GiB, each worker's first task cold: every other warm task reused ``reuse`` of
-    the level, the rest grew ``above`` of it more than a cold one; spread ``alpha^2 + beta^2 m^2``."""
+def cold_groups(rng, ratio, fixed=0.0, *, n_groups=7, workers=2, per_worker=4, alpha=0.2 * MiB, beta=0.02):
+    """Records of ``n_groups`` probe-like runs (``workers x per_worker`` tasks each, the first on
+    each worker cold, ``fixed + ratio m`` above the warm ones)."""
     records = []
     for g, m in enumerate(np.geomspace(2 * MiB, 2048 * MiB, n_groups)):
         sd = math.sqrt(alpha**2 + (beta * m) ** 2)
         for w in range(workers):
             for i in range(per_worker):
-                shift = 0.0 if i == 0 else (-reuse if i % 2 else above) * m
-                context = {"run": f"r{g}", "exact": True, "worker": f"w{w}", "task_index": i}
-                if flagged:
-                    context["first_in_run"] = i == 0
-                records.append(Record(shape=(10 + g, 10 + g, 10 + g), peak_bytes=float(m + shift + rng.normal(0, sd)),
-                                      status="ok", source="probe", context=context))
+                peak = m + (fixed + ratio * m) * (i == 0) + rng.normal(0, sd)
+                records.append(Record(shape=(10 + g, 10 + g, 10 + g), peak_bytes=float(peak), status="ok",
+                                      source="probe", context={"run": f"r{g}", "exact": True, "worker": f"w{w}",
+                                                               "first_in_run": i == 0, "task_index": i}))
     return records
 
 
-def within_of_records(records):
+def fit_cold_of(records):
     groups = plan_excess.task_groups(records)
-    return groups, plan_excess.fit_within(groups.level_bytes, groups.variances, groups.n_tasks, groups.deviations,
-                                          groups.dofs, groups.factors)
+    within = plan_excess.fit_within(groups.mean_bytes, groups.variances, groups.n_tasks, groups.deviations, groups.dofs,
+                            groups.cells)
+    return groups, within, plan_excess.fit_cold(groups.mean_bytes, groups.cold_mean, groups.n_warm, groups.n_cold, within)
 
 
-def test_a_group_is_valued_at_its_cold_tasks_and_reuse_below_them_does_not_widen_the_spread():
-    """Warm tasks that reused 40% of what a fresh one grows (every other one) neither lower a
-    group's level nor widen its spread: the level is the cold tasks' mean and the spread is
-    learnt from the deviations above it.  Valued at the mean of all its tasks with the spread
-    either side (the rule before), the same groups' level fell by about 10% and their
-    spread grew tenfold."""
+def test_the_cold_offset_is_estimated_from_groups_holding_both_kinds():
     rng = np.random.default_rng(3)
-    records = probe_groups(rng, reuse=0.4)
-    groups, within = within_of_records(records)
-    levels = np.geomspace(2 * MiB, 2048 * MiB, 7)
-    assert np.all(groups.n_cold == 2)
-    assert np.allclose(groups.level_bytes, levels, rtol=0.06, atol=0.5 * MiB)
-    assert within.beta == pytest.approx(0.02, rel=0.35) and within.dof == int(groups.dofs.sum()) - 2
-    # the scores keep every task, the reused ones far below
-    assert len(within.scores) == len(records) and within.scores[0] < -10
-    # with the tasks' mean as the level and their spread either side: lower, far wider
-    peaks = [np.asarray([r.peak_bytes for r in records if r.context["run"] == f"r{g}"]) for g in range(7)]
-    either_side = plan_excess.fit_within([p.mean() for p in peaks], [p.var(ddof=1) for p in peaks],
-                                         [len(p) for p in peaks])
-    assert np.all(np.asarray([p.mean() for p in peaks])[3:] < 0.92 * groups.level_bytes[3:])
-    assert either_side.beta > 8 * within.beta
+    records = cold_groups(rng, 0.05)
+    groups, within, cold = fit_cold_of(records)
+    top = groups.mean_bytes.max()
+    assert cold.n_groups == 7 and cold.offset(top) / top == pytest.approx(0.05, abs=0.01)
+    assert 0 < cold.error(top, 0.99, within.dof) / top < 0.02
+    # a fixed part (a first task's own buffers): recovered on small and large blocks alike
+    _, _, fixed = fit_cold_of(cold_groups(rng, 0.0, fixed=1 * MiB))
+    assert fixed.offset(2 * MiB) == pytest.approx(1 * MiB, abs=0.3 * MiB)
+    assert fixed.offset(top) == pytest.approx(1 * MiB, abs=3 * fixed.error(top, 0.84, within.dof))
+    # told apart: the group's value is its warm mean, its variance pooled about two means
+    assert np.all(groups.n_cold == 2) and np.all(groups.n_warm == 6) and np.all(groups.dofs == 6)
+    assert within.dof == 7 * 6 - 2 and within.beta == pytest.approx(0.02, rel=0.3)
+    # the within spread is not inflated by the cold tasks (it is, taken as one cell)
+    _, one_cell, none = fit_cold_of([Record(shape=r.shape, peak_bytes=r.peak_bytes, status=r.status, source=r.source,
+                                            context={**r.context, "first_in_run": None}) for r in records])
+    assert none is None and within.beta < 0.8 * one_cell.beta
 
 
-def test_warm_tasks_above_their_cold_ones_widen_the_spread_they_showed():
-    """A warm task that grows more than a fresh one (8% above: say, a buffer kept from the task
-    before) is a deviation above the level: the spread learns it, and the bound on a task
-    covers it."""
+def test_no_offset_only_where_the_data_put_it_and_then_with_its_error():
     rng = np.random.default_rng(4)
-    groups, within = within_of_records(probe_groups(rng, above=0.08))
-    assert within.beta > 0.04
-    excess = plan_excess.fit_excess(groups.shapes.prod(axis=1).astype(float), groups.level_bytes * 0.5)
-    level = groups.level_bytes[-1]
-    _, upper = plan_excess.task_bound(np.array([level / 2]), np.array([level / 2]), [float(groups.shapes[-1].prod())],
-                                      excess, within, 0.99, 9)
-    assert upper[0] > 1.08 * level
+    groups, within, none = fit_cold_of(cold_groups(rng, 0.0))
+    top = groups.mean_bytes.max()
+    assert none.offset(top) < 3 * none.error(top, 0.84, within.dof) and none.error(top, 0.99, within.dof) > 0
+    _, _, lower = fit_cold_of(cold_groups(rng, -0.08))
+    assert lower.coef[1] < 0 and lower.offset(top) == 0.0  # cold tasks below the warm ones: no offset
+    # observations saved before the flag: not told apart, no estimate, the spread carries them
+    records = [Record(shape=r.shape, peak_bytes=r.peak_bytes, status=r.status, source=r.source,
+                      context={k: v for k, v in r.context.items() if k != "first_in_run"})
+               for r in cold_groups(rng, 0.05)]
+    groups, within, cold = fit_cold_of(records)
+    assert cold is None and np.all(groups.n_cold == 0) and np.all(groups.dofs == 7)
 
 
-def test_tasks_not_told_apart_are_one_cell_at_their_mean():
-    """Observations saved before the flag: the level is the group's mean, the spread is learnt
-    from the deviations above it, each of variance ``(1 - 1/n) sigma^2``."""
-    rng = np.random.default_rng(5)
-    groups, within = within_of_records(probe_groups(rng, flagged=False, n_groups=12, per_worker=8))
-    assert np.all(groups.n_cold == 0)
-    for g, deviation in enumerate(groups.deviations):
-        assert deviation.mean() == pytest.approx(0.0, abs=1e-6 * groups.level_bytes[g])
-        assert groups.dofs[g] == (deviation > 0).sum()
-        assert np.allclose(groups.factors[g], 1 - 1 / 16)
-    assert within.beta == pytest.approx(0.02, rel=0.3)
+def test_the_bound_takes_the_cold_tasks_into_the_largest():
+    """Cold tasks raise the bound on a plan's largest task; a warm task alone is bounded
+    without the offset, one of unknown order with it."""
+    v = np.geomspace(1e4, 3e7, 6)
+    excess = plan_excess.fit_excess(v, 0.5 * MiB + 16.0 * v + np.array([1, -1, 0.5, -0.5, 0.3, -0.3]) * MiB)
+    within = plan_excess.WithinFit(alpha_bytes=0.3 * MiB, beta=0.02, dof=96)
+    cold = plan_excess.ColdFit(coef=(0.0, 0.04 * GiB), cov=(0.0, 0.0, 0.0, (0.005 * GiB) ** 2), m_ref=GiB, dof=40,
+                       n_groups=7)
+    m, u = np.array([800 * MiB]), np.array([840 * MiB])
+    bound = lambda **kw: plan_excess.task_bound(m, u, [2e7], excess, within, 0.99, cold_fit=cold, **kw)[1][0]  # noqa: E731
+    warm_one, cold_one, unknown = bound(cold=0), bound(cold=1), bound()
+    assert warm_one < cold_one == unknown
+    assert bound(tasks=100, cold=0) < bound(tasks=100, cold=2) < bound(tasks=100, cold=8)
+    assert plan_excess.task_bound(m, u, [2e7], excess, within, 0.99, 100, cold=2)[1][0] < bound(tasks=100, cold=2)
+    # an offset measured as nothing still widens the cold tasks by its error
+    measured_none = plan_excess.ColdFit(coef=(0.0, -0.01 * GiB), cov=(0.0, 0.0, 0.0, (0.01 * GiB) ** 2), m_ref=GiB,
+                                dof=40, n_groups=7)
+    none = plan_excess.task_bound(m, u, [2e7], excess, within, 0.99, 9, cold=2, cold_fit=measured_none)[1][0]
+    assert plan_excess.task_bound(m, u, [2e7], excess, within, 0.99, 9, cold=2)[1][0] < none < \
+        plan_excess.task_bound(m, u, [2e7], excess, within, 0.99, 9, cold=2, cold_fit=cold)[1][0]
 
 
 @pytest.mark.integration
-def test_a_calibration_of_the_rule_before_is_not_used(tmp_path):
-    """A file of format 3 was fitted to the groups' warm means with a cold offset beside it, which
-    this version does not read: it is used as none, with the command that rebuilds it."""
-    import json
+def test_a_saved_calibration_keeps_its_cold_fit_and_an_old_file_reads_without_one(tmp_path):
+    from explorer.core.environment import environment_stamp
 
-    path = cal.calibration_path("gst3d", tmp_path)
-    path.parent.mkdir(parents=True)
-    path.write_text(json.dumps({"format_version": 3, "operator": "gst3d", "cold": {"coef": [0.0, 1.0]}}))
-    assert cal.FORMAT_VERSION == 4
-    with pytest.warns(RuntimeWarning, match="calibration format 3, this one reads 4.*explore gst3d"):
-        assert cal.load_calibration("gst3d", tmp_path) is None
+    cold = plan_excess.ColdFit(coef=(0.5 * MiB, 0.03 * GiB), cov=(1e10, -1e9, -1e9, 1e14), m_ref=GiB, dof=12.0, n_groups=6)
+    c = cal.WorkerCalibration("gst3d", None, timing.fit_timing([]), 6, 6, 48, 0.99, 0, environment_stamp("gst3d"),
+                              cold=cold)
+    data = c.to_dict()
+    assert data["cold"]["intercept_bytes"] == 0.5 * MiB and data["cold"]["bytes_per_byte"] == pytest.approx(0.03)
+    assert cal.WorkerCalibration.from_dict(data).cold == cold
+    del data["cold"]
+    assert cal.WorkerCalibration.from_dict(data).cold is None
 
 
 @pytest.mark.integration
 def test_real_workers_record_each_ones_first_task_of_a_run(probed_runs):
     """The probes (a real LocalCluster of two one-thread workers) store whether each task was
     its worker's first of the run, its place among them and over the worker process's life;
-    the calibration values each group at its cold tasks."""
+    the calibration fits the cold offset from them."""
     from explorer.search.store import Store
 
     records = [r for r in Store(probed_runs).records("gst3d") if r.source == "probe"]
@@ -253,13 +256,8 @@ def test_real_workers_record_each_ones_first_task_of_a_run(probed_runs):
     for indices in by_process.values():
         assert sorted(indices) == list(range(len(indices)))
     assert any(r.context["first_in_run"] and r.context["process_task_index"] > 0 for r in records)
-    # a run's first task on each worker is on one block shape: that group is valued at them
-    groups = plan_excess.task_groups(records)
-    assert (groups.n_cold == 2).sum() >= 3
-    for g in np.flatnonzero(groups.n_cold > 0):
-        cold = groups.factors[g] < 1
-        assert cold.sum() == groups.n_cold[g] and abs(groups.deviations[g][cold].sum()) <= 1e-6 * groups.level_bytes[g]
-    assert cal.load_calibration("gst3d", probed_runs).within is not None
+    saved = cal.load_calibration("gst3d", probed_runs)
+    assert saved.cold is not None and saved.cold.n_groups >= 3
 
 
 def test_rows_shown_above_or_below_the_ceiling_get_a_bound_on_the_right_side():
@@ -294,14 +292,17 @@ def test_a_plans_footprint_is_its_blocks_own_bound_not_the_shortcut():
     v = np.geomspace(1e4, 3e7, 7)
     excess = plan_excess.fit_excess(v, 0.5 * MiB + 4.0 * v + np.array([1, -1, 0.5, -0.5, 0.3, -0.3, 0.1]) * MiB)
     within = plan_excess.WithinFit(alpha_bytes=0.3 * MiB, beta=0.02, dof=96)
+    cold = plan_excess.ColdFit(coef=(0.3 * MiB, 0.003 * GiB), cov=(1e10, 0.0, 0.0, (0.005 * GiB) ** 2), m_ref=GiB, dof=6,
+                       n_groups=7)
     from explorer.core.environment import environment_stamp
 
     calibration = cal.WorkerCalibration("gst3d", excess, timing.fit_timing([]), 7, 7, 56, 0.99, 0,
-                                        environment_stamp("gst3d"), within=within)
+                                        environment_stamp("gst3d"), within=within, cold=cold)
     model = task_model.TaskModel(Isolated(), calibration)
     plan = plan_chunks(VolumeGeometry((600, 500, 400), (5, 5, 5)), model.predict_many,
                        WorkerSpec(4 * GiB, 100 * MiB, workers=2))
-    _, own = model.predict_many(np.asarray([plan.block]), 0.99, tasks=[plan.n_tasks])
+    _, own = model.predict_many(np.asarray([plan.block]), 0.99, tasks=[plan.n_tasks],
+                                cold=[min(plan.n_tasks, plan.slots)])
     assert plan.footprint.task_peak_bytes == pytest.approx(own[0], rel=1e-9)
 
 

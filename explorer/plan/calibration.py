@@ -27,10 +27,12 @@ from explorer.core.file_cache import MtimeCache
 from explorer.core.environment import environment_digest
 from explorer.plan.time_model import TaskClock
 from explorer.plan.excess import (
+    ColdFit,
     ExcessFit,
     N_COEFFICIENTS,
     WithinFit,
     _predictive_dof,
+    fit_cold,
     fit_excess,
     fit_within,
     task_bound,
@@ -51,7 +53,7 @@ __all__ = [
 #: Calibration file name under ``runs/<operator>/``.
 CALIBRATION_FILE = "calibration.json"
 #: Bumped when the saved layout changes (a file of another version is not used).
-FORMAT_VERSION = 4
+FORMAT_VERSION = 3
 
 
 class CalibrationFileError(ValueError):
@@ -68,7 +70,8 @@ class WorkerCalibration:
     ``excess`` is None while not identified (see the module docstring); ``environment``
     is the workers' stamp (``explorer.core.environment``) the observations were made in;
     ``within`` the spread of tasks within a group (None while fewer than three degrees
-    of freedom), both about the groups' fresh levels (``explorer.plan.excess``);
+    of freedom); ``cold`` the offset of a worker's first task of a run (None without a group
+    holding both kinds: files saved before the flag, or observations without it);
     ``n_groups_over_bound`` counts the groups whose largest task is above the bound on the
     largest of their tasks at ``confidence``, in sample (a diagnostic).
     """
@@ -84,6 +87,7 @@ class WorkerCalibration:
     environment: dict | None
     within: WithinFit | None = None
     updated: float = field(default_factory=time.time)
+    cold: ColdFit | None = None
     #: Differences from this process's environment, set by :func:`load_calibration`.
     stale: list = field(default_factory=list)
 
@@ -103,6 +107,9 @@ class WorkerCalibration:
                                  method=self.excess.quantile(self.confidence)[1])
         if self.within is not None:
             out["within"]["method"] = self.within.quantile(self.confidence)[1]
+        if self.cold is not None:
+            out["cold"]["intercept_bytes"], slope = self.cold.coef[0], self.cold.coef[1] / self.cold.m_ref
+            out["cold"]["bytes_per_byte"] = slope
         out["timing"]["seconds_per_voxel"] = self.timing.seconds_per_voxel
         return out
 
@@ -126,6 +133,16 @@ class WorkerCalibration:
             if not (math.isfinite(within.alpha_bytes) and math.isfinite(within.beta) and within.alpha_bytes >= 0
                     and within.beta >= 0 and within.dof >= 1):
                 raise ValueError("the within-group fit is malformed")
+        cold = data.get("cold")
+        if cold is not None:
+            cold = ColdFit(coef=tuple(float(v) for v in cold["coef"]), cov=tuple(float(v) for v in cold["cov"]),
+                           m_ref=float(cold["m_ref"]), dof=float(cold["dof"]), n_groups=int(cold["n_groups"]),
+                           cov_robust=tuple(float(v) for v in cold.get("cov_robust") or (0.0,) * 4))
+            values = [*cold.coef, *cold.cov, *cold.cov_robust, cold.m_ref]
+            if len(cold.coef) != 2 or len(cold.cov) != 4 or len(cold.cov_robust) != 4 \
+                    or not all(map(math.isfinite, values)) \
+                    or cold.m_ref <= 0 or cold.dof <= 0:
+                raise ValueError("the cold-task fit is malformed")
         t = data["timing"]
         timing = TimingFit(**{k: t.get(k) for k in ("operator_seconds_per_voxel", "io_seconds_per_voxel",
                                                     "graph_task_seconds", "run_fixed_seconds")},
@@ -134,7 +151,8 @@ class WorkerCalibration:
         return cls(operator=str(data["operator"]), excess=excess, timing=timing, n_groups=int(data["n_groups"]),
                    n_probe_groups=int(data.get("n_probe_groups", 0)), n_tasks=int(data["n_tasks"]),
                    confidence=float(data["confidence"]), n_groups_over_bound=int(data["n_groups_over_bound"]),
-                   environment=data.get("environment"), within=within, updated=float(data.get("updated", 0.0)))
+                   environment=data.get("environment"), within=within, updated=float(data.get("updated", 0.0)),
+                   cold=cold)
 
 
 def calibration_path(operator: str, runs_dir=None) -> Path:
@@ -161,21 +179,23 @@ def calibrate(operator: str, store, model, *, confidence: float = 0.99, runs_dir
     timing = fit_timing(records, digest)
     if len(groups.peak_bytes) == 0 and timing.n_tasks == 0:
         return None
-    excess, within, over = None, None, 0
+    excess, within, cold, over = None, None, None, 0
     if len(groups.peak_bytes):
         mean, upper = model.predict_many(groups.shapes, confidence)
         voxels = groups.shapes.prod(axis=1).astype(np.float64)
-        excess = fit_excess(voxels, groups.level_bytes - mean)
-        within = fit_within(groups.level_bytes, groups.variances, groups.n_tasks, groups.deviations, groups.dofs,
-                            groups.factors)
+        excess = fit_excess(voxels, groups.mean_bytes - mean)
+        within = fit_within(groups.mean_bytes, groups.variances, groups.n_tasks, groups.deviations, groups.dofs,
+                            groups.cells)
+        cold = fit_cold(groups.mean_bytes, groups.cold_mean, groups.n_warm, groups.n_cold, within)
         if excess is not None:
             _, bound = task_bound(mean, upper, voxels, excess, within, confidence, groups.n_tasks,
+                                  cold=np.maximum(groups.n_cold, 1.0), cold_fit=cold,
                                   isolated_dof=_predictive_dof(model))
             over = int((groups.peak_bytes > bound).sum())
     result = WorkerCalibration(
         operator=operator, excess=excess, timing=timing, n_groups=len(groups.peak_bytes),
         n_probe_groups=sum(s == "probe" for s in groups.sources), n_tasks=int(groups.n_tasks.sum()),
-        confidence=float(confidence), n_groups_over_bound=over, environment=stamp, within=within)
+        confidence=float(confidence), n_groups_over_bound=over, environment=stamp, within=within, cold=cold)
     if save:
         runs = runs_dir if runs_dir is not None else getattr(store, "runs_dir", None)
         _save(result, calibration_path(operator, runs))

@@ -215,7 +215,7 @@ def evaluate_candidates(c: Candidates, predict: Predictor | None, *, confidence:
         takes_tasks, ceiling_budget = takes(predict, "tasks"), (budget if takes(predict, "ceiling") else None)
 
         def fill(rows):
-            _predict_rows(predict, c, rows, confidence, footprint, takes_tasks, ceiling_budget)
+            _predict_rows(predict, c, rows, confidence, footprint, takes_tasks, ceiling_budget, slots)
 
     first_key, tie = _first_key(c, slots)
     probe = np.ones(len(c.blocks), dtype=bool)
@@ -320,7 +320,7 @@ def stride_key(blocks, halo, itemsize: int, cache: "CacheGeometry | None") -> np
 
 
 def _predict_rows(predict, c: Candidates, rows, confidence, footprint, takes_tasks: bool,
-                  ceiling_budget: int | None = None) -> None:
+                  ceiling_budget: int | None = None, slots: int | None = None) -> None:
     """Fill ``mean_peak``, ``upper_peak`` (>= mean), ``upper_total`` and ``exact`` of ``c`` at
     ``rows`` (:func:`_predict_blocks`); a non-finite prediction leaves the total at int64 max
     (never fits).  With ``ceiling_budget`` (the predictor declares ``ceiling``), each row's
@@ -333,7 +333,7 @@ def _predict_rows(predict, c: Candidates, rows, confidence, footprint, takes_tas
     if ceiling_budget is not None:
         empty = footprint(blocks, 0.0, **kept)
         ceiling = ((int(ceiling_budget) - empty.total) // empty.threads_per_worker).astype(np.float64)
-    mean, upper, exact = _predict_blocks(predict, blocks, c.n_tasks[rows], confidence, takes_tasks, ceiling)
+    mean, upper, exact = _predict_blocks(predict, blocks, c.n_tasks[rows], confidence, takes_tasks, ceiling, slots)
     finite = np.isfinite(upper)
     total = footprint(blocks, np.where(finite, upper, 0.0), **kept).total
     c.mean_peak[rows], c.upper_peak[rows] = mean, upper
@@ -342,19 +342,22 @@ def _predict_rows(predict, c: Candidates, rows, confidence, footprint, takes_tas
 
 
 def _predict_blocks(predict, blocks, n_tasks, confidence, takes_tasks: bool,
-                    ceiling=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                    ceiling=None, slots: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(mean, upper, exact)`` task peaks at ``blocks`` (``upper >= mean``, NaN as inf),
     predicted in slices of ``PREDICT_BATCH_ROWS``; a predictor declaring ``tasks``
     (``takes_tasks``) gets each row's count from ``n_tasks``, and given ``ceiling`` (``(m,)``)
-    it gets each row's.
+    it gets each row's; given ``slots`` a predictor declaring ``cold`` gets ``min(tasks, slots)``.
     ``exact`` is False where the predictor stopped short of a row (:class:`Predictor`): ``mean``
     inf and ``upper`` its bound there (a lower bound above the ceiling, or an upper bound at or
     below it)."""
     means, uppers, exacts = [], [], []
+    takes_cold = takes_tasks and slots is not None and takes(predict, "cold")
     for start in range(0, len(blocks), PREDICT_BATCH_ROWS):
         part = slice(start, start + PREDICT_BATCH_ROWS)
         m = len(blocks[part])
         keywords = {"tasks": n_tasks[part]} if takes_tasks else {}
+        if takes_cold:
+            keywords["cold"] = np.minimum(n_tasks[part], int(slots))
         if ceiling is not None:
             keywords["ceiling"] = ceiling[part]
         raw_mean, upper = predict(blocks[part], confidence=confidence, **keywords)

@@ -135,7 +135,7 @@ def plan_chunks(
     if not (candidates.upper_total <= budget).any():
         takes_tasks = takes(predict, "tasks")
         _complete_smallest(candidates, lambda: candidates.exact, lambda rows: _predict_rows(
-            predict, candidates, rows, confidence, footprint, takes_tasks))
+            predict, candidates, rows, confidence, footprint, takes_tasks, slots=slots))
         raise ChunkPlanError(_no_fit_message(candidates, shape, operator, threads, confidence, pause_fraction,
                                              limit_bytes, budget, baseline_bytes))
     ranking = dict(budget=budget, slots=slots, itemsize=int(geometry.itemsize), cache=worker_spec.cache,
@@ -197,7 +197,7 @@ def _rank_on_own_bounds(c: Candidates, shape, whole, index: int, predict: Predic
     rows = tied[same & ~c.exact[tied]]
     if not len(rows):
         return index
-    _predict_rows(predict, c, rows, confidence, footprint, takes(predict, "tasks"))
+    _predict_rows(predict, c, rows, confidence, footprint, takes(predict, "tasks"), slots=ranking["slots"])
     return rank_candidates(c, shape, whole, **ranking)
 
 
@@ -266,6 +266,8 @@ REPLAN_MAX_DONE_FRACTION = 0.5
 def plan_fits(plan: ChunkPlan, predict: Predictor) -> bool:
     """Whether ``plan``'s upper worker footprint still fits its budget under ``predict``."""
     tasks = {"tasks": np.asarray([plan.n_tasks])} if takes(predict, "tasks") else {}
+    if tasks and takes(predict, "cold"):
+        tasks["cold"] = np.asarray([min(plan.n_tasks, plan.slots)])
     _mean, upper = predict(np.asarray([plan.block], dtype=np.int64), confidence=plan.confidence, **tasks)
     total = worker_footprint(plan.block, float(np.asarray(upper)[0]), threads_per_worker=plan.threads_per_worker,
                              itemsize=plan.itemsize, output_itemsize=plan.output_itemsize,

@@ -17,16 +17,16 @@ __all__ = [
 
 
 #: The keywords a predictor may take beyond ``confidence``, each declared (:func:`takes_keywords`).
-OPTIONAL_KEYWORDS = ("tasks", "ceiling")
+OPTIONAL_KEYWORDS = ("tasks", "ceiling", "cold")
 
 
 class Predictor(Protocol):
     """``predict(block_shapes (m, ndim) int64, confidence=...) -> (mean_bytes (m,), upper_bytes (m,))``:
     a task's peak bytes on each block, its mean and its upper bound at ``confidence``.
 
-    Beyond ``confidence`` a predictor may take two keywords; the planner passes one only
-    when the predictor declares it, by a true ``takes_tasks`` or ``takes_ceiling``
-    attribute (:func:`takes_keywords` on a function or method; a class
+    Beyond ``confidence`` a predictor may take three keywords; the planner passes one only
+    when the predictor declares it, by a true ``takes_tasks``, ``takes_ceiling`` or
+    ``takes_cold`` attribute (:func:`takes_keywords` on a function or method; a class
     attribute of a callable object; a method of a model below ``explorer.plan`` sets the
     attribute itself):
 
@@ -43,6 +43,11 @@ class Predictor(Protocol):
       a Bonferroni bound, a few table lookups instead of the quantile's quadrature):
       ``plan_chunks`` predicts the candidates the upper footprint ranks, and its plan, again
       without a ceiling where they were not solved (``explorer.plan.planner._rank_on_own_bounds``).
+    * ``cold`` (``(m,)``, passed only with ``tasks``): how many of each row's tasks are their
+      slot's first of the run, ``min(tasks, slots)``: a worker's first task finds none of the
+      run's freed memory to reuse (the task model's cold offset).  A one-shape predictor
+      (``TaskModel.predict``, the live observer's) takes 1 for a worker's first task, 0 for a
+      later one.
     """
 
     def __call__(self, block_shapes: np.ndarray, *, confidence: float) -> tuple[np.ndarray, np.ndarray]:

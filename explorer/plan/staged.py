@@ -213,7 +213,7 @@ def plan_staged_chunks(
                 break
             stage, b = stages[i], blocks[i][alive]
             mean, upper, _ = _predict_blocks(stage.predict, b, c.n_tasks[alive], per_stage,
-                                             takes(stage.predict, "tasks"))
+                                             takes(stage.predict, "tasks"), slots=slots)
             predicted[0] += len(alive)
             terms = functools.partial(worker_footprint, b, threads_per_worker=threads, baseline_bytes=0,
                                       itemsize=stage.itemsize, output_itemsize=stage.output_itemsize,

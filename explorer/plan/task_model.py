@@ -108,11 +108,13 @@ class TaskModel:
         """The dof of the isolated model's Student-t predictive (:func:`_predictive_dof`)."""
         return _predictive_dof(self.isolated)
 
-    @takes_keywords("tasks", "ceiling")
-    def predict_many(self, shapes, confidence: float = 0.99, tasks=1, ceiling=None) -> tuple[np.ndarray, np.ndarray]:
+    @takes_keywords("tasks", "ceiling", "cold")
+    def predict_many(self, shapes, confidence: float = 0.99, tasks=1, ceiling=None,
+                     cold=None) -> tuple[np.ndarray, np.ndarray]:
         """``(mean, upper)`` bytes of a task's in-worker peak on blocks of ``shapes``; with
         ``tasks`` (scalar or per row), ``upper`` bounds the largest of that many tasks of one
-        run (:func:`task_bound`: what a plan's worker footprint must hold for).
+        run, ``cold`` of them their worker's first (default one; :func:`task_bound`: what a
+        plan's worker footprint must hold for; the planner passes ``min(tasks, slots)``).
 
         ``ceiling`` (``(m,)`` bytes; the planner's, ``explorer.plan.predictor.Predictor``): a block
         whose upper is shown above its ceiling is not solved further: its ``mean`` is NaN and
@@ -144,7 +146,8 @@ class TaskModel:
             value = np.asarray(value, dtype=np.float64)
             return value if value.ndim == 0 else np.broadcast_to(value, mean.shape)[pick]
         solved = task_bound(mean[pick], upper[pick], voxels[pick], self.excess, self.within, confidence,
-                            per_row(tasks), isolated_dof=self.isolated_dof,
+                            per_row(tasks), cold=None if cold is None else per_row(cold),
+                            cold_fit=self.calibration.cold, isolated_dof=self.isolated_dof,
                             ceiling=None if limit is None else limit[pick])
         if limit is None:
             mean[pick], upper[pick] = solved
@@ -153,9 +156,11 @@ class TaskModel:
             mean[pick], upper[pick] = np.where(state == 0, m, np.nan), u
         return mean, upper
 
-    def predict(self, shape, confidence: float = 0.99) -> tuple[float, float]:
-        """One task on a block of ``shape``."""
-        mean, upper = self.predict_many(np.asarray(shape).reshape(1, 3), confidence)
+    @takes_keywords("cold")
+    def predict(self, shape, confidence: float = 0.99, cold=None) -> tuple[float, float]:
+        """One task on a block of ``shape`` (``cold``: 1 when it is its worker's first of the
+        run, 0 when it is not; default: bounded as a first)."""
+        mean, upper = self.predict_many(np.asarray(shape).reshape(1, 3), confidence, cold=cold)
         return float(mean[0]), float(upper[0])
 
     def __repr__(self) -> str:

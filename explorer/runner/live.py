@@ -46,6 +46,7 @@ import warnings
 from dataclasses import dataclass, field
 
 from explorer.core.units import FLOAT32_BYTES
+from explorer.plan.predictor import takes
 
 __all__ = ["Observation", "Observer", "observe"]
 
@@ -296,7 +297,9 @@ class Observer:
     def _check(self, o: Observation) -> None:
         if self.model is None:
             return
-        _mean, upper = self.model.predict(o.shape, self.confidence)
+        first = o.extra.get("first_in_run")
+        order = {"cold": int(bool(first))} if first is not None and takes(self.model.predict, "cold") else {}
+        _mean, upper = self.model.predict(o.shape, self.confidence, **order)
         o.upper_bytes = float(upper)
         if o.peak_bytes <= o.bound_bytes:
             return
@@ -343,7 +346,9 @@ def observe(client, operator, *, store=None, model=None, confidence: float = 0.9
     worker's threads and memory limit, ``exact``, ``run_peak_bytes``, clocks, the
     workers' environment digest); all are stored before the context exits, also when the
     computation failed.  When ``model`` is given (a ``TaskModel`` or any object with
-    ``predict(shape, confidence) -> (mean, upper)``), each is compared with its bound (module docstring): tasks over it
+    ``predict(shape, confidence) -> (mean, upper)``; one that declares ``cold``
+    (``explorer.plan.predictor.takes_keywords``) is told whether each task was its worker's
+    first of the run), each is compared with its bound (module docstring): tasks over it
     are counted (``tasks_over_bound``), warned about, and passed to ``on_over_bound``.
     ``windowed``: the graph's tasks read their own blocks (``operator.dask(source,
     chunks=...)``), which a ``T > 1`` figure's bound then does not add again.  One observer
