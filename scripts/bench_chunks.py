@@ -819,7 +819,7 @@ def print_footprint_check(outcomes: list[Outcome]) -> None:
     """
     from explorer.plan.task_model import task_model
     from explorer.plan.grid import axis_blocks
-    from explorer.plan.footprint import worker_footprint
+    from explorer.plan.footprint import partial_chunks, worker_footprint
 
     rows = []
     for o in outcomes:
@@ -838,7 +838,8 @@ def print_footprint_check(outcomes: list[Outcome]) -> None:
                 upper = model.predict(block, 0.99)[1]
                 baseline = max(r.result.worker_baseline_bytes for r in runs)
                 bound = worker_footprint(block, upper, threads_per_worker=THREADS, windowed=True,
-                                         output_itemsize=np.dtype(op.output_dtype).itemsize, baseline_bytes=baseline)
+                                         output_itemsize=np.dtype(op.output_dtype).itemsize, baseline_bytes=baseline,
+                                         chunk_shapes=chunks, partial=partial_chunks(sc.shape, chunks))
                 rows.append((sc, m, chunks, bound, hwm))
     if not rows:
         return

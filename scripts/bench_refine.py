@@ -76,12 +76,13 @@ def fixed_block_bound(op, plan, runs_dir, baseline_bytes: int) -> tuple[float, f
     import numpy as np
 
     from explorer.plan.task_model import task_model
-    from explorer.plan.footprint import worker_footprint
+    from explorer.plan.footprint import partial_chunks, worker_footprint
 
     mean, upper = task_model(op.name, runs_dir).predict(tuple(plan.block), CONFIDENCE)
     total = worker_footprint(plan.block, float(upper), threads_per_worker=THREADS,
                              output_itemsize=np.dtype(op.output_dtype).itemsize, windowed=True,
-                             baseline_bytes=baseline_bytes).total
+                             baseline_bytes=baseline_bytes, chunk_shapes=plan.chunks,
+                             partial=partial_chunks(plan.shape, plan.chunks)).total
     return float(mean), float(upper), int(total)
 
 

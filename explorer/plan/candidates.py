@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from explorer.plan.footprint import partial_chunks
 from explorer.plan.grid import Candidates, _samples, axis_blocks
 from explorer.plan.predictor import takes
 from explorer.plan.spec import TimeTerms
@@ -183,7 +184,8 @@ def chunk_candidates(geometry: VolumeGeometry, *, footprint, budget: int, slots:
                              else _grid_read_voxels(shape, halo, axis_chunks, grid, geometry.read_unit))
     return Candidates(axis_chunks=axis_chunks, grid=grid, chunks=chunks, blocks=blocks, n_tasks=n_tasks[keep],
                       # a fused task reads its own block (operators.windowed_map): nothing kept for a neighbour
-                      neighbours=np.zeros(len(keep), dtype=np.int64), seconds=seconds)
+                      neighbours=np.zeros(len(keep), dtype=np.int64), seconds=seconds,
+                      partial=partial_chunks(shape, chunks))
 
 
 def _first_key(c: Candidates, slots: int) -> tuple[np.ndarray, float]:
@@ -328,7 +330,8 @@ def _predict_rows(predict, c: Candidates, rows, confidence, footprint, takes_tas
     ``F(0) + T ceil(P)`` (:func:`worker_footprint`), so it fits iff ``P <= floor((budget -
     F(0)) / T)``; a row the predictor bounds above its ceiling gets the footprint of that
     lower bound (above the budget) and stays inexact."""
-    blocks, kept = c.blocks[rows], {"chunk_shapes": c.chunks[rows], "neighbour_chunks": c.neighbours[rows]}
+    blocks, kept = c.blocks[rows], {"chunk_shapes": c.chunks[rows], "neighbour_chunks": c.neighbours[rows],
+                                    "partial": c.partial[rows]}
     ceiling = None
     if ceiling_budget is not None:
         empty = footprint(blocks, 0.0, **kept)

@@ -8,7 +8,8 @@ axis ``c + 2h`` (one-sided ``c + h`` when the axis has two chunks, ``N`` when it
 one; never more than ``N``)::
 
     total = baseline_bytes                               # the worker process, measured
-          + T * (input_block_bytes + task_peak_bytes)    # task_bytes: T tasks running
+          + T * (input_block_bytes + task_peak_bytes     # task_bytes: T tasks running ...
+                 + store_chunk_bytes)                    #   ... one writing a chunk the volume does not fill
           + T * waiting_input_bytes_per_thread           # held_bytes: blocks waiting ...
           + T * held_output_bytes_per_thread             #   ... outputs not yet released ...
           + neighbour_chunk_bytes                        #   ... and chunks kept for halos
@@ -16,8 +17,21 @@ one; never more than ``N``)::
     input_block_bytes               = prod(b) * itemsize          (float32 input: 4), or 0
     task_peak_bytes                 = the in-worker task peak at b (mean, or its upper bound on
                                       the largest of the plan's n tasks: ``Predictor``)
+    store_chunk_bytes               = prod(c) * output_itemsize when a chunk of the plan is
+                                      partial (``partial_chunks``), else 0
     waiting_input_bytes_per_thread  = WAITING_INPUTS_PER_THREAD * prod(b) * itemsize, or 0
     held_output_bytes_per_thread    = HELD_OUTPUTS_PER_THREAD  * prod(b) * output_itemsize
+
+A task stores its chunk into the run's Zarr output (``explorer.runner.writing``; a SEG-Y output
+is written from it) in the same task.  Where the chunks do not divide the volume, the last chunk
+along that axis is shorter than the store's chunk, and Zarr merges it into a whole chunk
+filled with the fill value before encoding it: one store chunk more at that task's peak
+(``zarr`` 3.1, ``CodecPipeline._merge_chunk_array``; measured on a 160x161x320 float32 chunk:
+a write grew the process by 29 MiB for a whole chunk and by 60 MiB for the 160x159x320 one at
+the array's end, ``tests/test_chunking.py``).  The probes' volumes are whole numbers of their
+chunks, so the in-worker excess never saw it; gaussian's first tasks on such chunks grew 94 MiB
+against 70 MiB on whole ones of the same run.  The term is the largest task's, so it is
+counted whenever any chunk is partial.
 
 ``baseline_bytes`` is the resident memory of an idle worker with the operator loaded,
 measured on the workers that run the work (``explorer.measure.inworker.warm_worker``), never a
@@ -76,6 +90,7 @@ from explorer.plan.grid import _samples
 __all__ = [
     "WorkerFootprint",
     "neighbour_chunks_held",
+    "partial_chunks",
     "worker_footprint",
 ]
 
@@ -95,7 +110,7 @@ class WorkerFootprint:
 
     Fields are ints for one block shape, int64 arrays when :func:`worker_footprint`
     is given many.  ``total = baseline_bytes + task_bytes + held_bytes`` with
-    ``task_bytes = T * (input_block_bytes + task_peak_bytes)`` and
+    ``task_bytes = T * (input_block_bytes + task_peak_bytes + store_chunk_bytes)`` and
     ``held_bytes = waiting_input_bytes + held_output_bytes + neighbour_chunk_bytes``.
     """
 
@@ -113,11 +128,14 @@ class WorkerFootprint:
     held_output_bytes: int | np.ndarray
     #: Input chunks kept for neighbours' halos: ``neighbour_chunks_held * prod(c) * itemsize``.
     neighbour_chunk_bytes: int | np.ndarray = 0
+    #: A running task's whole store chunk, into which Zarr merges a chunk the volume does not
+    #: fill: ``prod(c) * output_itemsize`` when the plan has one, else 0.
+    store_chunk_bytes: int | np.ndarray = 0
 
     @property
     def task_bytes(self) -> int | np.ndarray:
-        """``T * (input_block_bytes + task_peak_bytes)``: the tasks running at once."""
-        return self.threads_per_worker * (self.input_block_bytes + self.task_peak_bytes)
+        """``T * (input_block_bytes + task_peak_bytes + store_chunk_bytes)``: the tasks running at once."""
+        return self.threads_per_worker * (self.input_block_bytes + self.task_peak_bytes + self.store_chunk_bytes)
 
     @property
     def held_bytes(self) -> int | np.ndarray:
@@ -157,6 +175,7 @@ def worker_footprint(
     chunk_shapes=None,
     neighbour_chunks=0,
     windowed: bool = False,
+    partial=False,
 ) -> WorkerFootprint:
     """The worker footprint of tasks on blocks ``b`` (see the module docstring).
 
@@ -164,7 +183,9 @@ def worker_footprint(
     ``task_peak_bytes`` the matching ``peak_bytes(b)`` (scalar or ``(m,)``), rounded up
     to whole bytes and clipped at 0.  ``neighbour_chunks`` (scalar or ``(m,)``, from
     :func:`neighbour_chunks_held`) chunks of ``chunk_shapes`` are kept for halos; without
-    ``chunk_shapes`` that term is 0.  ``windowed``: each task reads its own block
+    ``chunk_shapes`` that term is 0.  ``partial`` (scalar or ``(m,)``, from :func:`partial_chunks`):
+    the plan has a chunk the volume does not fill, whose task merges it into a whole store chunk
+    of ``chunk_shapes`` (the store-chunk term; 0 without ``chunk_shapes``).  ``windowed``: each task reads its own block
     (``operators.windowed_map``), so no input is resident before a task starts: the
     input-block and waiting-input terms are 0, the block it reads being inside its task
     peak.  Scalar inputs give int terms, arrays int64 arrays.
@@ -178,10 +199,11 @@ def worker_footprint(
     block_input_bytes = block_samples * (0 if windowed else int(itemsize))
     block_output_bytes = block_samples * int(output_itemsize)
     if chunk_shapes is None:
-        neighbour_bytes = np.zeros_like(block_samples)
+        neighbour_bytes = store_bytes = np.zeros_like(block_samples)
     else:
         chunk_samples = _samples(np.asarray(chunk_shapes, dtype=np.int64))
         neighbour_bytes = np.asarray(neighbour_chunks, dtype=np.int64) * chunk_samples * int(itemsize)
+        store_bytes = np.asarray(partial, dtype=bool) * chunk_samples * int(output_itemsize)
     return WorkerFootprint(
         threads_per_worker=threads,
         baseline_bytes=int(baseline_bytes),
@@ -190,7 +212,16 @@ def worker_footprint(
         waiting_input_bytes=_int_or_array(threads * int(waiting_inputs_per_thread) * block_input_bytes),
         held_output_bytes=_int_or_array(threads * int(held_outputs_per_thread) * block_output_bytes),
         neighbour_chunk_bytes=_int_or_array(_shaped(neighbour_bytes, block_samples.shape)),
+        store_chunk_bytes=_int_or_array(_shaped(store_bytes, block_samples.shape)),
     )
+
+
+def partial_chunks(shape, chunk_shapes) -> np.ndarray:
+    """Whether a chunking of ``shape`` leaves a chunk shorter than the others (its last along an
+    axis the chunk length does not divide): the store-chunk term of :func:`worker_footprint`.
+    ``chunk_shapes`` ``(ndim,)`` or ``(m, ndim)``; bool, one per row."""
+    chunks = np.asarray(chunk_shapes, dtype=np.int64)
+    return (np.asarray(shape, dtype=np.int64) % np.maximum(chunks, 1) != 0).any(axis=-1)
 
 
 def _shaped(x: np.ndarray, shape) -> np.ndarray:

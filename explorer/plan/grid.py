@@ -92,7 +92,8 @@ class Candidates:
 
     ``axis_chunks[i]``: the candidate lengths along axis ``i``; ``grid[i]``: each row's
     index into it.  ``chunks``, ``blocks`` ``(m, ndim)``; ``n_tasks``, ``neighbours``
-    (:func:`neighbour_chunks_held`), ``seconds`` (:func:`plan_seconds`) ``(m,)``.  The
+    (:func:`neighbour_chunks_held`), ``seconds`` (:func:`plan_seconds`), ``partial``
+    (:func:`explorer.plan.footprint.partial_chunks`) ``(m,)``.  The
     predictions ``mean_peak``, ``upper_peak`` and the bound's ``upper_total`` are filled
     by :func:`evaluate_candidates` (``inf``/int64 max where not predicted); ``exact`` marks the
     rows whose prediction is complete, the others' ``upper_total`` being a lower bound above
@@ -106,6 +107,7 @@ class Candidates:
     n_tasks: np.ndarray
     neighbours: np.ndarray
     seconds: np.ndarray
+    partial: np.ndarray = None
     mean_peak: np.ndarray = None
     upper_peak: np.ndarray = None
     upper_total: np.ndarray = None

@@ -146,7 +146,8 @@ def plan_chunks(
 
     chunk = tuple(int(c) for c in candidates.chunks[index])
     block = tuple(int(b) for b in candidates.blocks[index])
-    kept = {"chunk_shapes": chunk, "neighbour_chunks": int(candidates.neighbours[index])}
+    kept = {"chunk_shapes": chunk, "neighbour_chunks": int(candidates.neighbours[index]),
+            "partial": bool(candidates.partial[index])}
     bound = footprint(block, float(candidates.upper_peak[index]), **kept)
     mean = footprint(block, float(candidates.mean_peak[index]), **kept)
     return ChunkPlan(
@@ -272,7 +273,8 @@ def plan_fits(plan: ChunkPlan, predict: Predictor) -> bool:
     total = worker_footprint(plan.block, float(np.asarray(upper)[0]), threads_per_worker=plan.threads_per_worker,
                              itemsize=plan.itemsize, output_itemsize=plan.output_itemsize,
                              baseline_bytes=plan.footprint.baseline_bytes, chunk_shapes=plan.chunks,
-                             neighbour_chunks=plan.neighbour_chunks, windowed=plan.strategy != "staged").total
+                             neighbour_chunks=plan.neighbour_chunks, windowed=plan.strategy != "staged",
+                             partial=bool(plan.footprint.store_chunk_bytes)).total
     return total <= plan.budget_bytes
 
 

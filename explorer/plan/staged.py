@@ -184,8 +184,11 @@ def plan_staged_chunks(
         held_chunks += kept
         held_bytes += kept * chunk_samples * int(members[0].itemsize)
     # Every stage's map_overlap keeps its own gathered inputs and finished outputs, whichever runs.
+    last = len(stages) - 1  # the stage whose tasks store the output: its partial chunks' store chunk
     idle = [worker_footprint(b, 0, threads_per_worker=threads, baseline_bytes=0, itemsize=s.itemsize,
-                             output_itemsize=s.output_itemsize, windowed=s.windowed) for s, b in zip(stages, blocks)]
+                             output_itemsize=s.output_itemsize, windowed=s.windowed, chunk_shapes=c.chunks,
+                             partial=c.partial if i == last else False)
+            for i, (s, b) in enumerate(zip(stages, blocks))]
     waiting = np.sum([f.waiting_input_bytes for f in idle], axis=0)
     finished = np.sum([f.held_output_bytes for f in idle], axis=0)
     resident = held_bytes + waiting + finished  # between tasks, whichever stage runs
@@ -217,7 +220,8 @@ def plan_staged_chunks(
             predicted[0] += len(alive)
             terms = functools.partial(worker_footprint, b, threads_per_worker=threads, baseline_bytes=0,
                                       itemsize=stage.itemsize, output_itemsize=stage.output_itemsize,
-                                      windowed=stage.windowed)
+                                      windowed=stage.windowed, chunk_shapes=c.chunks[alive],
+                                      partial=c.partial[alive] if i == last else False)
             finite = np.isfinite(upper)
             running_upper[alive, i] = np.where(finite, terms(np.where(finite, upper, 0.0)).task_bytes, worst)
             means[alive, i], uppers[alive, i] = mean, upper
@@ -246,11 +250,13 @@ def plan_staged_chunks(
     stage_j = stages[j]
     running_mean = [worker_footprint(tuple(blocks[i][index]), float(means[index, i]), threads_per_worker=threads,
                                      baseline_bytes=0, itemsize=s.itemsize, output_itemsize=s.output_itemsize,
-                                     windowed=s.windowed).task_bytes
+                                     windowed=s.windowed, chunk_shapes=chunk,
+                                     partial=bool(c.partial[index]) and i == last).task_bytes
                     for i, s in enumerate(stages)]
     bound = worker_footprint(tuple(blocks[j][index]), float(uppers[index, j]), threads_per_worker=threads,
                              baseline_bytes=baseline_bytes, itemsize=stage_j.itemsize,
-                             output_itemsize=stage_j.output_itemsize, windowed=stage_j.windowed)
+                             output_itemsize=stage_j.output_itemsize, windowed=stage_j.windowed, chunk_shapes=chunk,
+                             partial=bool(c.partial[index]) and j == last)
     bound = dataclasses.replace(bound, waiting_input_bytes=int(waiting[index]), held_output_bytes=int(finished[index]),
                                 neighbour_chunk_bytes=int(held_bytes[index]))
     table = tuple({"operator": s.name, "halo": list(s.halo), "block": [int(x) for x in blocks[i][index]],
