@@ -26,9 +26,9 @@ A task stores its chunk into the run's Zarr output (``explorer.runner.writing``;
 is written from it) in the same task.  Where the chunks do not divide the volume, the last chunk
 along that axis is shorter than the store's chunk, and Zarr merges it into a whole chunk
 filled with the fill value before encoding it: one store chunk more at that task's peak
-(``zarr`` 3.1, ``CodecPipeline._merge_chunk_array``; measured on a 160x161x320 float32 chunk:
-a write grew the process by 29 MiB for a whole chunk and by 60 MiB for the 160x159x320 one at
-the array's end, ``tests/test_chunking.py``).  The probes' volumes are whole numbers of their
+(``zarr`` 3.1, ``CodecPipeline._merge_chunk_array``; ``tests/test_chunking.py`` traces Zarr's
+allocations: 1.08-1.10 chunks to write a whole chunk, its encode buffer, 2.08 for a shorter one
+at the array's end).  The probes' volumes are whole numbers of their
 chunks, so the in-worker excess never saw it; gaussian's first tasks on such chunks grew 94 MiB
 against 70 MiB on whole ones of the same run.  The term is the largest task's, so it is
 counted whenever any chunk is partial.
