@@ -558,7 +558,6 @@ def test_footprint_store_chunk_term_is_one_store_chunk_per_thread_where_a_chunk_
     assert whole.store_chunk_bytes == 0 and edge.store_chunk_bytes == 20 * 30 * 40 * 2
     assert edge.task_bytes - whole.task_bytes == edge.total - whole.total == 2 * 20 * 30 * 40 * 2
     assert worker_footprint(BLOCK, 1000, partial=True, baseline_bytes=BASELINE).store_chunk_bytes == 0
-    assert type(plan_footprint.WorkerFootprint.from_dict(edge.to_dict())) is plan_footprint.WorkerFootprint
     assert plan_footprint.WorkerFootprint.from_dict(edge.to_dict()).store_chunk_bytes == edge.store_chunk_bytes
     many = worker_footprint([BLOCK, BLOCK], [1000, 1000], chunk_shapes=[(20, 30, 40), (10, 10, 10)],
                             partial=[True, False], baseline_bytes=BASELINE)

@@ -184,10 +184,11 @@ def plan_staged_chunks(
         held_chunks += kept
         held_bytes += kept * chunk_samples * int(members[0].itemsize)
     # Every stage's map_overlap keeps its own gathered inputs and finished outputs, whichever runs.
-    last = len(stages) - 1  # the stage whose tasks store the output: its partial chunks' store chunk
+    # only the last stage's tasks store the output, so only they hold a partial chunk's store chunk
+    partial = [c.partial if i == len(stages) - 1 else np.zeros(m, dtype=bool) for i in range(len(stages))]
     idle = [worker_footprint(b, 0, threads_per_worker=threads, baseline_bytes=0, itemsize=s.itemsize,
                              output_itemsize=s.output_itemsize, windowed=s.windowed, chunk_shapes=c.chunks,
-                             partial=c.partial if i == last else False)
+                             partial=partial[i])
             for i, (s, b) in enumerate(zip(stages, blocks))]
     waiting = np.sum([f.waiting_input_bytes for f in idle], axis=0)
     finished = np.sum([f.held_output_bytes for f in idle], axis=0)
@@ -221,7 +222,7 @@ def plan_staged_chunks(
             terms = functools.partial(worker_footprint, b, threads_per_worker=threads, baseline_bytes=0,
                                       itemsize=stage.itemsize, output_itemsize=stage.output_itemsize,
                                       windowed=stage.windowed, chunk_shapes=c.chunks[alive],
-                                      partial=c.partial[alive] if i == last else False)
+                                      partial=partial[i][alive])
             finite = np.isfinite(upper)
             running_upper[alive, i] = np.where(finite, terms(np.where(finite, upper, 0.0)).task_bytes, worst)
             means[alive, i], uppers[alive, i] = mean, upper
@@ -251,12 +252,12 @@ def plan_staged_chunks(
     running_mean = [worker_footprint(tuple(blocks[i][index]), float(means[index, i]), threads_per_worker=threads,
                                      baseline_bytes=0, itemsize=s.itemsize, output_itemsize=s.output_itemsize,
                                      windowed=s.windowed, chunk_shapes=chunk,
-                                     partial=bool(c.partial[index]) and i == last).task_bytes
+                                     partial=bool(partial[i][index])).task_bytes
                     for i, s in enumerate(stages)]
     bound = worker_footprint(tuple(blocks[j][index]), float(uppers[index, j]), threads_per_worker=threads,
                              baseline_bytes=baseline_bytes, itemsize=stage_j.itemsize,
                              output_itemsize=stage_j.output_itemsize, windowed=stage_j.windowed, chunk_shapes=chunk,
-                             partial=bool(c.partial[index]) and j == last)
+                             partial=bool(partial[j][index]))
     bound = dataclasses.replace(bound, waiting_input_bytes=int(waiting[index]), held_output_bytes=int(finished[index]),
                                 neighbour_chunk_bytes=int(held_bytes[index]))
     table = tuple({"operator": s.name, "halo": list(s.halo), "block": [int(x) for x in blocks[i][index]],
