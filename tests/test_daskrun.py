@@ -187,6 +187,7 @@ def test_scheduler_address_runs_on_the_existing_cluster_with_explicit_chunks(clu
     assert len(r.worker_peak_bytes) == 2 and all(p > 0 for p in r.worker_peak_bytes)
     assert r.workers_restarted == 0
     assert r.observations_recorded == 6
+    assert not any("worker-saturation" in w for w in r.warnings), r.warnings  # ours hands out one task a thread
     assert_equal_to_numpy(zarr.open_array(str(out), mode="r")[:], expected)
     # The cluster is left running, with no observation plugin behind.
     with distributed.Client(cluster.scheduler_address) as client:
@@ -426,6 +427,28 @@ def test_probes_run_on_the_users_cluster_and_measure_its_workers(tmp_path):
     assert result.scheduler == address and set(result.workers) == cluster_workers
     assert result.baseline_bytes > 200 * 2**20
     assert not baseline_path(OPERATOR, tmp_path / "runs").exists()  # a cluster's baseline is not this machine's
+
+
+def test_a_run_on_a_scheduler_that_hands_out_task_pairs_says_so(segy, tmp_path):
+    """A `dask scheduler` at Dask's default worker-saturation (1.1) gives a one-thread worker two
+    root tasks at a time; the time model prices one per free thread, and the run says so."""
+    from harness.cluster import user_cluster
+
+    with user_cluster(workers=1) as address:
+        r = run(OPERATOR, segy, tmp_path / "out.zarr", scheduler=address, chunks=(16, 20, 36), refine=False)
+    assert r.status == "ok", r.error
+    assert [w for w in r.warnings if "worker-saturation is 1.1" in w and "2 root tasks at a time" in w], r.warnings
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("saturation, threads, held", [(1.0, 1, None), (1.1, 1, "2 root tasks"), (1.0, 4, None),
+                                                       (1.1, 4, "5 root tasks"), (1.05, 10, "11 root tasks"),
+                                                       (float("inf"), 2, "every root task at once")])
+def test_the_saturation_warning_names_the_tasks_a_worker_holds(saturation, threads, held):
+    from explorer.measure.local_cluster import saturation_warning
+
+    warning = saturation_warning(saturation, threads)
+    assert (warning is None) if held is None else (held in warning)
 
 
 @pytest.mark.unit

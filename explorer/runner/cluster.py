@@ -8,7 +8,7 @@ import os
 from typing import TYPE_CHECKING
 
 from explorer.core.units import format_bytes
-from explorer.measure.local_cluster import local_cluster
+from explorer.measure.local_cluster import local_cluster, saturation_warning
 from explorer.runner.context import ERROR, FAILED, _RunError, _default_memory_limit, _one_line
 
 if TYPE_CHECKING:
@@ -58,6 +58,9 @@ def _connect(ctx: RunContext) -> None:
         else:
             ctx.limit = ctx.requested_limit or _default_memory_limit(len(info))
         result.n_workers, ctx.cluster_kind = len(info), "external"
+        warning = saturation_warning(_scheduler_saturation(ctx.client), ctx.threads)
+        if warning is not None:
+            result.warnings.append(warning)
     else:
         ctx.limit = ctx.requested_limit or _default_memory_limit(ctx.workers)
         with dask.config.set({"distributed.scheduler.allowed-failures": ctx.allowed_failures}):
@@ -67,6 +70,18 @@ def _connect(ctx: RunContext) -> None:
     result.threads_per_worker = ctx.threads
     result.memory_limit_bytes = int(ctx.limit)
     _prepare_workers(ctx)
+
+
+def _scheduler_saturation(client) -> float:
+    """The scheduler's ``distributed.scheduler.worker-saturation``, as it runs it (1.0, the
+    time model's premise, when a scheduler does not say)."""
+    def saturation(dask_scheduler):
+        return float(getattr(dask_scheduler, "WORKER_SATURATION", 1.0))
+
+    try:
+        return float(client.run_on_scheduler(saturation))
+    except Exception:  # a scheduler that refuses to run code: nothing to warn about
+        return 1.0
 
 
 def _prepare_workers(ctx: RunContext) -> None:
