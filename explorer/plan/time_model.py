@@ -207,7 +207,8 @@ def expected_max_normal(m: int) -> float:
 
 def schedule_waves(n_tasks, slots: int, spread=None, units: int = 1):
     """The makespan of greedy list scheduling of ``n`` tasks on ``C`` slots, in units of one
-    task's (mean) time (:func:`plan_seconds`).
+    task's (mean) time (:func:`plan_seconds`): a free slot takes the next task, as the clusters
+    this tool starts schedule (``explorer.measure.local_cluster.WORKER_SATURATION``).
 
     ``spread`` None: Graham's bound ``n / C + 1 - 1 / C``, for durations nothing is known
     about.  ``spread`` ``sigma`` (the tasks' coefficient of variation, learnt): near-equal
