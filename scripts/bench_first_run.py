@@ -147,8 +147,12 @@ def run_tasks(runs: Path, operator: str, run_id: str | None) -> list:
 
 def over_plan_bound(d: dict) -> tuple[int | None, float | None]:
     """``(tasks over the plan's bound on the largest of its n tasks, largest task / that bound)``
-    (``d["tasks"]``: :func:`run_tasks`; None without observations or a model plan)."""
-    bound = ((d.get("plan") or {}).get("footprint") or {}).get("task_peak_bytes")
+    (``d["tasks"]``: :func:`run_tasks`; None without observations or a model plan).  The bound is
+    the footprint's per-task allowance, its task peak and its store chunk (a plan with a chunk
+    the volume does not fill: that chunk's task merges it into a whole store chunk)."""
+    footprint = (d.get("plan") or {}).get("footprint") or {}
+    bound = footprint.get("task_peak_bytes")
+    bound = bound and bound + (footprint.get("store_chunk_bytes") or 0)
     peaks = [peak for peak, _first in d.get("tasks") or []]
     if not bound or not peaks or (d.get("plan") or {}).get("threads_per_worker", 1) != 1:
         return None, None

@@ -564,6 +564,21 @@ def test_footprint_store_chunk_term_is_one_store_chunk_per_thread_where_a_chunk_
     assert list(many.store_chunk_bytes) == [20 * 30 * 40 * 4, 0]
 
 
+@pytest.mark.unit
+def test_one_tasks_store_chunk_is_the_footprints_term_where_its_own_chunk_is_short():
+    term = plan_footprint.task_store_chunk_bytes
+    # 320 in chunks of 107: 107, 107, 106; the third is short, the others whole
+    assert term((320, 320, 320), (107, 160, 320), (2, 0, 0)) == 107 * 160 * 320 * 4
+    assert term((320, 320, 320), (107, 160, 320), (1, 1, 0)) == 0
+    assert term((320, 320, 320), (160, 160, 160), (1, 1, 1)) == 0  # chunks that divide the volume
+    assert term((10, 12, 14), (4, 5, 14), (1, 2, 0), output_itemsize=8) == 4 * 5 * 14 * 8
+    # one task of the plan's partial chunks carries the term the plan's footprint adds to each
+    plan = plan_footprint.worker_footprint((107, 160, 320), 0, baseline_bytes=0, windowed=True,
+                                           chunk_shapes=(107, 160, 320),
+                                           partial=plan_footprint.partial_chunks((320, 320, 320), (107, 160, 320)))
+    assert plan.store_chunk_bytes == term((320, 320, 320), (107, 160, 320), (2, 1, 0))
+
+
 def test_zarr_merges_a_chunk_the_array_does_not_fill_into_a_whole_store_chunk(tmp_path):
     """The fact the store-chunk term stands on: writing a chunk at the array's end, shorter than
     the store's chunk, allocates a whole store chunk beside it; a whole chunk is written as it is

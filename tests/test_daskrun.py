@@ -264,6 +264,28 @@ def test_model_chunks_follow_recommend_chunks_with_the_clusters_baseline(cluster
     assert_equal_to_numpy(zarr.open_array(str(tmp_path / "out.zarr"), mode="r")[:], expected)
 
 
+def test_a_task_whose_chunk_the_volume_does_not_fill_is_bounded_with_its_store_chunk(cluster, segy, model_runs,
+                                                                                     tmp_path):
+    """40 samples in chunks of 15: the third chunk along that axis is 10 long, and its task merges
+    it into a whole 16x15x36 store chunk; the observer adds that chunk to those tasks' bound only."""
+    from explorer.search.store import Store
+
+    r = run(OPERATOR, segy, tmp_path / "out.zarr", scheduler=cluster.scheduler_address, chunks=(16, 15, 36),
+            runs_dir=model_runs)
+    assert r.status == "ok", r.error
+    tasks = Store(model_runs).records(OPERATOR, source="production")
+    assert len(tasks) == r.n_tasks == 3 * 3
+    store_chunk = 16 * 15 * 36 * 4
+    for task in tasks:
+        index = task.context["chunk_index"]
+        assert task.context["store_chunk_bytes"] == (store_chunk if index[1] == 2 else 0), index
+    by_shape = {}
+    for task in tasks:
+        by_shape.setdefault((tuple(task.shape), task.context["first_in_run"]), set()).add(
+            task.context["upper_bytes"] - task.context["store_chunk_bytes"])
+    assert all(len(bounds) == 1 for bounds in by_shape.values()), by_shape  # the model's bound, then the term
+
+
 def test_bad_input_ends_as_one_line_errors(cluster, segy, tmp_path):
     cases = [
         dict(operator="no_such_operator", input=segy, output=tmp_path / "o.zarr"),

@@ -416,12 +416,21 @@ class ObservationPlugin(WorkerPlugin):
             "memory_limit": self._limit,
             "environment": self._environment,
             "key": str(key),
+            "chunk_index": chunk_index(key),
             "managed_before_bytes": None if managed_before is None else int(managed_before),
             "managed_after_bytes": int(managed_after),
             "first_in_run": None if task_index is None else task_index == 0,
             "task_index": task_index,
             "process_task_index": process_index,
         })
+
+
+def chunk_index(key) -> list[int] | None:
+    """The chunk's position in its array's grid, from a Dask array task's key ``(name, i, j, k)``;
+    None for any other key."""
+    if isinstance(key, tuple) and len(key) > 1 and all(isinstance(i, int) for i in key[1:]):
+        return [int(i) for i in key[1:]]
+    return None
 
 
 def dask_setup(worker) -> None:

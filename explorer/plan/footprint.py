@@ -80,6 +80,7 @@ the bound (= model upper bound at the requested confidence); only that term diff
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -91,6 +92,7 @@ __all__ = [
     "WorkerFootprint",
     "neighbour_chunks_held",
     "partial_chunks",
+    "task_store_chunk_bytes",
     "worker_footprint",
 ]
 
@@ -222,6 +224,17 @@ def partial_chunks(shape, chunk_shapes) -> np.ndarray:
     ``chunk_shapes`` ``(ndim,)`` or ``(m, ndim)``; bool, one per row."""
     chunks = np.asarray(chunk_shapes, dtype=np.int64)
     return (np.asarray(shape, dtype=np.int64) % np.maximum(chunks, 1) != 0).any(axis=-1)
+
+
+def task_store_chunk_bytes(shape, chunks, index, output_itemsize: int = FLOAT32_BYTES) -> int:
+    """The store-chunk term of :func:`worker_footprint` for the one task of chunk ``index`` (its
+    position in the chunk grid of ``shape`` by ``chunks``): ``prod(chunks) * output_itemsize``
+    when that chunk is the last along an axis ``chunks`` does not divide, which Zarr merges into
+    a whole store chunk inside the task, else 0.  (The footprint adds the term to every task of
+    a plan that has such a chunk: it bounds the worst task.)"""
+    last = [-(-int(n) // max(int(c), 1)) - 1 for n, c in zip(shape, chunks)]
+    short = any(int(i) == k and int(n) % int(c) for n, c, i, k in zip(shape, chunks, index, last))
+    return math.prod(int(c) for c in chunks) * int(output_itemsize) if short else 0
 
 
 def _shaped(x: np.ndarray, shape) -> np.ndarray:

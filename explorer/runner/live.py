@@ -19,8 +19,9 @@ in :mod:`explorer.measure.inworker`'s docstring.
 
 Bound checks: an exact observation (one thread per worker) is over its bound when its
 ``peak_bytes`` exceeds the model's upper bound on one task at its block (a task model is told
-whether the task was its worker's first of the run: ``first_in_run``, :mod:`explorer.measure.inworker`).
-With ``T > 1`` threads a figure is the process's growth while ``T`` tasks ran, so it is compared with the
+whether the task was its worker's first of the run: ``first_in_run``, :mod:`explorer.measure.inworker`),
+plus, for a windowed task whose chunk the volume does not fill, the store chunk it merges
+(``Observer._store_chunk_bytes``: the footprint's term for that task).  With ``T > 1`` threads a figure is the process's growth while ``T`` tasks ran, so it is compared with the
 footprint's task term for ``T`` tasks, ``T (input_block_bytes + upper)``, or ``T upper``
 when each task reads its own block (``windowed``: ``explorer.runner.daskrun``'s runs, whose reads
 are inside the tasks' peaks).
@@ -44,6 +45,8 @@ import time
 import uuid
 import warnings
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from explorer.core.units import FLOAT32_BYTES
 from explorer.plan.predictor import takes
@@ -109,6 +112,7 @@ class Observer:
         self.windowed = bool(windowed)
         self.client = client
         self.operator = operator
+        self.output_itemsize = _output_itemsize(operator)
         self.model = model
         self.confidence = float(confidence)
         self.run_id = uuid.uuid4().hex[:12]
@@ -220,7 +224,7 @@ class Observer:
                 extra={k: msg[k] for k in ("run_seconds", "read_seconds", "other_seconds", "other_tasks", "n_runs",
                                            "rss_before_bytes", "process_peak_bytes", "environment",
                                            "managed_before_bytes", "managed_after_bytes", "first_in_run",
-                                           "task_index", "process_task_index") if k in msg},
+                                           "task_index", "process_task_index", "chunk_index") if k in msg},
                 windowed=self.windowed,
             )
             self.observations.append(observation)
@@ -300,7 +304,7 @@ class Observer:
         first = o.extra.get("first_in_run")
         order = {"cold": int(bool(first))} if first is not None and takes(self.model.predict, "cold") else {}
         _mean, upper = self.model.predict(o.shape, self.confidence, **order)
-        o.upper_bytes = float(upper)
+        o.upper_bytes = float(upper) + self._store_chunk_bytes(o)
         if o.peak_bytes <= o.bound_bytes:
             return
         o.over_bound = True
@@ -313,6 +317,23 @@ class Observer:
                 f"(worker {o.worker}); the calibration will widen the next plan")
         if self.on_over_bound is not None:
             self.on_over_bound(o)
+
+
+    def _store_chunk_bytes(self, o: Observation) -> int:
+        """What ``o``'s task holds for the store beyond its operator's bound: a windowed task
+        writes its chunk in the same task (``windowed-store-map``), and one whose chunk the volume
+        does not fill merges it into a whole store chunk there
+        (``explorer.plan.footprint.task_store_chunk_bytes``, the footprint's term for that task).
+        Kept in the observation (``store_chunk_bytes``); 0 when the run did not say its chunks."""
+        from explorer.plan.footprint import task_store_chunk_bytes
+
+        shape, chunks, index = (self.context.get("volume_shape"), self.context.get("chunks"),
+                                o.extra.get("chunk_index"))
+        if not (o.windowed and shape and chunks and index) or not len(shape) == len(chunks) == len(index):
+            return 0
+        store = task_store_chunk_bytes(shape, chunks, index, self.output_itemsize)
+        o.extra["store_chunk_bytes"] = store
+        return store
 
 
 def _lower_this_threads_priority() -> None:
@@ -358,6 +379,17 @@ def observe(client, operator, *, store=None, model=None, confidence: float = 0.9
     return Observer(client, name, store=store, runs_dir=runs_dir, storage=storage, model=model,
                     confidence=confidence, context=context, on_over_bound=on_over_bound, warn=warn,
                     source=source, windowed=windowed)
+
+
+def _output_itemsize(name: str) -> int:
+    """Bytes per output sample of operator ``name`` (float32's when this process cannot load it:
+    an operator only the workers have)."""
+    try:
+        import operators
+
+        return int(np.dtype(operators.get(name).output_dtype).itemsize)
+    except Exception:
+        return FLOAT32_BYTES
 
 
 def _cluster_kind(client) -> str:
