@@ -21,10 +21,11 @@ Bound checks: an exact observation (one thread per worker) is over its bound whe
 ``peak_bytes`` exceeds the model's upper bound on one task at its block (a task model is told
 whether the task was its worker's first of the run: ``first_in_run``, :mod:`explorer.measure.inworker`),
 plus, for a windowed task whose chunk the volume does not fill, the store chunk it merges
-(``Observer._store_chunk_bytes``: the footprint's term for that task).  With ``T > 1`` threads a figure is the process's growth while ``T`` tasks ran, so it is compared with the
-footprint's task term for ``T`` tasks, ``T (input_block_bytes + upper)``, or ``T upper``
-when each task reads its own block (``windowed``: ``explorer.runner.daskrun``'s runs, whose reads
-are inside the tasks' peaks).
+(``Observer._store_chunk_bytes``: the footprint's term for that task).  With ``T > 1`` threads a
+figure is the process's growth while ``T`` tasks ran, so it is compared with the footprint's task
+term for ``T`` tasks, ``T (input_block_bytes + upper)``, or ``T upper`` when each task reads its
+own block (``windowed``: ``explorer.runner.daskrun``'s runs, whose reads are inside the tasks'
+peaks).
 
 Cost: on the worker, about 0.1 ms per task (reads of ``/proc/self/status`` and writes
 to ``clear_refs`` at task start, ``run`` start, ``run`` end and task end) and one small
@@ -317,7 +318,6 @@ class Observer:
                 f"(worker {o.worker}); the calibration will widen the next plan")
         if self.on_over_bound is not None:
             self.on_over_bound(o)
-
 
     def _store_chunk_bytes(self, o: Observation) -> int:
         """What ``o``'s task holds for the store beyond its operator's bound: a windowed task
