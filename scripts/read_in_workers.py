@@ -5,8 +5,9 @@ with each chunking (``explorer.runner.daskrun.run``, 2 one-thread workers, obser
 ``--repeat`` times, and reports per chunking the medians of its tasks that were not their worker's
 first of a run: the task's seconds, its ``read_seconds`` (before its ``run``: the windowed read,
 ``docs/definitions.md``), the voxels its read touched (whole traces) and the seconds per voxel read;
-the runs' median compute seconds, how many tasks each worker ran in each run; and the read rate the planner's clock learns from all of them
-(``explorer.plan.timing.fit_timing``: ``TaskClock.read_seconds_per_voxel``).
+the runs' median compute seconds and how many tasks each worker ran in each run; and the read rate
+the planner's clock learns from all of them (``explorer.plan.timing.fit_timing``:
+``TaskClock.read_seconds_per_voxel``).
 
     python scripts/read_in_workers.py [first_derivative] [--volume 320x320x320]
         [--chunks 160x160x160,80x160x320,80x320x320] [--memory-limit 384MiB] [--repeat 3]

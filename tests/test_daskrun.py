@@ -266,7 +266,7 @@ def test_model_chunks_follow_recommend_chunks_with_the_clusters_baseline(cluster
 
 def test_a_task_whose_chunk_the_volume_does_not_fill_is_bounded_with_its_store_chunk(cluster, segy, model_runs,
                                                                                      tmp_path):
-    """40 samples in chunks of 15: the third chunk along that axis is 10 long, and its task merges
+    """40 crosslines in chunks of 15: the third chunk along that axis is 10 long, and its task merges
     it into a whole 16x15x36 store chunk; the observer adds that chunk to those tasks' bound only."""
     from explorer.search.store import Store
 
