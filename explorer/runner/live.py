@@ -305,7 +305,8 @@ class Observer:
         first = o.extra.get("first_in_run")
         order = {"cold": int(bool(first))} if first is not None and takes(self.model.predict, "cold") else {}
         _mean, upper = self.model.predict(o.shape, self.confidence, **order)
-        o.upper_bytes = float(upper) + self._store_chunk_bytes(o)
+        store = o.extra["store_chunk_bytes"] = self._store_chunk_bytes(o)
+        o.upper_bytes = float(upper) + store
         if o.peak_bytes <= o.bound_bytes:
             return
         o.over_bound = True
@@ -323,17 +324,15 @@ class Observer:
         """What ``o``'s task holds for the store beyond its operator's bound: a windowed task
         writes its chunk in the same task (``windowed-store-map``), and one whose chunk the volume
         does not fill merges it into a whole store chunk there
-        (``explorer.plan.footprint.task_store_chunk_bytes``, the footprint's term for that task).
-        Kept in the observation (``store_chunk_bytes``); 0 when the run did not say its chunks."""
+        (``explorer.plan.footprint.task_store_chunk_bytes``, the footprint's term for that task);
+        0 when the run did not say its chunks."""
         from explorer.plan.footprint import task_store_chunk_bytes
 
         shape, chunks, index = (self.context.get("volume_shape"), self.context.get("chunks"),
                                 o.extra.get("chunk_index"))
         if not (o.windowed and shape and chunks and index) or not len(shape) == len(chunks) == len(index):
             return 0
-        store = task_store_chunk_bytes(shape, chunks, index, self.output_itemsize)
-        o.extra["store_chunk_bytes"] = store
-        return store
+        return task_store_chunk_bytes(shape, chunks, index, self.output_itemsize)
 
 
 def _lower_this_threads_priority() -> None:
