@@ -29,6 +29,33 @@ def test_stamp_names_versions_machine_and_operator_code():
     assert set(ISOLATED_KEYS) <= set(stamp) and set(WORKER_KEYS) <= set(stamp)
 
 
+def test_task_code_is_a_worker_key_whose_digest_follows_the_task_files_only(tmp_path):
+    """A calibration's figures depend on our code around ``run`` in the worker's task (the read,
+    the windowed task's trim, the store, the measuring hook): the d7af9fe benchmark reused probes
+    made before fd0c090 changed the trim, and nothing said so."""
+    from explorer.core import environment
+
+    assert "task_code" in WORKER_KEYS and "task_code" not in ISOLATED_KEYS
+    assert environment_stamp()["task_code"] == environment.task_code_version()
+    installed = environment._PACKAGES_ROOT
+    for name in environment.TASK_CODE_FILES:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes((installed / name).read_bytes())
+    assert environment.task_code_version(tmp_path) == environment.task_code_version()
+    (tmp_path / "operators" / "seismic.py").write_text("# an operator's module: its own digest\n")
+    assert environment.task_code_version(tmp_path) == environment.task_code_version()
+    for name in environment.TASK_CODE_FILES:
+        path = tmp_path / name
+        original = path.read_bytes()
+        path.write_bytes(original + b"\n# changed\n")
+        assert environment.task_code_version(tmp_path) != environment.task_code_version(), name
+        path.write_bytes(original)
+    other = dict(environment_stamp("gst3d"), task_code="0123456789ab")
+    assert stamp_differences(other, environment_stamp("gst3d"), WORKER_KEYS) == [
+        f"task_code 0123456789ab -> {environment.task_code_version()}"]
+    assert stamp_differences(other, environment_stamp("gst3d")) == []  # an isolated model does not depend on it
+
+
 def test_operator_code_version_is_the_class_version_or_its_modules_digest():
     op = operators.get("gst3d")
     digest = operator_code_version(op)

@@ -20,6 +20,7 @@ import json
 import platform
 import sys
 import warnings
+from pathlib import Path
 
 __all__ = [
     "ISOLATED_KEYS",
@@ -29,6 +30,7 @@ __all__ = [
     "environment_stamp",
     "operator_code_version",
     "stamp_differences",
+    "task_code_version",
     "warn_stale",
 ]
 
@@ -36,7 +38,17 @@ __all__ = [
 ISOLATED_KEYS = ("operator_code", "python", "numpy", "scipy", "torch", "machine")
 #: What a task inside a Dask worker depends on besides: compared for the calibration and
 #: the worker baseline.
-WORKER_KEYS = ISOLATED_KEYS + ("dask", "distributed", "zarr", "segyio")
+WORKER_KEYS = ISOLATED_KEYS + ("dask", "distributed", "zarr", "segyio", "task_code")
+#: The files whose code runs in a worker's task around the operator's ``run``, relative to the
+#: directory that holds the ``operators`` and ``explorer`` packages: the window's read (a SEG-Y,
+#: a Zarr or MDIO array), the windowed task that trims the output, the store, and the hook that
+#: measures the task.  What a task holds at its peak is theirs as much as the operator's: until
+#: fd0c090 the windowed task kept a trimmed view of the block's output alive into the store, one
+#: block more at each task's peak (first_derivative's cube tasks: 3 blocks, 2 since).
+TASK_CODE_FILES = ("operators/base.py", "operators/segy.py", "explorer/runner/inputs.py",
+                   "explorer/runner/writing.py", "explorer/measure/inworker.py")
+#: Where :data:`TASK_CODE_FILES` are: beside this package (an editable install or site-packages).
+_PACKAGES_ROOT = Path(__file__).resolve().parents[2]
 
 _DISTRIBUTIONS = ("numpy", "scipy", "torch", "dask", "distributed", "zarr", "segyio")
 
@@ -83,6 +95,26 @@ def _module_digest(module_name: str) -> str:
     return hashlib.sha256(source.encode()).hexdigest()[:12]
 
 
+def task_code_version(root: Path | None = None) -> str:
+    """A digest of the source of :data:`TASK_CODE_FILES` under ``root`` (default: this installation's), read
+    as bytes, never imported: the code of memory-explorer that runs in a worker's task around the
+    operator (:data:`TASK_CODE_FILES`).  A calibration learnt by other task code is stale like
+    one learnt under another Dask; a missing file counts by its name."""
+    if root is None:
+        return _installed_task_code()
+    digest = hashlib.sha256()
+    for name in TASK_CODE_FILES:
+        path = Path(root) / name
+        digest.update(name.encode() + b"\0")
+        digest.update(path.read_bytes() if path.is_file() else b"missing")
+    return digest.hexdigest()[:12]
+
+
+@functools.lru_cache(maxsize=1)
+def _installed_task_code() -> str:
+    return task_code_version(_PACKAGES_ROOT)
+
+
 def operator_code_version(operator) -> str:
     """``<module>.<class>:<version>``: the operator class's own ``version`` when it sets
     one, else a digest of the source of the module that defines it (any change to that
@@ -96,11 +128,13 @@ def operator_code_version(operator) -> str:
 
 
 def environment_stamp(operator=None) -> dict:
-    """The environment of this process: library versions, Python, machine, and the
-    operator's code version when ``operator`` (a name or an ``Operator``) is given."""
+    """The environment of this process: library versions, Python, machine, the task code
+    (:func:`task_code_version`), and the operator's code version when ``operator`` (a name or
+    an ``Operator``) is given."""
     stamp = {name: _version(name) for name in _DISTRIBUTIONS}
     stamp["python"] = ".".join(platform.python_version_tuple()[:2])
     stamp["machine"] = _machine()
+    stamp["task_code"] = task_code_version()
     stamp["hostname"] = platform.node()
     if operator is not None:
         if isinstance(operator, str):
