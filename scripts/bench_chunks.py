@@ -353,15 +353,35 @@ def prototype_rule(op: str, limit: int, edges, profiles: PrototypeProfiles):
     return edge, float(slope), float(intercept), len(volumes)
 
 
+def stale_exploration(op: str, runs_dir: Path) -> list[str]:
+    """How a cached exploration's model or in-worker calibration differs from this code and
+    environment (``[]``: reusable).  The d7af9fe invocation reused probes made before fd0c090
+    changed what a task holds, and said only "reused"."""
+    import warnings
+
+    from explorer import task_model
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tasks = task_model(op, runs_dir=runs_dir)
+    calibration = tasks.calibration
+    return list(tasks.isolated_stale or []) + (["no in-worker calibration"] if calibration is None
+                                               else list(calibration.stale or []))
+
+
 def ensure_model(op: str, limit: int, runs_dir: Path, budget: int) -> dict:
     """Explore ``op`` into ``runs_dir`` unless its model is there; the exploration's summary."""
     from explorer.core import paths
 
     summary_path = runs_dir / "explore.json"
     if paths.model_path(op, runs_dir).exists() and summary_path.exists():
-        summary = json.loads(summary_path.read_text())
-        summary["reused"] = True
-        return summary
+        stale = stale_exploration(op, runs_dir)
+        if not stale:
+            summary = json.loads(summary_path.read_text())
+            summary["reused"] = True
+            return summary
+        log(f"{op}: the cached exploration in {runs_dir} was learnt elsewhere ({'; '.join(stale)}): exploring again")
+        shutil.rmtree(runs_dir)
     from explorer import explore
 
     log(f"exploring {op} (budget {budget}, memory limit {format_bytes(limit)}) into {runs_dir}")
