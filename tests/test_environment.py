@@ -29,6 +29,7 @@ def test_stamp_names_versions_machine_and_operator_code():
     assert set(ISOLATED_KEYS) <= set(stamp) and set(WORKER_KEYS) <= set(stamp)
 
 
+@pytest.mark.integration  # writes copies of the task files
 def test_task_code_is_a_worker_key_whose_digest_follows_the_task_files_only(tmp_path):
     """A calibration's figures depend on our code around ``run`` in the worker's task (the read,
     the windowed task's trim, the store, the measuring hook): the d7af9fe benchmark reused probes
