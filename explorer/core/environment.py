@@ -96,10 +96,10 @@ def _module_digest(module_name: str) -> str:
 
 
 def task_code_version(root: Path | None = None) -> str:
-    """A digest of the source of :data:`TASK_CODE_FILES` under ``root`` (default: this installation's), read
-    as bytes, never imported: the code of memory-explorer that runs in a worker's task around the
-    operator (:data:`TASK_CODE_FILES`).  A calibration learnt by other task code is stale like
-    one learnt under another Dask; a missing file counts by its name."""
+    """A digest of :data:`TASK_CODE_FILES` under ``root`` (default: this installation's), read as
+    bytes, never imported: the code of memory-explorer that runs in a worker's task around the
+    operator.  A calibration learnt by other task code is stale like one learnt under another
+    Dask; a missing file counts by its name."""
     if root is None:
         return _installed_task_code()
     digest = hashlib.sha256()
