@@ -81,8 +81,9 @@ class ExploreResult:
     #: Whether the saved model was the answer as it stood (``explore``'s docstring, Paid once).
     reused: bool = False
     #: Where the wall time went: ``{section: {"seconds", "count"}}`` (``explorer.core.timings``;
-    #: ``ML-II fits`` and ``scale posteriors`` are parts of ``ask``, ``inside the operator`` of
-    #: ``profiling``, the imports run beside the profiles).
+    #: ``ML-II fits`` and ``scale posteriors`` are parts of ``ask`` and of ``fits (beside the
+    #: profiles)``, ``inside the operator`` of ``profiling``; the imports and those fits run beside
+    #: the profiles).
     timings: dict = field(default_factory=dict)
 
     @property
@@ -228,6 +229,8 @@ def explore(
     batches = ProfileBatches(store, op.name, budget=budget, repeat=repeat, memory_cap=cap, jobs=jobs,
                              on_start=on_start, progress=progress, profilers=profilers)
     model, stopped_because, warm_up = None, None, None
+    # the ML-II fit of the profiles so far runs here while the next ones run (ExplorationCore.acquisition_model)
+    fitting = ThreadPoolExecutor(max_workers=1, thread_name_prefix="explore-fit")
     try:
         with timings.section("start (candidates, priors)"):
             core = ExplorationCore(op.name, memory_limit=limit, memory_cap=cap, confidence=confidence,
@@ -252,6 +255,8 @@ def explore(
             if ask.stopped_because:
                 stopped_because = _with_budget(ask.stopped_because, budget, in_flight=counted - len(records))
                 break
+            if ask.shapes:
+                fitting.submit(timings.section("fits (beside the profiles)")(core.prefit), records)
             with timings.section("profiling (fork, IPC, operator)"):
                 claimed = bool(ask.shapes) and batches.run(ask.shapes, ask.purpose)
             if warm_up is None:  # after the first profile, not beside the servers' own start-up
@@ -262,6 +267,7 @@ def explore(
             if not claimed:
                 time.sleep(CLAIM_POLL_SECONDS)  # others hold what we would profile: look again
     finally:
+        fitting.shutdown(wait=True, cancel_futures=True)
         batches.close()
     steps, operator_seconds, metric = batches.steps, batches.operator_seconds, batches.metric
 

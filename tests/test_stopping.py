@@ -187,6 +187,37 @@ def test_the_stop_needs_a_tight_bound_and_evidence_that_holds_it():
     assert not loose.tight and not loose.stop
 
 
+def test_the_next_shapes_are_chosen_at_the_hyperparameters_before_the_latest_profile_a_stop_on_every_profiles_fit():
+    import threading
+
+    from explorer.model.fit import HeldHyperparameters
+    from explorer.search.core import training_data
+
+    ask, records, core = size_dependent_loop("gst3d", 1, 0)
+    assert ask.stopped_because.startswith("converged")
+    assert "held_from" not in ask.model.info and ask.model.n_observations == len(records)
+    k = len(records) - 3
+    reference = core.base_fit(records[:k - 1])
+    chosen_on = core.acquisition_model(records[:k])
+    assert chosen_on.info["held_from"] == k - 1 and chosen_on.n_observations == k  # every profile, held parameters
+    held, again = HeldHyperparameters.of(reference), HeldHyperparameters.of(chosen_on)
+    np.testing.assert_allclose(again.log_lengthscale, held.log_lengthscale, rtol=1e-12)  # in log units: span-free
+    assert (again.outputscale, again.relative_nugget_var) == (held.outputscale, held.relative_nugget_var)
+    # the reference's own hyperparameters on the reference's own profiles: the reference's predictions
+    targets = core.target_shapes(reference)
+    shapes, values, noise, lower, n_repeats = training_data(records[:k - 1])
+    same = fit("gst3d", shapes, values, noise, lower, n_repeats=n_repeats, held=held)
+    for a, b in zip(same.ml2.predict_many(targets, 0.99), reference.ml2.predict_many(targets, 0.99)):
+        np.testing.assert_allclose(a, b, rtol=1e-9)
+    # the fit of every profile, made in another thread before the ask that needs it, is not made again
+    fresh = ExplorationCore("gst3d", memory_limit=LIMIT, memory_cap=8 * LIMIT, seed=0)
+    beside = threading.Thread(target=fresh.prefit, args=(records[:k],))
+    beside.start()
+    beside.join()
+    fits = fresh.timings.to_dict()["ML-II fits"]["count"]
+    assert fresh.fit(records[:k]) is not None and fresh.timings.to_dict()["ML-II fits"]["count"] == fits
+
+
 def test_the_evidence_is_each_profile_standardised_by_the_model_fitted_before_it_ran():
     from explorer.model.stats import scale_confidence_bound, t_quantile
 

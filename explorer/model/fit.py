@@ -134,7 +134,7 @@ def run_noise(y, single_run_var, n_repeats, *, rel_floor: float, abs_floor: floa
 def fit(operator: str, shapes, peak_bytes, noise_var, lower_bound, *, halo=(0, 0, 0), n_repeats=None,
         block_multiple=None, axis_classes=None, prior: MeanPrior | None = None,
         rel_noise_floor: float | None = None, abs_noise_floor_bytes: float | None = None,
-        prequential: "Prequential | None" = None) -> MemoryModel:
+        prequential: "Prequential | None" = None, held: "HeldHyperparameters | None" = None) -> MemoryModel:
     """Fit the surrogate of ``operator`` to its profiles (see the module docstring).
 
     The ML-II fit, then its latent scale integrated out (:meth:`MemoryModel.calibrated`) on the
@@ -170,6 +170,10 @@ def fit(operator: str, shapes, peak_bytes, noise_var, lower_bound, *, halo=(0, 0
         prior: what another model says of the peak (:class:`MeanPrior`): the mean basis
             then has the informative prior ``N(b_0, B)`` instead of the flat / vague one,
             and one exact profile is enough to fit.
+        held: another fit's hyperparameters and regime boundaries (:class:`HeldHyperparameters`)
+            to condition on instead of maximising the likelihood: the posterior of these
+            profiles at hyperparameters learnt from others, no ML-II run (``info["held_from"]``
+            says from how many profiles).
     """
     started = time.perf_counter()
     dims = _as_dims(shapes)
@@ -205,14 +209,18 @@ def fit(operator: str, shapes, peak_bytes, noise_var, lower_bound, *, halo=(0, 0
     def fit_on(regime=NO_REGIME):
         return _fit_posterior(dims[exact], y[exact], fixed_var[exact], np.zeros(int(exact.sum()), dtype=bool),
                               multiple=multiple, rel_run_var=rel_run_var, abs_var=abs_var, noise_dof=noise_dof,
-                              prior=prior, classes=classes, regime=regime)
+                              prior=prior, classes=classes, regime=regime, held=held)
 
     exceeded = {"exceeded_dims": dims[lb], "exceeded_bytes": y[lb]}
-    (arrays, fit_info), regime_info = _with_boundary(
-        fit_on, lambda fitted: MemoryModel(operator, halo, n, {**fitted, **exceeded}))
+    if held is None:
+        (arrays, fit_info), regime_info = _with_boundary(
+            fit_on, lambda fitted: MemoryModel(operator, halo, n, {**fitted, **exceeded}))
+    else:
+        (arrays, fit_info), regime_info = fit_on(held.regime), None
     info = {
         **fit_info,
         **({"regime": regime_info} if regime_info else {}),
+        **({"held_from": held.n_observations} if held is not None else {}),
         "n_exact": int(exact.sum()),
         "n_lower_bounds": int(lb.sum()),
         "fit_seconds": time.perf_counter() - started,
@@ -247,6 +255,42 @@ def _with_boundary(fit_on, as_model) -> tuple[tuple[dict, dict], dict | None]:
         return current, None
     return current, {"boundary": regime_description(np.array(rows)) if rows else steps[-1]["boundary"],
                      "kept": bool(rows), "steps": steps}
+
+
+@dataclass(frozen=True)
+class HeldHyperparameters:
+    """An ML-II fit's hyperparameters and regime boundaries, carried to other profiles of the
+    same operator (:func:`fit`'s ``held``).
+
+    The kernel sees the log-dims normalised by the training box, ``z = (log n - log n_lo) /
+    span``, so a lengthscale ``l`` in ``z`` is ``l span`` in log-dims: that product is what is
+    held (:meth:`on_span` divides it by the new profiles' span), so two given shapes stay as
+    correlated as the fit learnt them whatever the new box.  The regime sides' lengthscales,
+    the relative residual and nugget variances and the amplitude slope are scale-free and held
+    as they are."""
+
+    log_lengthscale: np.ndarray  # the log-dims' lengthscales in log units, ``l * span``
+    side_lengthscale: np.ndarray  # one per regime boundary's side
+    outputscale: float
+    relative_nugget_var: float
+    amplitude_slope: float
+    regime: np.ndarray
+    n_observations: int
+
+    @classmethod
+    def of(cls, model: MemoryModel) -> "HeldHyperparameters":
+        """The ML-II hyperparameters of ``model`` (of its ``ml2`` when it was calibrated)."""
+        ml2 = getattr(model, "ml2", model)
+        lengthscale, span = np.asarray(ml2._a["lengthscale"], dtype=np.float64), np.asarray(ml2._a["log_span"])
+        outputscale, nugget = ml2._ml2
+        return cls(lengthscale[:span.size] * span, lengthscale[span.size:].copy(), float(outputscale), float(nugget),
+                   float(ml2._amp_slope), np.array(ml2._a["regime"], dtype=np.float64), int(ml2.n_observations))
+
+    def on_span(self, log_span) -> dict:
+        """The hyperparameters (``_fit_hyperparameters``' dict) for a training box of ``log_span``."""
+        return {"lengthscale": np.concatenate([self.log_lengthscale / np.asarray(log_span), self.side_lengthscale]),
+                "outputscale": self.outputscale, "relative_nugget_var": self.relative_nugget_var,
+                "amplitude_slope": self.amplitude_slope}
 
 
 @dataclass(frozen=True)
@@ -388,8 +432,8 @@ def _declared(operator: str, attribute: str, default):
 
 
 def _fit_posterior(dims, y, fixed_var, is_lower_bound, *, rel_run_var, abs_var, noise_dof, multiple, prior=None,
-                   classes=(0, 1, 2), regime=NO_REGIME):
-    """ML-II hyperparameters (torch) and the exported NumPy posterior of one data set."""
+                   classes=(0, 1, 2), regime=NO_REGIME, held: "HeldHyperparameters | None" = None):
+    """ML-II hyperparameters (torch), or ``held``'s, and the exported NumPy posterior of one data set."""
     n = dims.shape[0]
     multiple = np.asarray(multiple, dtype=np.float64)
     log_dims = np.log(effective_dims(dims, multiple))
@@ -462,8 +506,11 @@ def _fit_posterior(dims, y, fixed_var, is_lower_bound, *, rel_run_var, abs_var, 
         "regime": regime_rows(regime),
     }
     # ML-II on the departure from the prior mean (b_0 = 0 without a prior): the same likelihood
-    hyper, reml = torch_fit._fit_hyperparameters(effective_dims(dims, multiple), y_s - offset_s, fixed_s, features,
-                                                 amp_floor, y_ref=y_s)
+    if held is None:
+        hyper, reml = torch_fit._fit_hyperparameters(effective_dims(dims, multiple), y_s - offset_s, fixed_s,
+                                                     features, amp_floor, y_ref=y_s)
+    else:
+        hyper, reml = held.on_span(log_span), None
     total_var_s = fixed_s + hyper["relative_nugget_var"] * y_s * y_s
     posterior = _posterior_arrays(dims, y_s, total_var_s, features, amp_floor, hyper)
     # ML-II's own: latent scale 1 (``MemoryModel.calibrated`` integrates it out)
@@ -481,5 +528,7 @@ def _fit_posterior(dims, y, fixed_var, is_lower_bound, *, rel_run_var, abs_var, 
         "scalars": np.array([scalars[name] for name in _SCALAR_NAMES]),
         **posterior,
     }
+    if reml is None:  # held hyperparameters: no likelihood was maximised
+        return arrays, {}
     return arrays, {"restricted_log_likelihood": reml,
                     "log_evidence": reml + _log_evidence_terms(transform, prior_precision_raw)}

@@ -28,7 +28,7 @@ def positive_log():
 
 def lognormal_with_mode(mode, sd_log):
     """LogNormal whose mode (= MAP with no data) is ``mode``: loc = log(mode) + sd^2."""
-    return LogNormalPrior(math.log(mode) + sd_log**2, sd_log)
+    return LogNormalPrior(math.log(mode) + sd_log**2, sd_log, validate_args=False)
 
 
 class FeatureMap(torch.nn.Module):

@@ -6,6 +6,7 @@ and any evaluation made elsewhere is told through the store.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -108,6 +109,11 @@ class ExplorationCore:
     any truth.  Fits are cached by the observations they saw, so the prequential
     check (each of the latest profiles against the model fitted before it ran) costs
     no refit of what the loop fitted anyway.
+
+    Which shape to profile next is chosen on the latest profiles conditioned at the
+    hyperparameters of the ML-II fit before the latest batch (:meth:`acquisition_model`),
+    so that fit can run beside that batch's profiles (:meth:`prefit`, from another thread);
+    whether to stop is always decided on the ML-II fit of every profile.
     """
 
     def __init__(self, operator: str, *, memory_limit: int, memory_cap: int, confidence: float = 0.99,
@@ -135,6 +141,7 @@ class ExplorationCore:
         self.design = [tuple(int(n) for n in s) for s in acquisition.initial_design(
             N_INITIAL, max_input_bytes=self.memory_limit * INITIAL_INPUT_SHARE, seed=seed)]
         self.timings = Timings() if timings is None else timings
+        self._fitting = threading.RLock()  # the fit caches: :meth:`prefit` may run in another thread
         self._fits: dict[tuple, object] = {}
         self._calibrated: dict[tuple, object] = {}
         #: The largest block volume the target region holds (None: no bound but memory), set by the
@@ -158,6 +165,13 @@ class ExplorationCore:
                     self.design = [tuple(int(n) for n in s)
                                    for s in region_design(region[safe], (inputs + mean)[safe], N_INITIAL)]
 
+    def __getstate__(self) -> dict:  # picklable (a core sent to another process): the lock is not
+        return {name: value for name, value in self.__dict__.items() if name != "_fitting"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._fitting = threading.RLock()
+
     @cached_property
     def candidates(self) -> np.ndarray:
         """The shapes the loop scores and targets (``acquisition.candidate_shapes``), made on first
@@ -179,15 +193,49 @@ class ExplorationCore:
         two exact profiles of different volumes; one with a prior mean)."""
         from explorer.model import fit as model_fit
 
-        model = self.base_fit(records)
-        if model is None:
-            return None
-        key = self._key(records)
-        if key not in self._calibrated:
-            prequential = self.prequential(records)
-            with self.timings.section("scale posteriors"):
-                self._calibrated[key] = model_fit.recalibrate(model, prequential)
-        return self._calibrated[key]
+        with self._fitting:
+            model = self.base_fit(records)
+            if model is None:
+                return None
+            key = self._key(records)
+            if key not in self._calibrated:
+                prequential = self.prequential(records)
+                with self.timings.section("scale posteriors"):
+                    self._calibrated[key] = model_fit.recalibrate(model, prequential)
+            return self._calibrated[key]
+
+    def prefit(self, records: list[Record]) -> None:
+        """Fit ``records`` now (:meth:`fit`, cached), ahead of the :meth:`ask` that needs it: the
+        loop calls it in another thread while the next profiles run.  A fit that fails here is
+        left to that ask, which fails the same way in the loop's own thread."""
+        try:
+            self.fit(_usable(records))
+        except Exception:  # noqa: BLE001 (raised again where it is needed)
+            pass
+
+    def acquisition_model(self, records: list[Record]):
+        """The model the next shapes are chosen on: ``records`` (usable, store order) conditioned at
+        the ML-II hyperparameters of the fit of all but the latest of them
+        (``model_fit.HeldHyperparameters``), its latent scale integrated out on the same
+        prequential evidence as :meth:`fit`'s; :meth:`fit` itself when all but the latest
+        determine no fit.
+
+        Why.  An ML-II fit is most of an ask's seconds (0.1-0.4 s, two starts of L-BFGS-B), and a
+        profile of the target region takes about as long.  Held hyperparameters let the fit of
+        the latest profiles run beside the next ones (:meth:`prefit`) instead of before them;
+        the posterior still sees every profile, and only the hyperparameters lag by a batch.
+        Whether to stop is decided on :meth:`fit` (:meth:`ask`)."""
+        from explorer.model import fit as model_fit
+
+        with self._fitting:
+            prequential = self.prequential(records)  # fits every earlier prefix, the one held from too
+            reference = self.base_fit(records[:-1]) if len(records) > 1 else None
+            if reference is None:
+                return self.fit(records)
+            shapes, values, noise, lower, n_repeats = training_data(records)
+            return model_fit.fit(self.operator, shapes, values, noise, lower, halo=self.halo, n_repeats=n_repeats,
+                                 prior=self.prior, prequential=prequential,
+                                 held=model_fit.HeldHyperparameters.of(reference), **self._floors())
 
     def prequential(self, records: list[Record]):
         """Every exact profile predicted by the ML-II fit on the profiles before it (store
@@ -226,38 +274,44 @@ class ExplorationCore:
         """The surrogate fitted on ``records`` with no prequential evidence (cached; its ``ml2``
         is the ML-II fit), or None when they cannot determine one."""
         from explorer.model import fit as model_fit
-        from explorer.model import priors
 
         shapes, values, noise, lower, n_repeats = training_data(records)
         if len(np.unique(shapes[~lower].prod(axis=1))) < (2 if self.prior is None else 1):
             return None
         key = (shapes.tobytes(), values.tobytes(), lower.tobytes())
-        if key not in self._fits:
-            floors = {} if self.noise_floor is None else {
-                "rel_noise_floor": max(priors.DEFAULT_REL_NOISE_FLOOR, self.noise_floor.relative_sd),
-                "abs_noise_floor_bytes": self.noise_floor.absolute_sd_bytes}
-            with self.timings.section("ML-II fits"):
-                self._fits[key] = model_fit.fit(self.operator, shapes, values, noise, lower, halo=self.halo,
-                                                n_repeats=n_repeats, prior=self.prior, **floors)
-        return self._fits[key]
+        with self._fitting:
+            if key not in self._fits:
+                with self.timings.section("ML-II fits"):
+                    self._fits[key] = model_fit.fit(self.operator, shapes, values, noise, lower, halo=self.halo,
+                                                    n_repeats=n_repeats, prior=self.prior, **self._floors())
+            return self._fits[key]
 
-    def evidence(self, records: list[Record]):
+    def _floors(self) -> dict:
+        """:func:`model_fit.fit`'s run-noise floors (``noise_floor``), none by default."""
+        from explorer.model import priors
+
+        if self.noise_floor is None:
+            return {}
+        return {"rel_noise_floor": max(priors.DEFAULT_REL_NOISE_FLOOR, self.noise_floor.relative_sd),
+                "abs_noise_floor_bytes": self.noise_floor.absolute_sd_bytes}
+
+    def evidence(self, records: list[Record], model=None):
         """``acquisition.ScaleEvidence`` of ``records``' model: every exact profile standardised by
         the predictive of the model fitted on the profiles before it (``MemoryModel.standardised``,
         with that model's degrees of freedom), once that model's mean was determined; the
         anytime-valid bound on the factor by which those predictions understated their scale at
         the loop's share of the risk (``acquisition.risk_split`` of the loop's confidence); and
         the ratio of the model's predictive quantiles that moves its bound to the quantile the
-        split leaves the run."""
+        split leaves the run (at ``model``'s degrees of freedom, by default :meth:`fit`'s)."""
         from explorer.search import acquisition
         from explorer.model.stats import scale_confidence_bound, t_quantile
 
         residuals, dofs = [], []
-        for shape, value, runs, model in self._predicted(records, self.fit):
-            residuals.append(float(model.standardised([shape], [value], runs)[0]))
-            dofs.append(model.predictive_t(np.asarray([shape]))[2])
+        for shape, value, runs, before in self._predicted(records, self.fit):
+            residuals.append(float(before.standardised([shape], [value], runs)[0]))
+            dofs.append(before.predictive_t(np.asarray([shape]))[2])
         level, quantile = acquisition.risk_split(self.confidence)
-        dof = self.fit(records).hyperparameters["predictive_dof"]
+        dof = (self.fit(records) if model is None else model).hyperparameters["predictive_dof"]
         return acquisition.ScaleEvidence(max(1.0, scale_confidence_bound(residuals, dofs, level)), len(residuals),
                                          level, quantile, t_quantile(quantile, dof) / t_quantile(self.confidence, dof))
 
@@ -302,6 +356,17 @@ class ExplorationCore:
             targets = targets[np.linspace(0, len(targets) - 1, N_TARGETS).astype(int)]
         return targets
 
+    def _decide(self, records: list[Record], model):
+        """``(target shapes, the stop rule's decision)`` of ``model`` on ``records``; the decision is
+        None when no target is left."""
+        from explorer.search import acquisition
+
+        targets = self.target_shapes(model)
+        if len(targets) == 0:
+            return targets, None
+        return targets, acquisition.stop_decision(model, targets, tolerance=self.tolerance, confidence=self.confidence,
+                                                  evidence=self.evidence(records, model))
+
     def ask(self, records: list[Record], *, n: int = 1, budget_left: int, pending=(), cost_model=None) -> Ask:
         """What to profile next given ``records`` (everyone's finished profiles, store order),
         ``pending`` shapes being profiled elsewhere and the profiles ``budget_left``."""
@@ -314,16 +379,17 @@ class ExplorationCore:
         todo = [s for s in self.design if s not in taken][: max(0, min(n, N_INITIAL - n_ok, budget_left))]
         if todo:
             return Ask(todo)
-        model = self.fit(usable)
+        model = self.acquisition_model(usable)
         if model is None:
             if len(pending) and budget_left >= 0:
                 return Ask([])  # their profiles may be what the fit needs: wait for them
             return Ask([], _too_few(records, 1 if self.prior is not None else 2))
-        targets = self.target_shapes(model)
-        if len(targets) == 0:
+        targets, decision = self._decide(usable, model)
+        if "held_from" in model.info and (decision is None or decision.stop or budget_left <= 0):
+            model = self.fit(usable)  # whether to stop is the fit of every profile's to decide
+            targets, decision = self._decide(usable, model)
+        if decision is None:
             return Ask([], "no candidate shape falls in the target region; check --memory-limit", model)
-        decision = acquisition.stop_decision(model, targets, tolerance=self.tolerance, confidence=self.confidence,
-                                             evidence=self.evidence(usable))
         if decision.stop:
             return Ask([], f"converged: {decision.describe()}", self.certify(model, decision, True), decision)
         if budget_left <= 0:
