@@ -32,6 +32,7 @@ import operators
 from explorer.core import paths, validate
 from explorer.core.timings import Timings
 from explorer.core.machine import default_memory_limit
+from explorer.model.fit_process import FitProcess
 from explorer.measure.profiling import default_memory_cap
 from explorer.runner import probes as probing
 from explorer.search.report import explore_report
@@ -229,14 +230,16 @@ def explore(
     batches = ProfileBatches(store, op.name, budget=budget, repeat=repeat, memory_cap=cap, jobs=jobs,
                              on_start=on_start, progress=progress, profilers=profilers)
     model, stopped_because, warm_up = None, None, None
-    # the ML-II fit of the profiles so far runs here while the next ones run (ExplorationCore.acquisition_model)
+    # the ML-II fit of the profiles so far runs while the next ones run (ExplorationCore.acquisition_model):
+    # this thread waits for it, the fits' own process computes it
     fitting = ThreadPoolExecutor(max_workers=1, thread_name_prefix="explore-fit")
+    fits = FitProcess()
     try:
         with timings.section("start (candidates, priors)"):
             core = ExplorationCore(op.name, memory_limit=limit, memory_cap=cap, confidence=confidence,
                                    tolerance=tolerance, seed=seed,
                                    prior_model=composed_prior(op, runs_dir) if prior == "composed" else None,
-                                   noise_floor=member_noise_floor(op, runs_dir), timings=timings)
+                                   noise_floor=member_noise_floor(op, runs_dir), timings=timings, fitter=fits)
         # ask (design, then refit, stop or propose), profile, tell (the store), repeat
         while True:
             with timings.section("store"):
@@ -260,21 +263,25 @@ def explore(
             with timings.section("profiling (fork, IPC, operator)"):
                 claimed = bool(ask.shapes) and batches.run(ask.shapes, ask.purpose)
             if warm_up is None:  # after the first profile, not beside the servers' own start-up
-                # torch, GPyTorch, BoTorch and SciPy's statistics take seconds to import: while the next profiles run
+                fits.start()  # its process imports torch, GPyTorch and BoTorch (seconds) while the next profiles run
                 warm_up = threading.Thread(target=timings.section("imports (beside the profiles)")(_warm_up),
                                            daemon=True)
                 warm_up.start()
             if not claimed:
                 time.sleep(CLAIM_POLL_SECONDS)  # others hold what we would profile: look again
+    except BaseException:
+        fits.close()
+        raise
     finally:
         fitting.shutdown(wait=True, cancel_futures=True)
         batches.close()
     steps, operator_seconds, metric = batches.steps, batches.operator_seconds, batches.metric
 
     records = batches.stored_profiles()  # the store's true count now, other processes' profiles included
-    if model is not None:  # what the loop ended with, on everyone's profiles (cached when nothing new arrived)
-        with timings.section("conclude (final fit, evidence)"):
-            model = core.conclude(records, stopped_because or "interrupted") or model
+    with fits:
+        if model is not None:  # what the loop ended with, on everyone's profiles (cached when nothing new arrived)
+            with timings.section("conclude (final fit, evidence)"):
+                model = core.conclude(records, stopped_because or "interrupted") or model
     model_file = report_file = probe_result = None
     if model is not None:
         model_file = paths.model_path(op.name, runs_dir)
@@ -326,20 +333,10 @@ def _region_cap(op, records, n_probes: int, region_seconds: float | None) -> flo
 
 
 def _warm_up() -> None:
-    """Import what the loop's first fit and scoring need (torch, GPyTorch, BoTorch; SciPy's
-    ``stats`` for the candidates and quantiles), then fit made-up profiles once: torch's first
-    optimisation pays about 0.2 s of lazy set-up, which the loop's first fit then does not."""
-    from explorer.model import fit, torch_fit
-
-    torch_fit.warm_up()
+    """Import what the loop's scoring needs here (SciPy's ``stats`` and ``qmc`` for the candidates
+    and quantiles; the fits import torch in their own process, ``FitProcess.start``)."""
     import scipy.stats  # noqa: F401
-
-    shapes = np.array([[20, 30, 40], [60, 40, 30], [90, 80, 70], [40, 120, 60], [150, 60, 90]])
-    peaks = 12.0 * shapes.prod(axis=1) + 2**20
-    try:
-        fit.fit("warm-up", shapes, peaks, (0.003 * peaks) ** 2, np.zeros(len(shapes), bool))
-    except Exception:  # a warm-up that fails costs nothing: the loop's first fit pays the set-up
-        pass
+    from scipy.stats import qmc  # noqa: F401
 
 
 def _target_memory(memory_limit, client) -> int:

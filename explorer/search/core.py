@@ -118,7 +118,7 @@ class ExplorationCore:
 
     def __init__(self, operator: str, *, memory_limit: int, memory_cap: int, confidence: float = 0.99,
                  tolerance: float = 0.05, seed: int = 0, prior_model=None,
-                 noise_floor: "RunNoiseFloor | None" = None, timings: "Timings | None" = None):
+                 noise_floor: "RunNoiseFloor | None" = None, timings: "Timings | None" = None, fitter=None):
         """``prior_model``: a model that already predicts this operator's peak (a pipeline's
         composed model, ``explorer.model.composed``); its prediction over the target region becomes
         every fit's prior mean (``surrogate.MeanPrior``), so the loop learns only the departure
@@ -126,7 +126,9 @@ class ExplorationCore:
         region and its proposals are target shapes.  ``noise_floor``: the least single-run
         noise every fit may learn (:func:`member_noise_floor` for a pipeline), by default the
         surrogate's own floors.  ``timings``: where the fits' seconds are added (``ML-II fits``,
-        ``scale posteriors``; ``explorer.core.timings``), a fresh one by default."""
+        ``scale posteriors``; ``explorer.core.timings``), a fresh one by default.  ``fitter``:
+        what runs ``explorer.model.fit.fit`` (``explorer.model.fit_process.FitProcess``: in a
+        process of its own), by default that function in the calling thread."""
         from explorer.core.timings import Timings
 
         from explorer.search import acquisition
@@ -135,6 +137,9 @@ class ExplorationCore:
 
         op = operators.get(operator)
         self.operator, self.halo = op.name, op.halo
+        # passed to every fit, so a fit in another process needs no registry of operators
+        self._declared = {"block_multiple": tuple(op.block_multiple), "axis_classes": tuple(op.axis_classes)}
+        self.fitter = fitter
         self.memory_limit, self.memory_cap = int(memory_limit), int(memory_cap)
         self.confidence, self.tolerance, self.seed = confidence, tolerance, seed
         self._whole_axes = op.whole_axes
@@ -165,12 +170,12 @@ class ExplorationCore:
                     self.design = [tuple(int(n) for n in s)
                                    for s in region_design(region[safe], (inputs + mean)[safe], N_INITIAL)]
 
-    def __getstate__(self) -> dict:  # picklable (a core sent to another process): the lock is not
-        return {name: value for name, value in self.__dict__.items() if name != "_fitting"}
+    def __getstate__(self) -> dict:  # picklable (a core sent to another process): the lock and fitter are not
+        return {name: value for name, value in self.__dict__.items() if name not in ("_fitting", "fitter")}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self._fitting = threading.RLock()
+        self._fitting, self.fitter = threading.RLock(), None
 
     @cached_property
     def candidates(self) -> np.ndarray:
@@ -234,8 +239,8 @@ class ExplorationCore:
                 return self.fit(records)
             shapes, values, noise, lower, n_repeats = training_data(records)
             return model_fit.fit(self.operator, shapes, values, noise, lower, halo=self.halo, n_repeats=n_repeats,
-                                 prior=self.prior, prequential=prequential,
-                                 held=model_fit.HeldHyperparameters.of(reference), **self._floors())
+                                 prior=self.prior, prequential=prequential, held=model_fit.HeldHyperparameters.of(reference),
+                                 **self._declared, **self._floors())
 
     def prequential(self, records: list[Record]):
         """Every exact profile predicted by the ML-II fit on the profiles before it (store
@@ -282,8 +287,9 @@ class ExplorationCore:
         with self._fitting:
             if key not in self._fits:
                 with self.timings.section("ML-II fits"):
-                    self._fits[key] = model_fit.fit(self.operator, shapes, values, noise, lower, halo=self.halo,
-                                                    n_repeats=n_repeats, prior=self.prior, **self._floors())
+                    self._fits[key] = (self.fitter or model_fit.fit)(
+                        self.operator, shapes, values, noise, lower, halo=self.halo, n_repeats=n_repeats,
+                        prior=self.prior, **self._declared, **self._floors())
             return self._fits[key]
 
     def _floors(self) -> dict:
