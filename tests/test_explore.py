@@ -290,3 +290,29 @@ def test_region_design_takes_one_shape_per_band_of_task_memory_spread_in_log_dim
     assert (region_design(shapes, task, 5) == design).all()
     with pytest.raises(ValueError, match="at least 5"):
         region_design(shapes[:4], task[:4], 5)
+
+
+def test_a_fit_in_the_fits_process_is_the_fit_here_raises_as_here_and_outlives_its_process():
+    import psutil
+
+    from explorer.model.fit import fit
+    from explorer.model.fit_process import FitProcess
+
+    rng = np.random.default_rng(0)
+    shapes = rng.integers(16, 200, size=(8, 3))
+    peaks = 90.0 * shapes.prod(axis=1) * (1 + 0.01 * rng.standard_normal(8)) + 2**22
+    data = (shapes, peaks, (0.005 * peaks) ** 2, np.zeros(8, bool))
+    declared = {"block_multiple": (1, 1, 1), "axis_classes": (0, 0, 0)}  # gst3d's, passed: no registry there
+    targets = rng.integers(16, 300, size=(50, 3))
+    here = fit("gst3d", *data, **declared).predict_many(targets, 0.99)
+    with FitProcess() as fits:
+        there = fits("gst3d", *data, **declared).predict_many(targets, 0.99)
+        for a, b in zip(there, here):
+            np.testing.assert_array_equal(a, b)  # the same fit, to the bit
+        with pytest.raises(ValueError, match="same length"):
+            fits("gst3d", shapes, peaks[:-1], *data[2:], **declared)
+        child, = [p for p in psutil.Process().children() if "explorer.model.fit_process" in " ".join(p.cmdline())]
+        child.kill()
+        child.wait(10)
+        after = fits("gst3d", *data, **declared).predict_many(targets, 0.99)  # fitted here now
+        np.testing.assert_array_equal(after[1], here[1])

@@ -141,7 +141,7 @@ class Profiler:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [project_root, env.get("PYTHONPATH")]))
         self._stderr = tempfile.TemporaryFile()
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "explorer.measure.forkserver"],
+            [sys.executable, "-P", "-m", "explorer.measure.forkserver"],  # -P: a file in the cwd shadows no module
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,

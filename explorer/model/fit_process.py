@@ -10,8 +10,9 @@ in Python beside ten gst3d profiles took each from 45 to 129 ms beyond the opera
 2-core machine).  In a child of its own, the fit uses the core the profile leaves free, and the
 loop's process never imports torch (2 s).
 
-The child is a plain ``python -m`` server, not a ``multiprocessing`` one, so a user's script
-that calls ``explorer.explore`` is never re-imported in it.  Nothing of the caller's process is
+The child is a plain ``python -P -m`` server, not a ``multiprocessing`` one, so a user's script
+that calls ``explorer.explore`` is never re-imported in it (and, ``-P``, no file in the working
+directory shadows a module it imports: a ``grp.py`` there broke torch's import).  Nothing of the caller's process is
 assumed there: the operator's padding and alike axes reach ``fit`` as arguments
 (``block_multiple``, ``axis_classes``), so an operator registered only in the caller fits as it
 would here.  A child that dies costs nothing but speed: the fits go on in the caller.
@@ -51,7 +52,7 @@ class FitProcess:
             if self._process is None and not self._broken:
                 root = str(Path(__file__).resolve().parents[2])
                 env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
-                self._process = subprocess.Popen([sys.executable, "-m", "explorer.model.fit_process"],
+                self._process = subprocess.Popen([sys.executable, "-P", "-m", "explorer.model.fit_process"],
                                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                                  stderr=subprocess.DEVNULL, env=env)
         return self
