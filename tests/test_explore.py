@@ -316,3 +316,4 @@ def test_a_fit_in_the_fits_process_is_the_fit_here_raises_as_here_and_outlives_i
         child.wait(10)
         after = fits("gst3d", *data, **declared).predict_many(targets, 0.99)  # fitted here now
         np.testing.assert_array_equal(after[1], here[1])
+        assert not [p for p in psutil.Process().children() if "explorer.model.fit_process" in " ".join(p.cmdline())]

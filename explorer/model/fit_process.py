@@ -12,8 +12,8 @@ loop's process never imports torch (2 s).
 
 The child is a plain ``python -P -m`` server, not a ``multiprocessing`` one, so a user's script
 that calls ``explorer.explore`` is never re-imported in it (and, ``-P``, no file in the working
-directory shadows a module it imports: a ``grp.py`` there broke torch's import).  Nothing of the caller's process is
-assumed there: the operator's padding and alike axes reach ``fit`` as arguments
+directory shadows a module it imports: a ``grp.py`` there broke torch's import).  Nothing of
+the caller's process is assumed there: the operator's padding and alike axes reach ``fit`` as arguments
 (``block_multiple``, ``axis_classes``), so an operator registered only in the caller fits as it
 would here.  A child that dies costs nothing but speed: the fits go on in the caller.
 """
@@ -42,14 +42,14 @@ class FitProcess:
 
     def __init__(self):
         self._process: subprocess.Popen | None = None
-        self._broken = False
+        self._done = False  # closed, or its child died: fits run in the caller from then on
         self._lock = threading.Lock()
 
     def start(self) -> "FitProcess":
         """Start the child, which imports torch and fits once (:func:`warm_up`) at once; waits for
         neither: the first real fit then finds it ready."""
         with self._lock:
-            if self._process is None and not self._broken:
+            if self._process is None and not self._done:
                 root = str(Path(__file__).resolve().parents[2])
                 env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
                 self._process = subprocess.Popen([sys.executable, "-P", "-m", "explorer.model.fit_process"],
@@ -66,7 +66,6 @@ class FitProcess:
                     ok, value = _receive(self._process.stdout)
                 except (OSError, EOFError, pickle.UnpicklingError):  # the child died: fit here from now on
                     self._close_locked()
-                    self._broken = True
                 else:
                     if ok:
                         return value
@@ -74,13 +73,13 @@ class FitProcess:
         return fit(*args, **kwargs)
 
     def close(self) -> None:
-        """Stop the child: it exits at the end of its input (a fit still running there is
-        abandoned); its exit, torch's teardown (0.6 s), is waited for in a thread, not here."""
+        """Stop the child: it exits at the end of its input; its exit, torch's teardown (0.6 s), is
+        waited for in a thread, not here.  A fit asked for later runs in the caller."""
         with self._lock:
             self._close_locked()
 
     def _close_locked(self) -> None:
-        process, self._process = self._process, None
+        process, self._process, self._done = self._process, None, True
         if process is None:
             return
         for stream in (process.stdin, process.stdout):
