@@ -110,10 +110,10 @@ class ExplorationCore:
     check (each of the latest profiles against the model fitted before it ran) costs
     no refit of what the loop fitted anyway.
 
-    Which shape to profile next is chosen on the latest profiles conditioned at the
-    hyperparameters of the ML-II fit before the latest batch (:meth:`acquisition_model`),
-    so that fit can run beside that batch's profiles (:meth:`prefit`, from another thread);
-    whether to stop is always decided on the ML-II fit of every profile.
+    Which shape to profile next is chosen on every profile so far conditioned at the
+    hyperparameters of the ML-II fit of all but the latest one (:meth:`acquisition_model`),
+    so the fit of every profile can run beside the next profile (:meth:`prefit`, from another
+    thread); whether to stop is always decided on the ML-II fit of every profile.
     """
 
     def __init__(self, operator: str, *, memory_limit: int, memory_cap: int, confidence: float = 0.99,
@@ -228,7 +228,7 @@ class ExplorationCore:
         Why.  An ML-II fit is most of an ask's seconds (0.1-0.4 s, two starts of L-BFGS-B), and a
         profile of the target region takes about as long.  Held hyperparameters let the fit of
         the latest profiles run beside the next ones (:meth:`prefit`) instead of before them;
-        the posterior still sees every profile, and only the hyperparameters lag by a batch.
+        the posterior still sees every profile, and only the hyperparameters lag, by one profile.
         Whether to stop is decided on :meth:`fit` (:meth:`ask`)."""
         from explorer.model import fit as model_fit
 
