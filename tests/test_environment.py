@@ -34,11 +34,11 @@ def test_task_code_is_a_worker_key_whose_digest_follows_the_task_files_only(tmp_
     """A calibration's figures depend on our code around ``run`` in the worker's task (the read,
     the windowed task's trim, the store, the measuring hook): the d7af9fe benchmark reused probes
     made before fd0c090 changed the trim, and nothing said so."""
-    from explorer.core import environment
+    from explorer.core import environment, paths
 
     assert "task_code" in WORKER_KEYS and "task_code" not in ISOLATED_KEYS
     assert environment_stamp()["task_code"] == environment.task_code_version()
-    installed = environment._PACKAGES_ROOT
+    installed = paths.PACKAGES_ROOT
     for name in environment.TASK_CODE_FILES:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_bytes((installed / name).read_bytes())

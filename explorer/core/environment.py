@@ -22,6 +22,8 @@ import sys
 import warnings
 from pathlib import Path
 
+from explorer.core import paths
+
 __all__ = [
     "ISOLATED_KEYS",
     "WORKER_KEYS",
@@ -47,8 +49,6 @@ WORKER_KEYS = ISOLATED_KEYS + ("dask", "distributed", "zarr", "segyio", "task_co
 #: block more at each task's peak (first_derivative's cube tasks: 3 blocks, 2 since).
 TASK_CODE_FILES = ("operators/base.py", "operators/segy.py", "explorer/runner/inputs.py",
                    "explorer/runner/writing.py", "explorer/measure/inworker.py")
-#: Where :data:`TASK_CODE_FILES` are: beside this package (an editable install or site-packages).
-_PACKAGES_ROOT = Path(__file__).resolve().parents[2]
 
 _DISTRIBUTIONS = ("numpy", "scipy", "torch", "dask", "distributed", "zarr", "segyio")
 
@@ -112,7 +112,7 @@ def task_code_version(root: Path | None = None) -> str:
 
 @functools.lru_cache(maxsize=1)
 def _installed_task_code() -> str:
-    return task_code_version(_PACKAGES_ROOT)
+    return task_code_version(paths.PACKAGES_ROOT)
 
 
 def operator_code_version(operator) -> str:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 #: Environment variable that overrides the default runs directory.
 RUNS_ENV = "EXPLORER_RUNS"
+#: The directory that holds the ``operators`` and ``explorer`` packages (a checkout, or site-packages).
+PACKAGES_ROOT = Path(__file__).resolve().parents[2]
 
 
 def runs_dir(path: str | os.PathLike | None = None) -> Path:
@@ -47,3 +50,13 @@ def explore_command(operator: str, verb: str = "") -> str:
 def calibrate_command(operator: str) -> str:
     """``explore calibrate SPEC``, quoted like :func:`explore_command`: the in-worker probes alone."""
     return explore_command(operator, "calibrate")
+
+
+def module_child(module: str, **env) -> tuple[list[str], dict]:
+    """``(argv, environment)`` of a child that runs ``python -P -m module`` of this installation,
+    with ``env`` added to this process's environment: ``PYTHONPATH`` led by
+    :data:`PACKAGES_ROOT`, so a checkout that is not installed is found, and ``-P``, so no file in
+    the working directory shadows a module the child imports (a ``grp.py`` there broke torch's)."""
+    environment = dict(os.environ, **env)
+    environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGES_ROOT), environment.get("PYTHONPATH")]))
+    return [sys.executable, "-P", "-m", module], environment

@@ -17,22 +17,20 @@ import atexit
 import base64
 import contextlib
 import json
-import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import psutil
 
 import operators
 from operators.plugins import load_plugins
 from operators.portable import payloads
+from explorer.core import paths
 from explorer.core.units import parse_shape, parse_size
 
 OK, EXCEEDED, TIMEOUT, ERROR = "ok", "exceeded", "timeout", "error"
@@ -136,12 +134,10 @@ class Profiler:
         if self._process is not None and self._process.poll() is None:
             return self
         self._launched = time.perf_counter()
-        env = dict(os.environ, **_CHILD_ENV)
-        project_root = str(Path(__file__).resolve().parent.parent)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [project_root, env.get("PYTHONPATH")]))
+        argv, env = paths.module_child("explorer.measure.forkserver", **_CHILD_ENV)
         self._stderr = tempfile.TemporaryFile()
         self._process = subprocess.Popen(
-            [sys.executable, "-P", "-m", "explorer.measure.forkserver"],  # -P: a file in the cwd shadows no module
+            argv,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,

@@ -20,15 +20,14 @@ would here.  A child that dies costs nothing but speed: the fits go on in the ca
 
 from __future__ import annotations
 
-import os
 import pickle
 import signal
 import struct
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
+from explorer.core import paths
 from explorer.model.fit import fit
 
 __all__ = ["FitProcess"]
@@ -50,10 +49,8 @@ class FitProcess:
         neither: the first real fit then finds it ready."""
         with self._lock:
             if self._process is None and not self._done:
-                root = str(Path(__file__).resolve().parents[2])
-                env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
-                self._process = subprocess.Popen([sys.executable, "-P", "-m", "explorer.model.fit_process"],
-                                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                argv, env = paths.module_child("explorer.model.fit_process")
+                self._process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                                  stderr=subprocess.DEVNULL, env=env)
         return self
 
