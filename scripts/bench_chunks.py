@@ -669,6 +669,14 @@ def learnt_timing(op: str, runs_dir) -> dict:
             "profiled_seconds_per_voxel": load_model(op, runs_dir=runs_dir).info.get("seconds_per_voxel")}
 
 
+def _plan_terms(plan: dict | None) -> dict:
+    """What a model run's plan priced its chunks with: its predicted seconds and the first tasks'
+    fresh pages (rate and warm bytes), which a run's own measurement of the workers moves."""
+    if not plan:
+        return {}
+    return {"plan_predicted_seconds": plan.get("predicted_seconds"), "plan_first_touch": plan.get("first_touch")}
+
+
 def run_records(outcomes: list[Outcome]) -> list[dict]:
     """Every run of every method, JSON-ready: what ``--json`` writes and ``--refit`` reads."""
     data = []
@@ -686,7 +694,7 @@ def run_records(outcomes: list[Outcome]) -> list[dict]:
                              "workers_restarted": res.workers_restarted, "memory_kills": res.memory_kills,
                              "worker_peak_bytes": res.worker_peak_bytes, "worker_hwm_bytes": res.worker_hwm_bytes,
                              "worker_baseline_bytes": res.worker_baseline_bytes, "load": r.load,
-                             "oracle": m is o.oracle, **terms})
+                             "oracle": m is o.oracle, **_plan_terms(res.plan), **terms})
     return data
 
 

@@ -213,7 +213,8 @@ def test_the_workers_first_touch_is_measured_on_them_and_a_saved_rate_is_kept(cl
     not used lately (a real LocalCluster): a rate of at least 0 s per byte once some worker did,
     none when no worker did (within a quarter of its 1 GiB), and the warm bytes each found;
     without it nothing is measured.  This machine's saved baseline keeps its rate when a later
-    one measured none (``recommend_chunks`` outside a run charges at it)."""
+    one measured none (``recommend_chunks`` outside a run charges at it), and a plan for workers
+    of this machine that found no cold page charges it beyond their warm bytes."""
     from dataclasses import replace
 
     from distributed import Client
@@ -234,6 +235,21 @@ def test_the_workers_first_touch_is_measured_on_them_and_a_saved_rate_is_kept(cl
     assert _load_local(OPERATOR, runs).first_touch_seconds_per_byte == 1.5e-9
     save_worker_baseline(OPERATOR, untimed, runs)  # nothing measured: the saved rate stays
     assert _load_local(OPERATOR, runs).first_touch_seconds_per_byte == 1.5e-9
+    # A run's workers that found no cold page: their warm bytes bound the warm memory from below,
+    # and the pages beyond are charged at the rate saved for their machine, not at nothing.
+    import operators
+    from explorer.plan.recommend import _PlanRequest
+
+    warm = replace(timed, first_touch_seconds_per_byte=None, first_touch_warm_bytes=96 * 2**20)
+    elsewhere = replace(warm, environment={**warm.environment, "hostname": "another-host"})
+
+    def charged(baseline):
+        request = _PlanRequest(OPERATOR, operators.get(OPERATOR), VOLUME, LIMIT, 1, 0.99, runs, 2, baseline)
+        return request.first_touch()["first_touch"]
+
+    assert charged(warm).seconds_per_byte == 1.5e-9 and charged(warm).warm_bytes == 96 * 2**20
+    assert charged(elsewhere) is None  # another machine's workers: no rate known for them
+    assert charged(replace(warm, first_touch_seconds_per_byte=4e-10)).seconds_per_byte == 4e-10  # measured: theirs
 
 
 def test_model_chunks_follow_recommend_chunks_with_the_clusters_baseline(cluster, segy, expected, model_runs,

@@ -32,6 +32,7 @@ __all__ = [
     "WorkerBaseline",
     "local_worker_baseline",
     "measure_worker_baseline",
+    "with_known_rate",
 ]
 
 
@@ -196,15 +197,36 @@ def baseline_path(operator: str, runs_dir=None) -> Path:
     return paths.operator_dir(operator, runs_dir) / BASELINE_FILE
 
 
+def with_known_rate(operator: str, baseline: WorkerBaseline, runs_dir=None) -> WorkerBaseline:
+    """``baseline`` with the first-touch rate saved for its workers' machine when it measured none.
+
+    A measurement that found no cold page (``explorer.measure.inworker.first_touch_seconds``)
+    touched its capped bytes, a quarter of a worker's limit at most, all warm: its
+    ``first_touch_warm_bytes`` are a lower bound of the warm memory, and say nothing of the pages
+    beyond them, which a plan of larger tasks touches.  The rate is the machine's (on a VM, what
+    backing a page the guest gave back costs): the one measured before on the same machine and
+    environment (this machine's saved baseline, :func:`local_worker_baseline`, whose stamp and
+    host match the workers') is charged beyond the warm bytes, instead of nothing.  Unchanged
+    when it measured a rate, when its workers' machine is unknown or another, or when no rate
+    is saved."""
+    if baseline.first_touch_seconds_per_byte is not None:
+        return baseline
+    saved = _load_local(operator, runs_dir)
+    if saved is None or saved.first_touch_seconds_per_byte is None:
+        return baseline
+    from explorer.core.environment import stamp_differences
+
+    if baseline.environment is None or stamp_differences(saved.environment, baseline.environment, _baseline_keys()):
+        return baseline
+    from dataclasses import replace
+
+    return replace(baseline, first_touch_seconds_per_byte=saved.first_touch_seconds_per_byte)
+
+
 def save_worker_baseline(operator: str, baseline: WorkerBaseline, runs_dir=None) -> Path:
     """Save ``baseline`` as this machine's; a first-touch rate it did not measure (its workers
-    found no cold page) keeps the one saved before in this environment."""
-    if baseline.first_touch_seconds_per_byte is None:
-        saved = _load_local(operator, runs_dir)
-        if saved is not None and saved.first_touch_seconds_per_byte is not None:
-            from dataclasses import replace
-
-            baseline = replace(baseline, first_touch_seconds_per_byte=saved.first_touch_seconds_per_byte)
+    found no cold page) keeps the one saved before in this environment (:func:`with_known_rate`)."""
+    baseline = with_known_rate(operator, baseline, runs_dir)
     return atomic_write_text(baseline_path(operator, runs_dir), json.dumps(
         {"operator": operator, "baseline_bytes": baseline.bytes, "per_worker": baseline.per_worker,
          "environment": baseline.environment, "measured": time.time(),

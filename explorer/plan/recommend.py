@@ -21,7 +21,7 @@ from explorer.plan.chunk_plan import ChunkPlan
 from explorer.plan.planner import plan_chunks
 from explorer.plan.dask_config import worker_pause_fraction
 from explorer.plan.spec import TimeTerms, VolumeGeometry, WorkerSpec
-from explorer.measure.worker_baseline import WorkerBaseline, local_worker_baseline
+from explorer.measure.worker_baseline import WorkerBaseline, local_worker_baseline, with_known_rate
 
 __all__ = [
     "plan_for_chunks",
@@ -218,9 +218,11 @@ class _PlanRequest:
 
     def first_touch(self) -> dict:
         """The time term of the workers' fresh pages, ``{"first_touch": FirstTouch or None}``:
-        :meth:`worker_baseline`'s measured rate and warm bytes (None for a baseline given as
-        bytes, or one measured before they were kept)."""
-        return {"first_touch": _first_touch_of(self.worker_baseline())}
+        :meth:`worker_baseline`'s measured rate and warm bytes, the rate saved for its machine
+        when its workers found no cold page (``explorer.measure.worker_baseline.with_known_rate``);
+        None for a baseline given as bytes, or with no rate known."""
+        baseline = with_known_rate(self.operator, self.worker_baseline(), self.runs_dir)
+        return {"first_touch": _first_touch_of(baseline)}
 
     def geometry(self, **operator_terms) -> VolumeGeometry:
         """The volume with the operator's whole axes and block multiple; ``operator_terms``: a
