@@ -16,7 +16,8 @@ import time
 
 from explorer.core import validate
 from explorer.cli_text import (considered_text, largest_block_text, print_explore, print_probes, print_run,
-                               print_started, print_step, print_timings, probe_progress, time_model_text)
+                               print_started, print_step, print_timings, probe_progress, tied_text,
+                               time_model_text)
 from explorer.core.units import format_bytes, format_shape, parse_shape
 
 EXIT_USAGE = 2
@@ -365,6 +366,8 @@ def _cmd_chunks(argv: list[str]) -> int:
     print(f"worker baseline {format_bytes(plan.footprint.baseline_bytes)} ({_BASELINE_SOURCES[plan.baseline_source]})")
     if plan.predicted_seconds is not None:
         print(f"time model      {time_model_text(plan)}")
+    if plan.tied:
+        print(f"tied with       {tied_text(plan)}")
     return 0
 
 

@@ -97,6 +97,15 @@ def time_model_text(plan) -> str:
             f"not a promise)")
 
 
+def tied_text(plan) -> str:
+    """The plans the time model could not tell from this one (``ChunkPlan.tied``), and why the
+    plan is not one of them (``explore chunks``' tied line)."""
+    others = ", ".join(f"{format_shape(t['chunks'])} ({t['n_tasks']} tasks, ~{t['predicted_seconds']:.3g} s)"
+                       for t in plan.tied)
+    first = "as many tasks" if plan.slots == 1 else "within the time model's resolution"
+    return f"{others}  ({first}: the ranking's later keys chose this plan)"
+
+
 def print_timings(timings: dict, total_seconds: float) -> None:
     """``explore --timings``: each section's seconds, entries and share of the wall time, to stderr
     (nested sections are parts of their parent: ``ExploreResult.timings``)."""

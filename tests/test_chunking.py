@@ -925,6 +925,16 @@ def test_among_tied_plans_the_block_whose_stride_keeps_its_columns_cached_wins()
     assert even.chunks == (80, 160, 320) and even.block == (96, 168, 320)
     assert odd.chunks == (80, 161, 320) and odd.block == (96, 169, 320)
     assert odd.predicted_seconds <= even.predicted_seconds * (1 + plan_candidates.SECONDS_TIE_FRACTION)
+    # Each plan says what the time model could not tell it from: the other's choice among them.
+    from explorer.plan.planner import TIED_REPORTED
+
+    for chosen, other in ((odd, even), (even, odd)):
+        assert 1 <= len(chosen.tied) <= TIED_REPORTED
+        assert all(t["chunks"] != list(chosen.chunks) for t in chosen.tied)
+        fastest = min([chosen.predicted_seconds] + [t["predicted_seconds"] for t in chosen.tied])
+        assert all(t["predicted_seconds"] <= fastest * (1 + plan_candidates.SECONDS_TIE_FRACTION)
+                   for t in chosen.tied)
+        assert ChunkPlan.from_dict(chosen.to_dict()) == chosen
 
 
 def test_a_plan_avoids_a_block_shape_the_workers_timed_slow_and_says_whether_its_block_was_timed():

@@ -117,6 +117,13 @@ class ChunkPlan:
     #: What the planner weighed when it chose between strategies: per strategy, its plan's
     #: chunks, upper footprint and predicted seconds, or why it had none (``error``).
     considered: dict = field(default_factory=dict)
+    #: The next plans in the ranking that the first key could not tell from this one (within
+    #: :data:`explorer.plan.candidates.SECONDS_TIE_FRACTION` of the fastest predicted seconds with
+    #: several slots, as many tasks with one), best first, at most
+    #: :data:`explorer.plan.planner.TIED_REPORTED`: ``{"chunks", "n_tasks", "predicted_seconds"}``
+    #: each.  The later keys chose among them (``explorer.plan.planner``); empty when nothing tied,
+    #: for one chunk shape asked, and for a staged plan.
+    tied: tuple[dict, ...] = ()
 
     @property
     def budget_bytes(self) -> int:
@@ -169,6 +176,7 @@ class ChunkPlan:
             "strategy": self.strategy,
             "stages": [dict(stage) for stage in self.stages],
             "considered": {k: dict(v) for k, v in self.considered.items()},
+            "tied": [dict(t) for t in self.tied],
             "warnings": list(self.warnings),
             "itemsize": self.itemsize,
             "output_itemsize": self.output_itemsize,
@@ -201,6 +209,8 @@ class ChunkPlan:
             "block_multiple": optional(ints), "branch_order": tuple, "strategy": str,
             "stages": lambda v: tuple(dict(stage) for stage in v),
             "considered": lambda v: {k: dict(c) for k, c in v.items()},
+            "tied": lambda v: tuple({"chunks": [int(x) for x in t["chunks"]], "n_tasks": int(t["n_tasks"]),
+                                     "predicted_seconds": float(t["predicted_seconds"])} for t in v),
         }
         return cls(**{name: conv(data[name]) for name, conv in convert.items() if name in data})
 

@@ -88,6 +88,9 @@ __all__ = [
     "replan",
 ]
 
+#: How many of the plans tied with the chosen one on the first key a plan reports (``ChunkPlan.tied``).
+TIED_REPORTED = 3
+
 
 def plan_chunks(
     geometry: VolumeGeometry,
@@ -144,6 +147,7 @@ def plan_chunks(
     if takes(predict, "ceiling"):
         index = _rank_on_own_bounds(candidates, shape, whole, index, predict, confidence, footprint, ranking)
 
+    tied = _tied_with(candidates, shape, whole, index, ranking) if chunks is None else ()
     chunk = tuple(int(c) for c in candidates.chunks[index])
     block = tuple(int(b) for b in candidates.blocks[index])
     kept = {"chunk_shapes": chunk, "neighbour_chunks": int(candidates.neighbours[index]),
@@ -163,7 +167,18 @@ def plan_chunks(
         first_touch=time_terms.first_touch, read_unit=geometry.read_unit,
         warnings=tuple(warnings), baseline_source=str(worker_spec.baseline_source), cache=worker_spec.cache,
         block_multiple=None if geometry.block_multiple is None else tuple(int(m) for m in geometry.block_multiple),
+        tied=tied,
     )
+
+
+def _tied_with(c: Candidates, shape, whole, index: int, ranking: dict) -> tuple[dict, ...]:
+    """The plans after ``index`` in the ranking among those the first key ties with it, best
+    first, at most :data:`TIED_REPORTED` (``ChunkPlan.tied``).  ``ranking``:
+    :func:`rank_candidates`' keywords."""
+    tied, keys = _ranking_keys(c, shape, whole, **ranking)
+    order = [int(i) for i in tied[np.lexsort(keys)] if int(i) != index]
+    return tuple({"chunks": [int(x) for x in c.chunks[i]], "n_tasks": int(c.n_tasks[i]),
+                  "predicted_seconds": float(c.seconds[i])} for i in order[:TIED_REPORTED])
 
 
 def _time_at_block(time_terms: TimeTerms, block) -> dict:
