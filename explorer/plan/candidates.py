@@ -28,6 +28,7 @@ __all__ = [
     "chunk_candidates",
     "evaluate_candidates",
     "rank_candidates",
+    "ranked_candidates",
     "compact_neighbour",
     "grid_volume",
 ]
@@ -252,9 +253,17 @@ def rank_candidates(c: Candidates, shape, whole, *, budget: int, slots: int, ite
                     cache: "CacheGeometry | None" = None, halo=None) -> int:
     """The index of the plan among the candidates that fit (module docstring, keys 1-6); ``itemsize``,
     ``cache`` and the operator's ``halo`` for key 2 (:func:`stride_key`)."""
+    return int(ranked_candidates(c, shape, whole, budget=budget, slots=slots, itemsize=itemsize, cache=cache,
+                                 halo=halo)[0])
+
+
+def ranked_candidates(c: Candidates, shape, whole, *, budget: int, slots: int, itemsize: int = 4,
+                      cache: "CacheGeometry | None" = None, halo=None) -> np.ndarray:
+    """The candidates that fit within the first key's tie, best first (:func:`rank_candidates`'
+    ranking, whose first row is the plan)."""
     tied, keys = _ranking_keys(c, shape, whole, budget=budget, slots=slots, itemsize=itemsize, cache=cache,
                                halo=halo)
-    return int(tied[np.lexsort(keys)[0]])
+    return tied[np.lexsort(keys)]
 
 
 def _ranking_keys(c: Candidates, shape, whole, *, budget: int, slots: int, itemsize: int = 4,

@@ -71,6 +71,7 @@ from explorer.plan.candidates import (
     chunk_candidates,
     evaluate_candidates,
     rank_candidates,
+    ranked_candidates,
 )
 from explorer.plan.chunk_plan import ChunkPlan, ChunkPlanError
 from explorer.plan.footprint import worker_footprint
@@ -143,11 +144,13 @@ def plan_chunks(
                                              limit_bytes, budget, baseline_bytes))
     ranking = dict(budget=budget, slots=slots, itemsize=int(geometry.itemsize), cache=worker_spec.cache,
                    halo=geometry.halo)
-    index = rank_candidates(candidates, shape, whole, **ranking)
+    order = ranked_candidates(candidates, shape, whole, **ranking)
+    index = int(order[0])
     if takes(predict, "ceiling"):
         index = _rank_on_own_bounds(candidates, shape, whole, index, predict, confidence, footprint, ranking)
+        order = ranked_candidates(candidates, shape, whole, **ranking)  # the rows' own bounds moved key 6
 
-    tied = _tied_with(candidates, shape, whole, index, ranking) if chunks is None else ()
+    tied = _tied_with(candidates, order, index) if chunks is None else ()
     chunk = tuple(int(c) for c in candidates.chunks[index])
     block = tuple(int(b) for b in candidates.blocks[index])
     kept = {"chunk_shapes": chunk, "neighbour_chunks": int(candidates.neighbours[index]),
@@ -171,14 +174,12 @@ def plan_chunks(
     )
 
 
-def _tied_with(c: Candidates, shape, whole, index: int, ranking: dict) -> tuple[dict, ...]:
-    """The plans after ``index`` in the ranking among those the first key ties with it, best
-    first, at most :data:`TIED_REPORTED` (``ChunkPlan.tied``).  ``ranking``:
-    :func:`rank_candidates`' keywords."""
-    tied, keys = _ranking_keys(c, shape, whole, **ranking)
-    order = [int(i) for i in tied[np.lexsort(keys)] if int(i) != index]
+def _tied_with(c: Candidates, order, index: int) -> tuple[dict, ...]:
+    """The plans other than ``index`` in the ranking ``order`` (:func:`ranked_candidates`: those the
+    first key ties with it, best first), at most :data:`TIED_REPORTED` (``ChunkPlan.tied``)."""
+    others = [int(i) for i in order if int(i) != index][:TIED_REPORTED]
     return tuple({"chunks": [int(x) for x in c.chunks[i]], "n_tasks": int(c.n_tasks[i]),
-                  "predicted_seconds": float(c.seconds[i])} for i in order[:TIED_REPORTED])
+                  "predicted_seconds": float(c.seconds[i])} for i in others)
 
 
 def _time_at_block(time_terms: TimeTerms, block) -> dict:
