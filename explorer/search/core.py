@@ -237,10 +237,8 @@ class ExplorationCore:
             reference = self.base_fit(records[:-1]) if len(records) > 1 else None
             if reference is None:
                 return self.fit(records)
-            shapes, values, noise, lower, n_repeats = training_data(records)
-            return model_fit.fit(self.operator, shapes, values, noise, lower, halo=self.halo, n_repeats=n_repeats,
-                                 prior=self.prior, prequential=prequential, held=model_fit.HeldHyperparameters.of(reference),
-                                 **self._declared, **self._floors())
+            return self._fitted(model_fit.fit, training_data(records), prequential=prequential,
+                                held=model_fit.HeldHyperparameters.of(reference))
 
     def prequential(self, records: list[Record]):
         """Every exact profile predicted by the ML-II fit on the profiles before it (store
@@ -280,17 +278,24 @@ class ExplorationCore:
         is the ML-II fit), or None when they cannot determine one."""
         from explorer.model import fit as model_fit
 
-        shapes, values, noise, lower, n_repeats = training_data(records)
+        data = training_data(records)
+        shapes, values, _noise, lower, _n = data
         if len(np.unique(shapes[~lower].prod(axis=1))) < (2 if self.prior is None else 1):
             return None
         key = (shapes.tobytes(), values.tobytes(), lower.tobytes())
         with self._fitting:
             if key not in self._fits:
                 with self.timings.section("ML-II fits"):
-                    self._fits[key] = (self.fitter or model_fit.fit)(
-                        self.operator, shapes, values, noise, lower, halo=self.halo, n_repeats=n_repeats,
-                        prior=self.prior, **self._declared, **self._floors())
+                    self._fits[key] = self._fitted(self.fitter or model_fit.fit, data)
             return self._fits[key]
+
+    def _fitted(self, fitter, data: tuple, **options):
+        """``fitter`` (``explorer.model.fit.fit``, or :attr:`fitter` running it elsewhere) on the
+        training data ``data`` (:func:`training_data`), with this operator's halo, padding, alike
+        axes, prior and noise floors, and ``options``."""
+        shapes, values, noise, lower, n_repeats = data
+        return fitter(self.operator, shapes, values, noise, lower, halo=self.halo, n_repeats=n_repeats,
+                      prior=self.prior, **self._declared, **self._floors(), **options)
 
     def _floors(self) -> dict:
         """:func:`model_fit.fit`'s run-noise floors (``noise_floor``), none by default."""
