@@ -9,8 +9,10 @@ predict the same bytes and plan the same chunks.
 (reports, locks and the machine's worker baseline left out), and ``expected.json`` what
 that code predicted and planned from it (``python tests/test_golden.py`` rewrites it; do
 so only on purpose).  Plans are given an explicit worker baseline, so no cluster is
-measured and nothing depends on this machine; a warning that the files were learnt in
-another environment is the one difference allowed.
+measured, and the first data cache of the machine that wrote ``expected.json``
+(:data:`FIXTURE_CACHE`) instead of this one's, which ranks tied plans; so nothing depends on
+this machine, and a warning that the files were learnt in another environment is the one
+difference allowed.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ PLANS = [
 ]
 BASELINE = "300MiB"
 STALE = "another environment"
+#: The level-1 data cache of the machine that wrote ``expected.json`` (64-byte lines, 64 sets, 12 ways).
+FIXTURE_CACHE = (64, 64, 12)
 
 
 def _runs(tmp: Path) -> Path:
@@ -65,12 +69,17 @@ def predictions(runs: Path) -> dict:
 
 
 def plans(runs: Path) -> list:
+    from unittest import mock
+
     from explorer.cli import main
+    from explorer.core.machine import CacheGeometry
+    from explorer.plan import recommend
 
     out = []
     for operator, shape, limit, extra in PLANS:
         stdout, stderr = io.StringIO(), io.StringIO()
-        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr), \
+                mock.patch.object(recommend, "l1_data_cache", lambda: CacheGeometry(*FIXTURE_CACHE)):
             code = main(["chunks", operator, "--shape", shape, "--memory-limit", limit, "--baseline", BASELINE,
                          "--runs-dir", str(runs), "--json", *extra])
         assert code == 0, stderr.getvalue()
