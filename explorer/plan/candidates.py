@@ -45,15 +45,14 @@ PREDICT_BATCH_ROWS = 1024
 #: Lengths per axis in the probe pass of a plan (a sub-grid of at most 6^3 candidates).
 PROBE_VALUES_PER_AXIS = 6
 #: With several slots, plans whose predicted seconds are within this fraction of the
-#: fastest count as tied, and a cost the time model does not price (the cache strides,
-#: :func:`stride_key`) decides among them before their seconds do: fitted to
-#: ``scripts/bench_chunks.py``'s runs the time model's RMS error is 6-14% (two machines), so
-#: it does not resolve smaller differences against such a cost.  Keys that stand in for what
-#: the model does price (compactness for the halo's reads, fewer tasks for the graph's
-#: overhead) rank after the seconds: with 2% and fewer tasks first, it took 4 chunks of
-#: 160x320x160 for gaussian 320^3 over 8 cubes of 160^3 predicted 2% faster (measured, 1.3x
-#: slower); with compactness before the seconds, 2 tasks of 128x256x256 for first_derivative
-#: 256^3 over 4 of 64x256x256 predicted 2% faster (1.14x slower).
+#: fastest count as tied, and evenness, compactness and fewer tasks decide among them:
+#: fitted to ``scripts/bench_chunks.py``'s runs the time model's RMS error is 6-14%
+#: (two machines), so it does not resolve smaller differences.  (With 2% and fewer tasks
+#: first, it took 4 chunks of 160x320x160 for gaussian 320^3 over 8 cubes of 160^3
+#: predicted 2% faster; measured, 1.3x slower.  With the seconds ranked right after the
+#: strides (2c55381), it took 6 tasks of 107x160x320 for first_derivative 320^3 over the
+#: even 160x160x320 priced 3.6% slower; measured, 1.14x the slab.  Within the tie the
+#: seconds are no evidence either way; the trials' measurements are: ``explorer.runner.trials``.)
 SECONDS_TIE_FRACTION = 0.05
 
 
@@ -255,7 +254,7 @@ def evaluate_candidates(c: Candidates, predict: Predictor | None, *, confidence:
 
 def rank_candidates(c: Candidates, shape, whole, *, budget: int, slots: int, itemsize: int = 4,
                     cache: "CacheGeometry | None" = None, halo=None) -> int:
-    """The index of the plan among the candidates that fit (module docstring, keys 1-7); ``itemsize``,
+    """The index of the plan among the candidates that fit (module docstring, keys 1-6); ``itemsize``,
     ``cache`` and the operator's ``halo`` for key 2 (:func:`stride_key`)."""
     return int(ranked_candidates(c, shape, whole, budget=budget, slots=slots, itemsize=itemsize, cache=cache,
                                  halo=halo)[0])
@@ -282,22 +281,18 @@ def _ranking_keys(c: Candidates, shape, whole, *, budget: int, slots: int, items
     tied = np.flatnonzero(fits & (first_key <= first_key[fits].min() * tie))
     tied_chunks = c.chunks[tied]
     n_chunks = -(-np.asarray(shape) // tied_chunks)
-    # 2. columns that stay cached along the axes with a halo: a cost the time model does not price.
+    # 2. columns that stay cached along the axes with a halo.
     strides = stride_key(c.blocks[tied], halo, itemsize, cache)
-    # 3. the time model's seconds: what it prices (halo reads, graph tasks, waves, first touch)
-    #    ranks before the keys that stand in for those costs.
-    seconds = c.seconds[tied]
-    # 4. evenness: the share of the task grid past the array's end.
+    # 3. evenness: the share of the task grid past the array's end.
     grid_samples = _samples(n_chunks * tied_chunks).astype(np.float64)
     padding_fraction = grid_samples / float(math.prod(shape)) - 1.0
-    # 5. compactness: aspect ratio over the non-whole axes.
+    # 4. compactness: aspect ratio over the non-whole axes.
     free = [i for i in range(ndim) if i not in whole] or list(range(ndim))
     aspect = tied_chunks[:, free].max(axis=1) / tied_chunks[:, free].min(axis=1)
-    # 6. fewest tasks, 7. smaller upper footprint, then longer chunks on later axes.
+    # 5. fewest tasks, 6. smaller upper footprint, then longer chunks on later axes.
     #    (np.lexsort: last key first.)
     later_axes_longer = [-tied_chunks[:, i] for i in range(ndim)]
-    return tied, later_axes_longer + [c.upper_total[tied], c.n_tasks[tied], aspect, padding_fraction, seconds,
-                                      strides]
+    return tied, later_axes_longer + [c.upper_total[tied], c.n_tasks[tied], aspect, padding_fraction, strides]
 
 
 def stride_key(blocks, halo, itemsize: int, cache: "CacheGeometry | None") -> np.ndarray:

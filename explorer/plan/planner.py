@@ -33,22 +33,14 @@ Among the candidates that fit the plan is, in order:
 2. columns that stay in the cache: along an axis the operator needs context on, a stride of
    ``2^k`` bytes times an odd number leaves a walk along that axis ``1 / 2^(k - 6)`` of the sets
    of a cache of 64-byte lines (gaussian's ``run`` took 18 ns per voxel on 96x168x320 blocks,
-   12 ns on 96x169x320: :func:`stride_key`, from the cache geometry in ``WorkerSpec.cache``), a
-   cost the time model does not price;
-3. least predicted seconds: within the tie the time model still ranks what it prices (halo
-   reads, graph tasks, waves, the first touch) before the keys below, which stand in for the
-   same costs by shape alone (first_derivative 256^3 at 256 MiB: 2 tasks of 128x256x256,
-   compacter, chosen over 4 slabs of 64x256x256 predicted 2% faster, ran 1.14x slower);
-4. most even: smallest padding fraction ``(prod(k_i c_i) - prod(N_i)) / prod(N_i)``,
+   12 ns on 96x169x320: :func:`stride_key`, from the cache geometry in ``WorkerSpec.cache``);
+3. most even: smallest padding fraction ``(prod(k_i c_i) - prod(N_i)) / prod(N_i)``,
    the share of the task grid past the array's end (0 when each axis divides evenly);
-5. most compact: smallest aspect ratio ``max(c_i) / min(c_i)`` over non-whole axes
+4. most compact: smallest aspect ratio ``max(c_i) / min(c_i)`` over non-whole axes
    (halos cost surface; a cube has the least surface per volume);
-6. fewest tasks (this only matters with several slots);
-7. smallest upper footprint, then longer chunks on later axes (the samples axis of a
+5. fewest tasks (this only matters with several slots);
+6. smallest upper footprint, then longer chunks on later axes (the samples axis of a
    seismic volume is contiguous on disk), so the choice is deterministic.
-
-Keys 4-7 decide only where the first three are equal (plans the time model prices alike to
-the last digit).
 
 The three stages are separate functions: :func:`chunk_candidates` (shapes, blocks, task
 counts, time model), :func:`evaluate_candidates` (predictions and footprints) and
@@ -156,7 +148,7 @@ def plan_chunks(
     index = int(order[0])
     if takes(predict, "ceiling"):
         index = _rank_on_own_bounds(candidates, shape, whole, index, predict, confidence, footprint, ranking)
-        order = ranked_candidates(candidates, shape, whole, **ranking)  # the rows' own bounds moved key 7
+        order = ranked_candidates(candidates, shape, whole, **ranking)  # the rows' own bounds moved key 6
 
     tied = _tied_with(candidates, order, index) if chunks is None else ()
     chunk = tuple(int(c) for c in candidates.chunks[index])
@@ -207,17 +199,17 @@ def _time_at_block(time_terms: TimeTerms, block) -> dict:
 
 def _rank_on_own_bounds(c: Candidates, shape, whole, index: int, predict: Predictor, confidence, footprint,
                         ranking: dict) -> int:
-    """The plan's index once the candidates the ranking's upper footprint (key 7) decides
+    """The plan's index once the candidates the ranking's upper footprint (key 6) decides
     among have their own bounds: a predictor given a ceiling may have answered an upper bound
     of a row's upper where it showed the row fits (:class:`Predictor`, ``exact`` False).  Those
-    are the rows ranked equal to ``index`` on keys 1-6 (usually it alone, whose footprint the
+    are the rows ranked equal to ``index`` on keys 1-5 (usually it alone, whose footprint the
     plan reports); those not solved are predicted again without a ceiling and ranked again.
     A row's own upper is at most that bound: each still fits, and no row ranked below them on
-    keys 1-6 can overtake them.  ``ranking``: :func:`rank_candidates`' keywords."""
+    keys 1-5 can overtake them.  ``ranking``: :func:`rank_candidates`' keywords."""
     tied, keys = _ranking_keys(c, shape, whole, **ranking)
     at = int(np.flatnonzero(tied == index)[0])
     same = np.ones(len(tied), dtype=bool)
-    for key in keys[-5:]:  # n_tasks, aspect, padding, seconds, strides: the keys before the upper footprint
+    for key in keys[-4:]:  # n_tasks, aspect, padding, strides: the keys before the upper footprint
         same &= key == key[at]
     rows = tied[same & ~c.exact[tied]]
     if not len(rows):
