@@ -445,6 +445,30 @@ def test_every_task_and_worker_stays_under_the_plans_bound(threads, tmp_path, pr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.sgy", "out.zarr", "runs"]  # trial files removed
 
 
+def test_the_trials_time_the_plans_the_time_model_tied_with_the_plan(probed_runs):
+    """The plans a trial times (``_trial_plans``): the plan, its compact neighbour, then each plan
+    the time model tied with it (``ChunkPlan.tied``), so that the plan made again after the trials
+    chooses among them on the workers' measured times; each the plan of those chunks, none twice."""
+    from types import SimpleNamespace
+
+    from explorer.plan.candidates import compact_neighbour
+    from explorer.plan.recommend import plan_for_chunks, recommend_chunks
+    from explorer.runner.trials import _trial_plans
+
+    shape, limit = (256, 256, 256), 1 << 30
+    plan = recommend_chunks(OPERATOR, shape, limit, runs_dir=probed_runs, workers=2, baseline_bytes=300 << 20)
+    assert plan.tied, "no tie to try: pick a scenario whose plan has one"
+    ctx = SimpleNamespace(operator=SimpleNamespace(name=OPERATOR), shape=shape, limit=limit, plan=plan, threads=1,
+                          confidence=0.99, runs_dir=probed_runs, result=SimpleNamespace(n_workers=2),
+                          baseline=300 << 20, run_input=None)
+    plans = _trial_plans(ctx)
+    wanted = [tuple(plan.chunks), tuple(compact_neighbour(plan))] + [tuple(t["chunks"]) for t in plan.tied]
+    assert [tuple(p.chunks) for p in plans] == list(dict.fromkeys(wanted))
+    for p in plans[1:]:
+        assert p == plan_for_chunks(OPERATOR, shape, p.chunks, limit, runs_dir=probed_runs, workers=2,
+                                    baseline_bytes=300 << 20)
+
+
 def test_probes_run_on_the_users_cluster_and_measure_its_workers(tmp_path):
     """``client=``: the in-worker probes run on a `dask scheduler` + `dask worker` cluster whose
     preload holds 200 MiB; the result names its scheduler and workers, and the baseline carries

@@ -90,7 +90,8 @@ the block's volume, which a block's shape can change by half or more (gst3d: 106
 on 133^3, 162 on 133x133x256).  So before the run, while the
 plan's blocks are shapes the workers never ran, they are tried on the run's own workers, with
 the blocks of the plan's compact neighbour (its longest split axis cut in twice as many chunks,
-same strategy: ``explorer.plan.candidates.compact_neighbour``): a fused plan's one block (the
+same strategy: ``explorer.plan.candidates.compact_neighbour``) and of the plans the time model
+tied with it (``ChunkPlan.tied``, whose order its later keys chose): a fused plan's one block (the
 operator's task, or the pipeline's when it has in-worker probes of its own), a staged plan's
 block of each stage (its member's task).  A trial is a run of two tasks per slot (where the
 block allows) of exactly that block on a synthetic volume (in a hidden directory beside the

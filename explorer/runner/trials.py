@@ -1,6 +1,6 @@
-"""Trials before a run: the plan's block, and its compact neighbour's, timed on the workers when
-they never ran it, so that the time model ranks the plans on the workers' own clock
-(``explorer.runner.daskrun``'s docstring, Trials).
+"""Trials before a run: the plan's block, its compact neighbour's and those of the plans the time
+model tied with it, timed on the workers when they never ran them, so that the time model ranks
+the plans on the workers' own clock (``explorer.runner.daskrun``'s docstring, Trials).
 """
 
 from __future__ import annotations
@@ -49,9 +49,9 @@ class _TrialJob:
 
 
 def _try_blocks(ctx: RunContext, run) -> None:
-    """Trials on the run's workers of the plan's blocks and of its compact neighbour's until
-    the plan's blocks are ones they ran (module docstring, Trials); then the baseline is
-    measured and the plan made again.  ``run``: what runs a trial (``explorer.runner.daskrun.run``)."""
+    """Trials on the run's workers of the plan's blocks, its compact neighbour's and its tied
+    plans' (:func:`_trial_plans`) until the plan's blocks are ones they ran (module docstring,
+    Trials); then the baseline is measured and the plan made again.  ``run``: what runs a trial (``explorer.runner.daskrun.run``)."""
     import shutil
     import tempfile
 
@@ -220,17 +220,20 @@ def _timed_plan_instead(ctx: RunContext) -> None:
 
 
 def _trial_plans(ctx: RunContext) -> list:
-    """The plan, and the plan of its compact neighbour's chunks in the same strategy
-    (``explorer.plan.candidates.compact_neighbour``) when that fits."""
+    """The plan; the plan of its compact neighbour's chunks in the same strategy
+    (``explorer.plan.candidates.compact_neighbour``) when that fits; then the plans the time
+    model tied with it (``ChunkPlan.tied``, best first), so that the plan made again after the
+    trials ranks them on times measured, not on the keys that broke the tie."""
     from explorer.plan.chunk_plan import ChunkPlanError
     from explorer.plan.candidates import compact_neighbour
     from explorer.plan.recommend import plan_for_chunks
 
-    plans = [ctx.plan]
     neighbour = compact_neighbour(ctx.plan)
-    if neighbour is not None:
+    wanted = ([] if neighbour is None else [tuple(neighbour)]) + [tuple(t["chunks"]) for t in ctx.plan.tied]
+    plans = [ctx.plan]
+    for chunks in dict.fromkeys(c for c in wanted if c != tuple(ctx.plan.chunks)):
         try:
-            plans.append(plan_for_chunks(ctx.operator.name, ctx.shape, neighbour, ctx.limit,
+            plans.append(plan_for_chunks(ctx.operator.name, ctx.shape, chunks, ctx.limit,
                                          strategy=ctx.plan.strategy, threads_per_worker=ctx.threads,
                                          confidence=ctx.confidence, runs_dir=ctx.runs_dir,
                                          workers=ctx.result.n_workers or 1, baseline_bytes=ctx.baseline,
