@@ -51,7 +51,8 @@ class _TrialJob:
 def _try_blocks(ctx: RunContext, run) -> None:
     """Trials on the run's workers of the plan's blocks, its compact neighbour's and its tied
     plans' (:func:`_trial_plans`) until the plan's blocks are ones they ran (module docstring,
-    Trials); then the baseline is measured and the plan made again.  ``run``: what runs a trial (``explorer.runner.daskrun.run``)."""
+    Trials); then the baseline is measured and the plan made again.  ``run``: what runs a
+    trial (``explorer.runner.daskrun.run``)."""
     import shutil
     import tempfile
 
@@ -223,7 +224,8 @@ def _trial_plans(ctx: RunContext) -> list:
     """The plan; the plan of its compact neighbour's chunks in the same strategy
     (``explorer.plan.candidates.compact_neighbour``) when that fits; then the plans the time
     model tied with it (``ChunkPlan.tied``, best first), so that the plan made again after the
-    trials ranks them on times measured, not on the keys that broke the tie."""
+    trials prices them on the workers' measured times, and the keys that broke the tie decide
+    only where those times are within it again."""
     from explorer.plan.chunk_plan import ChunkPlanError
     from explorer.plan.candidates import compact_neighbour
     from explorer.plan.recommend import plan_for_chunks
