@@ -70,7 +70,6 @@ from explorer.plan.candidates import (
     _ranking_keys,
     chunk_candidates,
     evaluate_candidates,
-    rank_candidates,
     ranked_candidates,
 )
 from explorer.plan.chunk_plan import ChunkPlan, ChunkPlanError
@@ -145,10 +144,9 @@ def plan_chunks(
     ranking = dict(budget=budget, slots=slots, itemsize=int(geometry.itemsize), cache=worker_spec.cache,
                    halo=geometry.halo)
     order = ranked_candidates(candidates, shape, whole, **ranking)
-    index = int(order[0])
     if takes(predict, "ceiling"):
-        index = _rank_on_own_bounds(candidates, shape, whole, index, predict, confidence, footprint, ranking)
-        order = ranked_candidates(candidates, shape, whole, **ranking)  # the rows' own bounds moved key 6
+        order = _rank_on_own_bounds(candidates, shape, whole, order, predict, confidence, footprint, ranking)
+    index = int(order[0])
 
     tied = _tied_with(candidates, order, index) if chunks is None else ()
     chunk = tuple(int(c) for c in candidates.chunks[index])
@@ -197,25 +195,26 @@ def _time_at_block(time_terms: TimeTerms, block) -> dict:
                 task_clock=clock)
 
 
-def _rank_on_own_bounds(c: Candidates, shape, whole, index: int, predict: Predictor, confidence, footprint,
-                        ranking: dict) -> int:
-    """The plan's index once the candidates the ranking's upper footprint (key 6) decides
-    among have their own bounds: a predictor given a ceiling may have answered an upper bound
-    of a row's upper where it showed the row fits (:class:`Predictor`, ``exact`` False).  Those
-    are the rows ranked equal to ``index`` on keys 1-5 (usually it alone, whose footprint the
-    plan reports); those not solved are predicted again without a ceiling and ranked again.
-    A row's own upper is at most that bound: each still fits, and no row ranked below them on
-    keys 1-5 can overtake them.  ``ranking``: :func:`rank_candidates`' keywords."""
+def _rank_on_own_bounds(c: Candidates, shape, whole, order, predict: Predictor, confidence, footprint,
+                        ranking: dict) -> np.ndarray:
+    """The ranking ``order`` (:func:`ranked_candidates`) once the candidates the ranking's upper
+    footprint (key 6) decides among have their own bounds: a predictor given a ceiling may have
+    answered an upper bound of a row's upper where it showed the row fits (:class:`Predictor`,
+    ``exact`` False).  Those are the rows ranked equal to the plan, ``order[0]``, on keys 1-5
+    (usually it alone, whose footprint the plan reports); those not solved are predicted again
+    without a ceiling and ranked again.  A row's own upper is at most that bound: each still
+    fits, and no row ranked below them on keys 1-5 can overtake them.  ``ranking``:
+    :func:`rank_candidates`' keywords."""
     tied, keys = _ranking_keys(c, shape, whole, **ranking)
-    at = int(np.flatnonzero(tied == index)[0])
+    at = int(np.flatnonzero(tied == order[0])[0])
     same = np.ones(len(tied), dtype=bool)
     for key in keys[-4:]:  # n_tasks, aspect, padding, strides: the keys before the upper footprint
         same &= key == key[at]
     rows = tied[same & ~c.exact[tied]]
     if not len(rows):
-        return index
+        return order
     _predict_rows(predict, c, rows, confidence, footprint, takes(predict, "tasks"), slots=ranking["slots"])
-    return rank_candidates(c, shape, whole, **ranking)
+    return ranked_candidates(c, shape, whole, **ranking)
 
 
 def _checked_plan_arguments(geometry: VolumeGeometry, worker_spec: WorkerSpec,
