@@ -194,11 +194,12 @@ def test_the_fit_runs_on_one_blas_thread_and_gives_the_threads_back():
     assert hasattr(fit, "__wrapped__")  # explorer.model.fit.fit runs inside one_blas_thread
 
 
-@pytest.fixture(scope="module")
-def late_boundary():
-    """``(records, core)``: profiles of the two-algorithm truth that see its step late (8 slow
-    blocks, then 4 fast, then 3 slow), and the core that fits them (its fits cached, so the tests
-    that use it share them)."""
+def test_a_boundary_found_late_keeps_the_evidence_of_every_prediction():
+    """A loop that finds its boundary late: the profiles before it were predicted by models with
+    none.  The evidence is still every prediction, at the loop's whole share of the risk
+    (``acquisition.risk_split``)."""
+    from explorer.model.stats import scale_confidence_bound
+    from explorer.search import acquisition
     from explorer.search.core import ExplorationCore
     from explorer.search.store import Record
 
@@ -210,17 +211,6 @@ def late_boundary():
     records = [Record(tuple(int(n) for n in s), float(r.mean()), "ok", "profile", repeats=list(r))
                for s, r in zip(shapes, runs)]
     core = ExplorationCore(OPERATOR, memory_limit=1024 * MiB, memory_cap=8192 * MiB, seed=0)
-    return records, core
-
-
-def test_a_boundary_found_late_keeps_the_evidence_of_every_prediction(late_boundary):
-    """A loop that finds its boundary late: the profiles before it were predicted by models with
-    none.  The evidence is still every prediction, at the loop's whole share of the risk
-    (``acquisition.risk_split``)."""
-    from explorer.model.stats import scale_confidence_bound
-    from explorer.search import acquisition
-
-    records, core = late_boundary
     model = core.fit(records)
     assert model.regime is not None
     every, with_boundary = [], []
@@ -235,12 +225,22 @@ def test_a_boundary_found_late_keeps_the_evidence_of_every_prediction(late_bound
     assert evidence.factor < 20.0  # 64 by the rule before 8a7746c (whole bets, a running-mean plug-in)
 
 
-def test_a_prediction_in_a_regime_gap_is_scored_on_the_side_its_run_fell_on(late_boundary):
+def test_a_prediction_in_a_regime_gap_is_scored_on_the_side_its_run_fell_on():
     """A block in the gap of a boundary is bounded by the envelope of its sides
     (``MemoryModel._latent``), on purpose.  After it ran, the latent scale's data and the
     evidence score it on the side nearest its run: against the envelope, the truth's fast block
     in the gap is a miss of many standard deviations that no understated scale made."""
-    records, core = late_boundary
+    from explorer.search.core import ExplorationCore
+    from explorer.search.store import Record
+
+    rng = np.random.default_rng(TWO_ALGORITHM_SEED)
+    shapes = random_shapes(rng, 60)
+    slow = shapes[:, 0] * shapes[:, 1] <= 5120
+    shapes = np.concatenate([shapes[slow][:8], shapes[~slow][:4], shapes[slow][8:11]])
+    runs = two_algorithm_truth(shapes)[:, None] * (1 + 0.003 * rng.standard_normal((len(shapes), 2)))
+    records = [Record(tuple(int(n) for n in s), float(r.mean()), "ok", "profile", repeats=list(r))
+               for s, r in zip(shapes, runs)]
+    core = ExplorationCore(OPERATOR, memory_limit=1024 * MiB, memory_cap=8192 * MiB, seed=0)
     in_gap = []
     for shape, value, n_runs, before in core._predicted(records, core.fit):
         dims = np.asarray([shape], dtype=np.float64)
