@@ -282,42 +282,12 @@ class MemoryModel:
         may be on, so that every upper quantile of its predictive is at or above each one's."""
         side = regime_side(dims, self._a["regime"], self._a["block_multiple"])  # once, for z and the basis
         mean, var = self._latent_at(dims, side)
-        rows = np.flatnonzero((side == 0.5).any(axis=1))
-        if rows.size:
-            moments = list(self._sides_of_gap(dims, side, rows))
+        gap = side == 0.5
+        rows = gap.any(axis=1)
+        if rows.any():
+            moments = [self._latent_at(dims[rows], np.where(gap[rows], sides, side[rows]))
+                       for sides in itertools.product((0.0, 1.0), repeat=side.shape[1])]
             mean[rows], var[rows] = (np.max(np.array(x), axis=0) for x in zip(*moments))
-        return mean, var
-
-    def _sides_of_gap(self, dims, side, rows):
-        """:meth:`_latent_at` of the blocks ``rows`` (each in the gap of a regime boundary) on every
-        combination of sides of the boundaries whose gap they are in, one ``(mean, var)`` each."""
-        gap = side[rows] == 0.5
-        for sides in itertools.product((0.0, 1.0), repeat=side.shape[1]):
-            yield self._latent_at(dims[rows], np.where(gap, sides, side[rows]))
-
-    def _latent_nearest(self, dims, y, n_repeats):
-        """:meth:`_latent` of blocks whose runs are known (``y``, each the mean of ``n_repeats``
-        runs, working units), for scoring a prediction after it ran: a block in the gap of a regime
-        boundary gets the side whose predictive standardises ``y`` nearest zero.
-
-        Why.  A gap's predictive claims that the run follows one of its sides' predictives, and
-        its bound is their envelope by design (:meth:`_latent`).  Scored against the envelope, a
-        run that fell on the lower side is a miss of many standard deviations (62 on one
-        ``unseen_torch_conv`` loop), which the latent scale and the evidence would read as
-        understated scale.  The nearest side's residual is at most the true side's in size, so a
-        calibrated true side still gives the evidence a supermartingale (its likelihood ratio is
-        monotone in ``|r|``: ``explorer.model.stats.scale_confidence_sequence``)."""
-        side = regime_side(dims, self._a["regime"], self._a["block_multiple"])
-        mean, var = self._latent_at(dims, side)
-        rows = np.flatnonzero((side == 0.5).any(axis=1))
-        if rows.size:
-            r = np.maximum(np.broadcast_to(np.asarray(n_repeats, dtype=np.float64), mean.shape)[rows], 1.0)
-            best = np.full(rows.size, np.inf)
-            for m, v in self._sides_of_gap(dims, side, rows):
-                z = np.abs(y[rows] - m) / np.sqrt(v + self._run_noise_var(m) / r)
-                nearer = z < best
-                best[nearer] = z[nearer]
-                mean[rows[nearer]], var[rows[nearer]] = m[nearer], v[nearer]
         return mean, var
 
     def _latent_at(self, dims, side=None):
@@ -407,10 +377,10 @@ class MemoryModel:
         """``(y - m) / sqrt(var_g + sigma^2 / r)``: observed values (each the mean of ``r``
         runs) standardised by this model's predictive (Student-t with ``predictive_t``'s dof)."""
         dims = _as_dims(shapes)
-        y = np.asarray(peak_bytes, dtype=np.float64).reshape(-1) / self._bytes_scale
-        mean, var = self._latent_nearest(dims, y, n_repeats)
+        mean, var = self._latent(dims)
         r = np.broadcast_to(np.asarray(n_repeats, dtype=np.float64), mean.shape)
         var = var + self._run_noise_var(mean) / np.maximum(r, 1.0)
+        y = np.asarray(peak_bytes, dtype=np.float64).reshape(-1) / self._bytes_scale
         return (y - mean) / (np.sqrt(var) * self._certified_factor)
 
     def prequential_terms(self, shapes, peak_bytes, n_repeats=1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -419,11 +389,11 @@ class MemoryModel:
         latent scale, misfit included) and the run noise ``s`` of the mean (bytes^2): the data of
         the latent scale's posterior (``explorer.model.stats.scale_posterior``, :meth:`calibrated`)."""
         dims = _as_dims(shapes)
-        scale = self._bytes_scale
-        y = np.asarray(peak_bytes, dtype=np.float64).reshape(-1)
-        mean, var = self._latent_nearest(dims, y / scale, n_repeats)
+        mean, var = self._latent(dims)
         r = np.broadcast_to(np.asarray(n_repeats, dtype=np.float64), mean.shape)
         noise = self._run_noise_var(mean) / np.maximum(r, 1.0)
+        scale = self._bytes_scale
+        y = np.asarray(peak_bytes, dtype=np.float64).reshape(-1)
         return y - mean * scale, var * scale**2, noise * scale**2
 
     def predict(self, shape, confidence: float = 0.99) -> tuple[float, float]:
