@@ -217,7 +217,7 @@ def test_sigkill_loses_no_finished_profile_and_resume_goes_on(tmp_path):
     assert all(status == "ok" and peak is not None and peak >= 0 and len(repeats) == 2
                for _, status, peak, repeats in whole), whole
     assert any(peak > 0 for _, _, peak, _ in whole), whole
-    resumed = explore(OPERATOR, budget=len(records) + 1, tolerance=1e-6, memory_limit=LIMIT, runs_dir=tmp_path)
+    resumed = explore(OPERATOR, budget=len(records) + 1, tolerance=1e-6, memory_limit=LIMIT, runs_dir=tmp_path, probes=0)
     assert resumed.new_profiles == 1 and resumed.profiles == len(records) + 1
     assert resumed.stopped_because.startswith("budget")
     # a library call writes its picture only when asked (report=True; the CLI asks)
