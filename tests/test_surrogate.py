@@ -481,6 +481,68 @@ def test_a_start_whose_line_search_stops_abnormally_keeps_where_it_stopped(monke
     assert np.all(np.isfinite(hyper["lengthscale"])) and hyper["outputscale"] > 0
 
 
+def test_the_fits_likelihood_and_its_gradient_are_the_uncached_ones_bit_for_bit(monkeypatch):
+    """The restricted likelihood an ML-II fit climbs computes the kernel inputs, the amplitude's
+    envelope, the basis and the prior list once per training set (``train_covariance``): the
+    same numbers, and the same gradient bit for bit (two amplitudes, as ``forward``'s graph has),
+    as ``covar_module(x).to_dense()``, ``basis(x)`` and ``named_priors()`` at every call."""
+    captured = {}
+    real = torch_fit._fit_hyperparameters
+
+    def capture(*args, **kwargs):
+        captured.update(args=args, kwargs=kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch_fit, "_fit_hyperparameters", capture)
+    rng = np.random.default_rng(1)
+    shapes = rng.integers(16, 200, size=(12, 3))
+    volume = shapes.prod(1).astype(float)
+    fit("toy", shapes, 50e6 + 90 * volume * (1 + 1e-3 * rng.standard_normal(12)), np.zeros(12), np.zeros(12, bool))
+    dims, y_s, fixed_s, features, amp_floor = captured["args"]
+    t = torch_fit._torch_modules()
+    torch = t.torch
+    tensors = [torch.as_tensor(a) for a in (dims, y_s, captured["kwargs"]["y_ref"], fixed_s)]
+
+    def uncached(mll):
+        model, x, y = mll.model, mll.model.train_inputs[0], mll.model.train_targets
+        k_y = model.covar_module(x).to_dense() + mll.likelihood.noise_covar(x).to_dense()
+        chol = torch.linalg.cholesky(k_y)
+        h = model.covar_module.feature_map.basis(x)
+        ly = torch.linalg.solve_triangular(chol, y.unsqueeze(-1), upper=False).squeeze(-1)
+        lh = torch.linalg.solve_triangular(chol, h, upper=False)
+        chol_a = torch.linalg.cholesky(lh.T @ lh + model.covar_module.feature_map.basis_prior_precision)
+        c = torch.linalg.solve_triangular(chol_a, (lh.T @ ly).unsqueeze(-1), upper=False).squeeze(-1)
+        n = y.shape[-1]
+        value = (-0.5 * (ly @ ly - c @ c) - torch.log(torch.diagonal(chol)).sum()
+                 - torch.log(torch.diagonal(chol_a)).sum() - 0.5 * (n - len(t.FLAT_TERMS)) * math.log(2 * math.pi))
+        for _name, module, prior, closure, _setter in mll.named_priors():
+            value = value + prior.log_prob(closure(module)).sum()
+        return value / n
+
+    for start in torch_fit._STARTS:
+        mll = torch_fit._start_mll(t, *tensors, features, amp_floor, *start)
+        mll.model.covar_module.slope = torch.tensor(0.3, dtype=torch.float64)  # a slope that weighs
+        results = []
+        for compute in (uncached, lambda m: m.restricted_log_likelihood(), uncached):
+            mll.zero_grad()
+            value = compute(mll)
+            value.backward()
+            results.append((value.detach().clone(), [p.grad.clone() for p in mll.parameters()]))
+        for value, grads in results[1:]:
+            assert torch.equal(value, results[0][0])
+            assert all(torch.equal(g, g0) for g, g0 in zip(grads, results[0][1]))
+        # a new training set is new inputs, not the cached ones
+        other = mll.model.train_inputs[0] * 2
+        assert torch.equal(mll.model.covar_module.train_covariance(other), mll.model.covar_module(other).to_dense())
+    # and the whole climb: L-BFGS-B from both starts ends where it ends on the uncached likelihood
+    fitted = real(*captured["args"], **captured["kwargs"])
+    monkeypatch.setattr(t.RestrictedMarginalLogLikelihood, "restricted_log_likelihood",
+                        lambda mll, with_priors=True: uncached(mll))
+    reference = real(*captured["args"], **captured["kwargs"])
+    assert fitted[1] == reference[1]
+    assert all(np.array_equal(fitted[0][k], reference[0][k]) for k in reference[0])
+
+
 def test_the_stated_priors_are_read_where_they_are_set(monkeypatch):
     """A sensitivity run (``scripts/calibration_truths.py --set``) changes a constant in
     ``explorer.model.priors``; the fit reads it there, not from a copy taken at import."""

@@ -63,8 +63,14 @@ class FeatureMap(torch.nn.Module):
     def basis(self, dims):
         return self.raw_basis(dims) @ self.basis_transform
 
+    def envelope(self, dims):
+        """The amplitude's envelope (no hyperparameter in it)."""
+        return (self.raw_basis(dims) @ self.amplitude_coef).clamp_min(self.amp_floor)
+
     def amplitude(self, dims, slope):
-        envelope = (self.raw_basis(dims) @ self.amplitude_coef).clamp_min(self.amp_floor)
+        return self.amplitude_of(self.envelope(dims), slope)
+
+    def amplitude_of(self, envelope, slope):
         centre = max(float(self.amplitude_coef.sum()), self.amp_floor)
         return envelope * (envelope / centre) ** -slope
 
@@ -117,6 +123,20 @@ class RelativeResidualKernel(gpytorch.kernels.Kernel):
         s1, s2 = fm.amplitude(x1, self.slope), fm.amplitude(x2, self.slope)
         if diag:
             return s1 * k * s2
+        return s1.unsqueeze(-1) * k * s2.unsqueeze(-2)
+
+    def train_covariance(self, x):
+        """``forward(x, x)``, the same numbers, with what does not depend on a hyperparameter (the
+        kernel inputs, the amplitude's envelope) computed once per ``x``: an ML-II fit evaluates
+        the training covariance a few dozen times on the same inputs."""
+        fm = self.feature_map
+        cached = getattr(self, "_train_inputs_cache", None)
+        if cached is None or cached[0] is not x:
+            cached = self._train_inputs_cache = (x, fm.kernel_inputs(x), fm.envelope(x))
+        _, z, envelope = cached
+        k = self.scaled.forward(z, z)
+        # two amplitudes, as forward's graph has: one would sum their gradients in another order
+        s1, s2 = fm.amplitude_of(envelope, self.slope), fm.amplitude_of(envelope, self.slope)
         return s1.unsqueeze(-1) * k * s2.unsqueeze(-2)
 
 
@@ -185,9 +205,9 @@ class RestrictedMarginalLogLikelihood(gpytorch.mlls.MarginalLogLikelihood):
         x = model.train_inputs[0]
         y = model.train_targets
         n = y.shape[-1]
-        k_y = model.covar_module(x).to_dense() + self.likelihood.noise_covar(x).to_dense()
+        k_y = model.covar_module.train_covariance(x) + self.likelihood.noise_covar(x).to_dense()
         chol = torch.linalg.cholesky(k_y)
-        h = model.covar_module.feature_map.basis(x)
+        h = self._training_basis(x)
         ly = torch.linalg.solve_triangular(chol, y.unsqueeze(-1), upper=False).squeeze(-1)
         lh = torch.linalg.solve_triangular(chol, h, upper=False)
         prior_precision = model.covar_module.feature_map.basis_prior_precision
@@ -197,9 +217,22 @@ class RestrictedMarginalLogLikelihood(gpytorch.mlls.MarginalLogLikelihood):
         value = (-0.5 * (ly @ ly - c @ c) - torch.log(torch.diagonal(chol)).sum()
                  - torch.log(torch.diagonal(chol_a)).sum() - 0.5 * (n - n_flat) * math.log(2 * math.pi))
         if with_priors:
-            for _name, module, prior, closure, _setter in self.named_priors():
+            for module, prior, closure in self._prior_terms():
                 value = value + prior.log_prob(closure(module)).sum()
         return value / n
+
+    def _training_basis(self, x):
+        """The training inputs' basis ``H`` (no hyperparameter in it), computed once per ``x``."""
+        cached = getattr(self, "_basis_cache", None)
+        if cached is None or cached[0] is not x:
+            cached = self._basis_cache = (x, self.model.covar_module.feature_map.basis(x))
+        return cached[1]
+
+    def _prior_terms(self):
+        """``named_priors()``'s (module, prior, closure), listed once: the modules do not change."""
+        if getattr(self, "_prior_list", None) is None:
+            self._prior_list = [(module, prior, closure) for _n, module, prior, closure, _s in self.named_priors()]
+        return self._prior_list
 
     def compute_custom_loss(self, **kwargs):
         return -self.restricted_log_likelihood()
