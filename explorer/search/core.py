@@ -20,9 +20,6 @@ from explorer.search.store import SOURCE_PROFILE, Record
 
 #: Profiles of the space-filling start.
 N_INITIAL = 5
-#: After the start, every this-many-th profile is a uniform draw of the target region
-#: (:func:`validation_slots`): a third of the budget samples what the bound claims.
-VALIDATION_EVERY = 3
 #: Input bytes of the largest start shape, as a share of the target memory.
 INITIAL_INPUT_SHARE = 1 / 256
 #: Seconds per profile outside the operator before the loop has measured its own.
@@ -408,43 +405,22 @@ class ExplorationCore:
             return Ask([], f"converged: {decision.describe()}", self.certify(model, decision, True), decision)
         if budget_left <= 0:
             return Ask([], f"budget spent: {decision.describe()}", self.certify(model, decision, False), decision)
-        n = min(n, budget_left)
-        # the bound claims enough: test it on a random sample of the targets; before, every
-        # VALIDATION_EVERY-th profile samples them all the same (validation_slots)
-        n_validation = n if decision.tight else validation_slots(len(tried) + len(pending), n)
-        batch = acquisition.validation_shapes(model, targets, self.memory_cap, n=n_validation,
-                                              confidence=self.confidence, exclude=tried + list(pending),
-                                              seed=self.seed) if n_validation else []
-        self.validations.update(batch)
-        if len(batch) < n and not decision.tight:  # variance reduction over the targets still too wide
+        if decision.tight:  # the bound claims enough: test it on a random sample of the targets
+            batch = acquisition.validation_shapes(model, targets, self.memory_cap, n=min(n, budget_left),
+                                                  confidence=self.confidence, exclude=tried + list(pending),
+                                                  seed=self.seed)
+            self.validations.update(batch)
+        else:  # variance reduction integrated over the targets whose bound is still too wide
             loose = targets[decision.widths > self.tolerance]
             # with a prior mean, only where it is used (the target region): see region_design
             pool = self.candidates if self.prior is None else targets
-            batch = batch + acquisition.propose(model, pool, loose, cost_model or acquisition.CostModel(),
-                                                self.memory_cap, n=n - len(batch), confidence=self.confidence,
-                                                pending=list(pending) + batch, exclude=tried)
+            batch = acquisition.propose(model, pool, loose, cost_model or acquisition.CostModel(),
+                                        self.memory_cap, n=min(n, budget_left), confidence=self.confidence,
+                                        pending=list(pending), exclude=tried)
         if not batch:
             return Ask([], "no safe candidate left under the profiling memory cap",
                        self.certify(model, decision, False), decision)
-        purpose = "validation" if set(batch) <= self.validations else "variance reduction"
-        return Ask(batch, None, model, decision, purpose)
-
-
-def validation_slots(done: int, n: int) -> int:
-    """How many of the next ``n`` profiles, after ``done`` profiles (started or finished), are
-    :data:`VALIDATION_EVERY`-th profiles after the first design: uniform draws of the target
-    region (``acquisition.validation_shapes``) even while the bound is still wide.
-
-    Why.  The evidence that certifies the bound is the profiles each predicted before it ran
-    (``ExplorationCore.evidence``), and the claim is about the target region as chunk sizing
-    meets it.  Variance reduction per second picks the cheap, small blocks whose profile
-    teaches most, so without these draws the evidence and the nugget see the region's large
-    blocks seldom: on ``unseen_torch_conv`` 5 of the loops' 21 profiles above ``n1 n2 = 22000``
-    and a million voxels were in the stack's second state, 21 of the 54 held-out blocks there
-    (docs/calibration.md).  A fixed share of the budget drawn as the claim's own blocks are
-    drawn makes the evidence a sample of what it certifies."""
-    return sum(1 for i in range(done, done + n) if i >= N_INITIAL and (i - N_INITIAL) % VALIDATION_EVERY
-               == VALIDATION_EVERY - 1)
+        return Ask(batch, None, model, decision, "validation" if decision.tight else "variance reduction")
 
 
 def composed_prior(op, runs_dir=None):
