@@ -439,6 +439,24 @@ def test_run_noise_quantised_like_an_allocator_is_learnt_as_an_absolute_term():
     assert upper[0] / mean[0] - 1 < 0.03 and upper[0] >= gst_like_truth(big, constant=0.05 * MiB)[0]
 
 
+def _ml2_inputs(monkeypatch, seed: int, peaks_of):
+    """``(args, kwargs)`` that ``fit`` gives the ML-II fit (``torch_fit._fit_hyperparameters``) on 12
+    toy profiles of random shapes whose peaks are ``peaks_of(volumes, rng)``."""
+    captured = {}
+    real = torch_fit._fit_hyperparameters
+
+    def capture(*args, **kwargs):
+        captured.update(args=args, kwargs=kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch_fit, "_fit_hyperparameters", capture)
+    rng = np.random.default_rng(seed)
+    shapes = rng.integers(16, 200, size=(12, 3))
+    fit("toy", shapes, peaks_of(shapes.prod(1).astype(float), rng), np.zeros(12), np.zeros(12, bool))
+    monkeypatch.setattr(torch_fit, "_fit_hyperparameters", real)
+    return captured["args"], captured["kwargs"]
+
+
 def test_a_start_whose_line_search_stops_abnormally_keeps_where_it_stopped(monkeypatch):
     """An ML-II start that SciPy's L-BFGS-B ends with ABNORMAL_TERMINATION_IN_LNSRCH is a
     result (no worse than its start), not a failure: BoTorch's default handler discards such a
@@ -451,21 +469,10 @@ def test_a_start_whose_line_search_stops_abnormally_keeps_where_it_stopped(monke
     from botorch.exceptions.errors import ModelFittingError
     from botorch.fit import fit_gpytorch_mll
 
-    captured = {}
+    args, kwargs = _ml2_inputs(monkeypatch, 0, lambda v, rng: 50e6 + 90 * v + 3 * v**1.1 * (1 + 1e-3 * rng.standard_normal(12)))
     real = torch_fit._fit_hyperparameters
-
-    def capture(*args, **kwargs):
-        captured.update(args=args, kwargs=kwargs)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(torch_fit, "_fit_hyperparameters", capture)
-    rng = np.random.default_rng(0)
-    shapes = rng.integers(16, 200, size=(12, 3))
-    volume = shapes.prod(1).astype(float)
-    peaks = 50e6 + 90 * volume + 3 * volume**1.1 * (1 + 1e-3 * rng.standard_normal(12))
-    fit("toy", shapes, peaks, np.zeros(12), np.zeros(12, bool))
-    dims, y_s, fixed_s, features, amp_floor = captured["args"]
-    y_ref = captured["kwargs"]["y_ref"]
+    dims, y_s, fixed_s, features, amp_floor = args
+    y_ref = kwargs["y_ref"]
     _, best = real(dims, y_s, fixed_s, features, amp_floor, y_ref=y_ref)
     starved = {"maxls": 1}
 
@@ -486,22 +493,12 @@ def test_the_fits_likelihood_and_its_gradient_are_the_uncached_ones_bit_for_bit(
     envelope, the basis and the prior list once per training set (``train_covariance``): the
     same numbers, and the same gradient bit for bit (two amplitudes, as ``forward``'s graph has),
     as ``covar_module(x).to_dense()``, ``basis(x)`` and ``named_priors()`` at every call."""
-    captured = {}
+    args, kwargs = _ml2_inputs(monkeypatch, 1, lambda v, rng: 50e6 + 90 * v * (1 + 1e-3 * rng.standard_normal(12)))
     real = torch_fit._fit_hyperparameters
-
-    def capture(*args, **kwargs):
-        captured.update(args=args, kwargs=kwargs)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(torch_fit, "_fit_hyperparameters", capture)
-    rng = np.random.default_rng(1)
-    shapes = rng.integers(16, 200, size=(12, 3))
-    volume = shapes.prod(1).astype(float)
-    fit("toy", shapes, 50e6 + 90 * volume * (1 + 1e-3 * rng.standard_normal(12)), np.zeros(12), np.zeros(12, bool))
-    dims, y_s, fixed_s, features, amp_floor = captured["args"]
+    dims, y_s, fixed_s, features, amp_floor = args
     t = torch_fit._torch_modules()
     torch = t.torch
-    tensors = [torch.as_tensor(a) for a in (dims, y_s, captured["kwargs"]["y_ref"], fixed_s)]
+    tensors = [torch.as_tensor(a) for a in (dims, y_s, kwargs["y_ref"], fixed_s)]
 
     def uncached(mll):
         model, x, y = mll.model, mll.model.train_inputs[0], mll.model.train_targets
@@ -535,10 +532,10 @@ def test_the_fits_likelihood_and_its_gradient_are_the_uncached_ones_bit_for_bit(
         other = mll.model.train_inputs[0] * 2
         assert torch.equal(mll.model.covar_module.train_covariance(other), mll.model.covar_module(other).to_dense())
     # and the whole climb: L-BFGS-B from both starts ends where it ends on the uncached likelihood
-    fitted = real(*captured["args"], **captured["kwargs"])
+    fitted = real(*args, **kwargs)
     monkeypatch.setattr(t.RestrictedMarginalLogLikelihood, "restricted_log_likelihood",
                         lambda mll, with_priors=True: uncached(mll))
-    reference = real(*captured["args"], **captured["kwargs"])
+    reference = real(*args, **kwargs)
     assert fitted[1] == reference[1]
     assert all(np.array_equal(fitted[0][k], reference[0][k]) for k in reference[0])
 
