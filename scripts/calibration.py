@@ -60,6 +60,7 @@ from operators.plugins import load_plugins  # noqa: E402
 from explorer.measure.profiling import OK, Profiler, default_memory_cap  # noqa: E402
 from explorer.core.atomic import atomic_write_text  # noqa: E402
 from explorer.core.units import format_bytes, format_shape, parse_size  # noqa: E402
+from harness.coverage import clopper_pearson  # noqa: E402
 from harness.machine import machine_line  # noqa: E402
 
 load_plugins()
@@ -188,15 +189,6 @@ def measure(operator: str, seed: int, args, work: Path) -> dict:
 # --------------------------------------------------------------------------------------
 # Statistics and report
 # --------------------------------------------------------------------------------------
-
-
-def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
-    from scipy.stats import beta
-
-    a = (1 - level) / 2
-    lo = 0.0 if k == 0 else float(beta.ppf(a, k, n - k + 1))
-    hi = 1.0 if k == n else float(beta.ppf(1 - a, k + 1, n - k))
-    return lo, hi
 
 
 def verdict(k: int, n: int, level: float) -> str:

@@ -33,6 +33,7 @@ import numpy as np
 
 from explorer.search.core import ExplorationCore
 from explorer.search.store import Record
+from harness.coverage import clopper_pearson
 from harness.machine import machine_line
 from operators.base import Operator, register
 
@@ -152,15 +153,6 @@ def pit(model, shapes, values):
 
     location, scale, dof = model.predictive_t(shapes)
     return stdtr(dof, (np.asarray(values) - location) / scale)
-
-
-def clopper_pearson(k, n, level=0.95):
-    from scipy.stats import beta
-
-    a = (1 - level) / 2
-    lo = 0.0 if k == 0 else float(beta.ppf(a, k, n - k + 1))
-    hi = 1.0 if k == n else float(beta.ppf(1 - a, k + 1, n - k))
-    return lo, hi
 
 
 def evaluate(name, seed, budget):

@@ -24,6 +24,7 @@ MODULE_TIERS = {
     "test_chunking": "unit",
     "test_cli": "integration",
     "test_core_files": "integration",
+    "test_coverage_power": "unit",
     "test_daskrun": "integration",
     "test_cluster_profiling": "integration",
     "test_environment": "unit",
