@@ -13,4 +13,7 @@ Not product code: nothing under ``explorer`` or ``operators`` imports this packa
   (``dask worker --preload harness.heavy_preload``).
 * :mod:`harness.machine`, :mod:`harness.rounds`, :mod:`harness.trials`: the benchmarks'
   machine line, round orders and ratio intervals, and trial notes.
+* :mod:`harness.shapes`, :mod:`harness.coverage`: the held-out shapes of ``bench_explore.py``
+  and ``calibration.py``, and what a count of covered runs says (Clopper-Pearson, the chance
+  a bound passes a coverage test).
 """

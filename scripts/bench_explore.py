@@ -100,10 +100,11 @@ from explorer.measure.profiling import OK, Profiler, default_memory_cap
 from explorer.search.store import SOURCE_PROFILE, Record, Store, study_name
 from explorer.core.atomic import atomic_write_text
 from explorer.core.units import format_bytes, format_shape, parse_size
+from harness import shapes
 from harness.machine import machine_line
+from harness.shapes import MAX_DIM, MIN_DIM
 
 CONFIDENCE = 0.99
-MIN_DIM, MAX_DIM = 8, 2048  # the box of acquisition.candidate_shapes
 EXTRAPOLATION_FACTORS = (2, 4, 8)
 #: The stop floor the issue removed (``MIN_PROFILES_TO_STOP``), reported for comparison.
 OLD_FLOOR = 16
@@ -313,47 +314,17 @@ def task_memory(model, shapes) -> np.ndarray:
     return 4.0 * volume(shapes) + mean
 
 
-def _bisect(f, target, lo=math.log(1.0), hi=math.log(1e5), iterations=60):
-    """``c`` with ``f(c) ~= target`` for ``f`` increasing in ``c``."""
-    for _ in range(iterations):
-        mid = 0.5 * (lo + hi)
-        if f(mid) < target:
-            lo = mid
-        else:
-            hi = mid
-    return 0.5 * (lo + hi)
-
-
 def cube_edge(model, memory_bytes: float) -> float:
     """Edge of the cube whose predicted task memory is ``memory_bytes``."""
-    return math.exp(_bisect(lambda c: task_memory(model, [[math.exp(c)] * 3])[0], memory_bytes))
+    return math.exp(shapes.bisect_log(lambda c: task_memory(model, [[math.exp(c)] * 3])[0], memory_bytes))
 
 
-def place_shape(rng, whole_axes, size_of, target, attempts=500):
-    """A chunkable shape in the candidate box with ``size_of(shape) ~= target``.
-
-    Free axes: ``log n = c + offset``, offsets uniform in ``[-log 8 / 2, log 8 / 2]`` (any
-    aspect up to ``MAX_BLOCK_ASPECT``); whole axes: log-uniform in the box; ``c`` solved.
-    """
-    free = [a for a in range(3) if a not in set(whole_axes)]
-    span = math.log(acquisition.MAX_BLOCK_ASPECT)
-    for _ in range(attempts):
-        offsets = rng.uniform(-span / 2, span / 2, len(free))
-        whole = {a: math.exp(rng.uniform(math.log(MIN_DIM), math.log(MAX_DIM))) for a in whole_axes}
-
-        def dims(c):
-            d = np.empty(3)
-            for a, o in zip(free, offsets):
-                d[a] = math.exp(c + o)
-            for a, n in whole.items():
-                d[a] = n
-            return d
-
-        c = _bisect(lambda c: float(size_of(dims(c))), target)
-        shape = np.rint(dims(c)).astype(np.int64)
-        if shape.min() >= MIN_DIM and shape.max() <= MAX_DIM and acquisition.chunkable_mask(shape, whole_axes)[0]:
-            return tuple(int(n) for n in shape)
-    raise RuntimeError(f"could not place a chunkable shape of size {target:.3g} in the box")
+def place_shape(rng, whole_axes, size_of, target):
+    """:func:`harness.shapes.place_shape`, or an error when the box has no such shape."""
+    shape = shapes.place_shape(rng, whole_axes, size_of, target)
+    if shape is None:
+        raise RuntimeError(f"could not place a chunkable shape of size {target:.3g} in the box")
+    return shape
 
 
 def region_shapes(model, op, limit, n, seed):

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
@@ -54,7 +53,6 @@ os.environ["EXPLORER_PLUGINS"] = ",".join(
 os.environ["PYTHONPATH"] = os.pathsep.join([str(HERE), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])
 
 import operators  # noqa: E402
-from explorer.search import acquisition  # noqa: E402
 from explorer.exploration import explore  # noqa: E402
 from operators.plugins import load_plugins  # noqa: E402
 from explorer.measure.profiling import OK, Profiler, default_memory_cap  # noqa: E402
@@ -62,6 +60,7 @@ from explorer.core.atomic import atomic_write_text  # noqa: E402
 from explorer.core.units import format_bytes, format_shape, parse_size  # noqa: E402
 from harness.coverage import clopper_pearson  # noqa: E402
 from harness.machine import machine_line  # noqa: E402
+from harness.shapes import place_shape  # noqa: E402
 
 load_plugins()
 
@@ -72,7 +71,6 @@ SETS = {
 }
 LEVELS = (0.5, 0.8, 0.9, 0.95, 0.99)
 EXTRAPOLATION_FACTORS = (2, 4, 8)
-MIN_DIM, MAX_DIM = 8, 2048
 #: The held-out draws' seed sequence: ``[seed, DRAW_STREAM]`` (fixed before the first measurement).
 DRAW_STREAM = 3302
 STARTED = time.perf_counter()
@@ -85,42 +83,6 @@ def log(message: str) -> None:
 # --------------------------------------------------------------------------------------
 # The held-out draws
 # --------------------------------------------------------------------------------------
-
-
-def _bisect(f, target, lo=math.log(1.0), hi=math.log(1e5), iterations=60):
-    """``c`` with ``f(c) ~= target`` for ``f`` increasing in ``c``."""
-    for _ in range(iterations):
-        mid = 0.5 * (lo + hi)
-        if f(mid) < target:
-            lo = mid
-        else:
-            hi = mid
-    return 0.5 * (lo + hi)
-
-
-def place_shape(rng, whole_axes, size_of, target, attempts=500):
-    """A shape in the box ``[8, 2048]^3`` a plan can produce, with ``size_of(shape) ~= target``:
-    free axes ``log n = c + o`` with offsets ``o`` uniform in ``[-log 8 / 2, log 8 / 2]``, whole
-    axes log-uniform in the box, ``c`` solved."""
-    free = [a for a in range(3) if a not in set(whole_axes)]
-    span = math.log(acquisition.MAX_BLOCK_ASPECT)
-    for _ in range(attempts):
-        offsets = rng.uniform(-span / 2, span / 2, len(free))
-        whole = {a: math.exp(rng.uniform(math.log(MIN_DIM), math.log(MAX_DIM))) for a in whole_axes}
-
-        def dims(c):
-            d = np.empty(3)
-            for a, o in zip(free, offsets):
-                d[a] = math.exp(c + o)
-            for a, n in whole.items():
-                d[a] = n
-            return d
-
-        c = _bisect(lambda c: float(size_of(dims(c))), target)
-        shape = np.rint(dims(c)).astype(np.int64)
-        if shape.min() >= MIN_DIM and shape.max() <= MAX_DIM and acquisition.chunkable_mask(shape, whole_axes)[0]:
-            return tuple(int(n) for n in shape)
-    return None
 
 
 def draw_held_out(model, op, limit: float, seed: int, n_region: int, v_max: float):
