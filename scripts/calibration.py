@@ -36,6 +36,7 @@ Prints Markdown and the machine line; progress goes to stderr.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import subprocess
@@ -71,6 +72,8 @@ SETS = {
 }
 LEVELS = (0.5, 0.8, 0.9, 0.95, 0.99)
 EXTRAPOLATION_FACTORS = (2, 4, 8)
+#: explore's own default budget, what a user gets.
+DEFAULT_BUDGET = inspect.signature(explore).parameters["budget"].default
 #: The held-out draws' seed sequence: ``[seed, DRAW_STREAM]`` (fixed before the first measurement).
 DRAW_STREAM = 3302
 STARTED = time.perf_counter()
@@ -114,8 +117,10 @@ def measure(operator: str, seed: int, args, work: Path) -> dict:
     op = operators.get(operator)
     runs = work / f"{operator}-{seed}"
     log(f"{operator} seed {seed}: explore")
-    result = explore(operator, seed=seed, probes=0, report=False, runs_dir=runs, memory_limit=args.limit)
-    entry = {"operator": operator, "seed": seed, "profiles": result.profiles, "converged": result.converged,
+    budget = {} if args.budget is None else {"budget": args.budget}
+    result = explore(operator, seed=seed, probes=0, report=False, runs_dir=runs, memory_limit=args.limit, **budget)
+    entry = {"operator": operator, "seed": seed, "budget": args.budget or DEFAULT_BUDGET, "profiles": result.profiles,
+             "converged": result.converged,
              "stopped_because": result.stopped_because, "seconds": result.seconds,
              "operator_seconds": result.operator_seconds, "certified_factor": result.certified_factor,
              "half_width": result.max_relative_uncertainty, "regime": result.regime, "held_out": [], "skipped": []}
@@ -181,9 +186,12 @@ def row(label: str, entries: list[dict]) -> str:
 
 
 def report(results: dict, sets: dict, args) -> str:
+    spent = sorted({e.get("budget", DEFAULT_BUDGET) for entries in results.values() for e in entries})
+    budgets = ", ".join(map(str, spent or [DEFAULT_BUDGET])) + (
+        "" if spent in ([], [DEFAULT_BUDGET]) else f" in place of explore's {DEFAULT_BUDGET}")
     lines = [f"`python scripts/{Path(__file__).name} {' '.join(sys.argv[1:])}`", "",
              f"Commit {_commit()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; target worker memory "
-             f"{format_bytes(args.limit)}; explore's defaults (budget 30, tolerance 5 %, 99 %), probes off; "
+             f"{format_bytes(args.limit)}; explore's defaults (budget {budgets}, tolerance 5 %, 99 %), probes off; "
              f"held-out: {args.region} region shapes and 3 extrapolation shapes per (operator, seed), each one new "
              "run in a profiling server of its own.", ""]
     header = ("| operator | loops | profiles at the stop (median, range) | converged | held-out runs | MAPE | "
@@ -273,6 +281,8 @@ def main() -> None:
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--region", type=int, default=12)
     parser.add_argument("--memory-limit", default="1GiB")
+    parser.add_argument("--budget", type=int, default=None,
+                        help=f"explore's budget (default: explore's own, {DEFAULT_BUDGET}); use a cache of its own")
     parser.add_argument("--cache", default="runs/calibration")
     parser.add_argument("--output", default=None)
     parser.add_argument("--figures", default=None, help="directory for the PIT and reliability pictures")
