@@ -16,4 +16,5 @@ Not product code: nothing under ``explorer`` or ``operators`` imports this packa
 * :mod:`harness.shapes`, :mod:`harness.coverage`: the held-out shapes of ``bench_explore.py``
   and ``calibration.py``, and what a count of covered runs says (Clopper-Pearson, the chance
   a bound passes a coverage test).
+* :mod:`harness.report`: a benchmark script's Markdown, printed and written to ``--output``.
 """

@@ -61,6 +61,7 @@ from explorer.core.atomic import atomic_write_text  # noqa: E402
 from explorer.core.units import format_bytes, format_shape, parse_size  # noqa: E402
 from harness.coverage import clopper_pearson  # noqa: E402
 from harness.machine import machine_line  # noqa: E402
+from harness.report import emit  # noqa: E402
 from harness.shapes import place_shape  # noqa: E402
 
 load_plugins()
@@ -311,9 +312,7 @@ def main() -> None:
     if args.figures:
         for path in figures(results, sets, Path(args.figures)):
             text += f"\n\n![{path.stem}]({os.path.relpath(path, Path(args.output).parent if args.output else ROOT)})"
-    print(text)
-    if args.output:
-        Path(args.output).write_text(text + "\n")
+    emit(text, args.output)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 
 from harness.coverage import most_misses_passing, pass_probability
+from harness.report import emit
 
 SIZES = (150, 300, 450, 600, 900, 1200)
 COVERAGES = (0.99, 0.9925, 0.995, 0.9975)
@@ -39,10 +40,7 @@ def main(argv=None) -> int:
     text = (f"`python scripts/coverage_power.py --threshold {args.threshold}`: the test passes when the "
             f"Clopper-Pearson 95% interval of the covered share has a lower end of at least "
             f"{100 * args.threshold:g}%.\n\n" + table(args.threshold))
-    print(text)
-    if args.output:
-        with open(args.output, "w") as out:
-            out.write(text + "\n")
+    emit(text, args.output)
     return 0
 
 

@@ -19,6 +19,7 @@ import platform
 import numpy as np
 
 from explorer.model.stats import scale_confidence_bound, scale_confidence_sequence
+from harness.report import emit
 
 LEVEL = 0.005
 DOF = 8.0
@@ -61,10 +62,7 @@ def main(argv=None) -> int:
     lines += ["", "Honest sequences whose bound fell below the truth at any of 40 looks (level 5%): "
               + ", ".join(f"{name} {count}/{args.repeats}" for name, count in fell.items()) + "."]
     text = "\n".join(lines)
-    print(text)
-    if args.output:
-        with open(args.output, "w") as f:
-            f.write(text + "\n")
+    emit(text, args.output)
     return 0
 
 

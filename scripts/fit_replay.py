@@ -26,6 +26,7 @@ import numpy as np
 import explorer.model.torch_fit as torch_fit
 from explorer.search.core import ExplorationCore
 from explorer.search.store import Record
+from calibration_truths import sizedep as truth  # (150 + 30 log10 V) V + 8 MiB
 from operators.base import Operator, register
 
 MiB = 2**20
@@ -41,12 +42,6 @@ class _Undeclared(Operator):
 
     def run(self, block):
         return block
-
-
-def truth(shapes):
-    d = np.asarray(shapes, dtype=np.float64).reshape(-1, 3)
-    v = d.prod(axis=1)
-    return 8 * MiB + (150 + 30 * np.log10(v)) * v
 
 
 def loop(operator: str, seed: int, budget: int = 25) -> None:
