@@ -29,6 +29,7 @@ seed) result is written to ``--cache`` as soon as it is measured (a rerun resume
 
     python scripts/calibration.py [--sets unseen,shipped] [--operators a,b] [--seeds 10]
         [--memory-limit 1GiB] [--cache runs/calibration] [--output FILE] [--figures docs/figures]
+        [--report-only] [--from OP=CACHE:FIRST:N ...]
 
 Prints Markdown and the machine line; progress goes to stderr.
 """
@@ -274,6 +275,16 @@ def _commit() -> str:
 # --------------------------------------------------------------------------------------
 
 
+def _source(text: str) -> tuple[str, tuple[Path, range]]:
+    """``--from``'s ``OP=CACHE:FIRST:N`` as ``(OP, (CACHE, seeds))``."""
+    operator, _, rest = text.partition("=")
+    where, _, seeds = rest.rpartition(":")
+    where, _, first = where.rpartition(":")
+    if not (operator and where and first.isdigit() and seeds.isdigit()):
+        raise ValueError(f"--from {text!r}: expected OP=CACHE:FIRST:N")
+    return operator, (Path(where), range(int(first), int(first) + int(seeds)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sets", default="unseen,shipped")
@@ -288,23 +299,32 @@ def main() -> None:
     parser.add_argument("--output", default=None)
     parser.add_argument("--figures", default=None, help="directory for the PIT and reliability pictures")
     parser.add_argument("--report-only", action="store_true", help="report what the cache holds, measure nothing")
+    parser.add_argument("--from", dest="sources", action="append", default=[], metavar="OP=CACHE:FIRST:N",
+                        help="report OP's entries of seeds FIRST..FIRST+N-1 from CACHE, in place of --cache, "
+                             "--first-seed and --seeds; never measures them (repeatable)")
     args = parser.parse_args()
     args.limit = parse_size(args.memory_limit)
     sets = {name: SETS[name] for name in args.sets.split(",")}
     only = None if args.operators is None else set(args.operators.split(","))
+    try:
+        sources = dict(_source(text) for text in args.sources)
+    except ValueError as error:
+        parser.error(str(error))
     cache = Path(args.cache)
     cache.mkdir(parents=True, exist_ok=True)
     results: dict[str, list[dict]] = {}
-    work = Path(tempfile.mkdtemp(prefix="calibration-", dir=cache))
+    work = None
     for ops in sets.values():
         for operator in ops:
-            for seed in range(args.first_seed, args.first_seed + args.seeds):
-                path = cache / f"{operator}-seed{seed}-{args.memory_limit}.json"
+            where, seeds = sources.get(operator, (cache, range(args.first_seed, args.first_seed + args.seeds)))
+            for seed in seeds:
+                path = where / f"{operator}-seed{seed}-{args.memory_limit}.json"
                 if path.exists():
                     entry = json.loads(path.read_text())
-                elif args.report_only or (only is not None and operator not in only):
+                elif args.report_only or operator in sources or (only is not None and operator not in only):
                     continue
                 else:
+                    work = work or Path(tempfile.mkdtemp(prefix="calibration-", dir=cache))
                     entry = measure(operator, seed, args, work)
                     atomic_write_text(path, json.dumps(entry, indent=1))
                 results.setdefault(operator, []).append(entry)
