@@ -206,8 +206,9 @@ def fit(operator: str, shapes, peak_bytes, noise_var, lower_bound, *, halo=(0, 0
     # Fixed part of each observation's noise variance (the nugget is added in the fit).
     fixed_var = np.maximum(v, (rel_run_var * y * y + abs_var) / r_eff)
 
-    def fit_on(regime=NO_REGIME):
-        return _fit_posterior(dims[exact], y[exact], fixed_var[exact], np.zeros(int(exact.sum()), dtype=bool),
+    def fit_on(regime=NO_REGIME, without=None):
+        keep = np.flatnonzero(exact) if without is None else np.delete(np.flatnonzero(exact), without)
+        return _fit_posterior(dims[keep], y[keep], fixed_var[keep], np.zeros(keep.size, dtype=bool),
                               multiple=multiple, rel_run_var=rel_run_var, abs_var=abs_var, noise_dof=noise_dof,
                               prior=prior, classes=classes, regime=regime, held=held)
 
@@ -232,10 +233,14 @@ def fit(operator: str, shapes, peak_bytes, noise_var, lower_bound, *, halo=(0, 0
 def _with_boundary(fit_on, as_model) -> tuple[tuple[dict, dict], dict | None]:
     """The fit with no regime boundary or with each that earns it (``explorer.model.regimes``), one
     at a time: the best candidate the current fit does not have, refitted with the others, kept
-    when it beats the current fit (``regimes.accept``); the first refused ends the search.
+    when it beats the current fit (``regimes.accept``) with every profile and, both refitted,
+    without the one profile its gain leans on most (the least of ``regimes.leave_one_out_gains``):
+    a boundary one profile justifies is that profile's explanation, not a regime; the first
+    refused ends the search.
     Returns ``((arrays, fit_info), what was tried or None)``: ``boundary`` the kept ones (or the
     refused one when none was kept), ``kept``, and each step's ``boundary``, ``gain``, ``candidates``,
-    ``kept`` in ``steps``.  ``fit_on(regime)`` fits the exact profiles; ``as_model(arrays)`` is the
+    ``gain_without_one`` and ``without`` (the refitted gain without that profile, and its shape,
+    when the whole gain passed) and ``kept`` in ``steps``.  ``fit_on(regime)`` fits the exact profiles; ``as_model(arrays)`` is the
     ML-II model of a fit's arrays."""
     current, rows, steps = fit_on(), [], []
     while True:
@@ -245,9 +250,17 @@ def _with_boundary(fit_on, as_model) -> tuple[tuple[dict, dict], dict | None]:
         candidate = np.asarray(boundary.regime)
         refit = fit_on(np.vstack(rows + [candidate]))
         gain = refit[1]["log_evidence"] - current[1]["log_evidence"]
-        kept = regimes.accept(gain, boundary.n_candidates, len(current[0]["train_bytes"]))
-        steps.append({"boundary": boundary.describe(), "gain": round(gain, 2), "candidates": boundary.n_candidates,
-                      "kept": kept})
+        n = len(current[0]["train_bytes"])
+        kept = regimes.accept(gain, boundary.n_candidates, n)
+        step = {"boundary": boundary.describe(), "gain": round(gain, 2), "candidates": boundary.n_candidates}
+        if kept:  # and refitted without the profile it leans on most (regimes.leave_one_out_gains)
+            i = int(np.argmin(regimes.leave_one_out_gains(as_model(refit[0]), as_model(current[0]), gain)))
+            without = (fit_on(np.vstack(rows + [candidate]), without=i)[1]["log_evidence"]
+                       - fit_on(np.vstack(rows) if rows else NO_REGIME, without=i)[1]["log_evidence"])
+            kept = regimes.accept(without, boundary.n_candidates, n - 1)
+            step.update(gain_without_one=round(without, 2),
+                        without=[int(x) for x in as_model(refit[0]).train_shapes[i]])
+        steps.append({**step, "kept": kept})
         if not kept:
             break
         current, rows = refit, rows + [candidate]

@@ -44,7 +44,7 @@ import numpy as np
 from explorer.model.basis import FLAT_TERMS, _matern52, effective_dims, regime_description, regime_rows
 from explorer.model import priors
 
-__all__ = ["Boundary", "accept", "candidate_boundaries", "scan"]
+__all__ = ["Boundary", "accept", "candidate_boundaries", "leave_one_out_gains", "scan"]
 
 #: Exact profiles each side of a candidate boundary must have: a side of one or two profiles is
 #: an outlier's explanation, not a regime's.
@@ -97,26 +97,17 @@ def scan(model) -> Boundary | None:
     over its grid, less the same without it; None when there is no candidate, or when the exact
     profiles do not outnumber the mean terms with the side's two (the boundary's model would
     have no residual to be judged by)."""
-    from explorer.model.posterior import restricted_log_likelihood_in_scale
-
     a = model._a
-    exact = ~a["train_is_lower_bound"]
-    dims = a["train_dims"][exact]
+    t = _LikelihoodTerms.of(model)
+    dims = t.dims
     existing = [row for row in regime_rows(a["regime"]) if row[:3].any()]
     candidates = [c for c in candidate_boundaries(dims, a["block_multiple"], a["axis_classes"])
                   if not any(np.array_equal(c, row) for row in existing)]
     if not candidates or len(dims) <= a["basis_transform"].shape[0] + 2:
         return None
-    y_s = a["train_bytes"][exact] / model._bytes_scale
+    y_s, z, amp, basis, noise, y, lengthscale = t.y_s, t.z, t.amp, t.basis, t.noise, t.y, t.lengthscale
     outputscale, nugget = model._ml2
-    n_inputs = 3 + len(existing)  # the log-dims and the sides of the boundaries it has
-    z = model._z(dims)[:, :n_inputs]
-    amp = model._amplitude(dims)
-    basis = model._basis(dims)
     flat = model._raw_basis(dims)[:, list(FLAT_TERMS)]
-    noise = a["train_noise_var"][exact] / model._bytes_scale**2
-    y = y_s - basis @ a["basis_prior_mean"]
-    lengthscale = a["lengthscale"][:n_inputs]
     # the side's constant and volume terms (fit._fit_posterior's prior: vague Gaussians of sd tau s_c)
     s_c = float(a["amplitude_coef"][:a["basis_map"].shape[1]].sum())
     side_precision = 1.0 / (priors._FACE_EDGE_PRIOR_RELATIVE_SD * s_c) ** 2
@@ -132,7 +123,7 @@ def scan(model) -> Boundary | None:
             correlation = _matern52(inputs, inputs, np.append(lengthscale, side_lengthscale))
             h, precision = np.column_stack([basis, side[:, None] * flat]), prior_precision
         latent = outputscale * amp[:, None] * correlation * amp[None, :] + np.diag(nugget * y_s**2)
-        value = _grid_max(lambda grid: restricted_log_likelihood_in_scale(latent, noise, h, y, precision, grid))
+        value = _profiled(latent, noise, h, y, precision)
         return value + (0.0 if side is None else math.log(side_precision))  # the side prior's normaliser
 
     base = log_likelihood()
@@ -144,6 +135,75 @@ def scan(model) -> Boundary | None:
         if gain > best_gain:
             best, best_gain = regime, gain
     return Boundary(tuple(float(x) for x in best), float(best_gain), len(candidates))
+
+
+@dataclass(frozen=True)
+class _LikelihoodTerms:
+    """What a restricted likelihood of ``model``'s exact profiles at its ML-II hyperparameters is
+    made of (working units): their dims, the scaled peaks ``y_s``, the kernel inputs ``z`` (the
+    log-dims and the sides of the boundaries it has) and lengthscales, the amplitude, the mean
+    basis ``H`` and its prior precision, the run noise ``D`` and ``y = y_s - H b_0``."""
+
+    dims: np.ndarray
+    y_s: np.ndarray
+    z: np.ndarray
+    lengthscale: np.ndarray
+    amp: np.ndarray
+    basis: np.ndarray
+    precision: np.ndarray
+    noise: np.ndarray
+    y: np.ndarray
+
+    @classmethod
+    def of(cls, model) -> "_LikelihoodTerms":
+        a = model._a
+        exact = ~a["train_is_lower_bound"]
+        dims = a["train_dims"][exact]
+        n_inputs = 3 + sum(1 for row in regime_rows(a["regime"]) if row[:3].any())
+        y_s = a["train_bytes"][exact] / model._bytes_scale
+        basis = model._basis(dims)
+        return cls(dims, y_s, model._z(dims)[:, :n_inputs], a["lengthscale"][:n_inputs], model._amplitude(dims),
+                   basis, a["basis_prior_precision"], a["train_noise_var"][exact] / model._bytes_scale**2,
+                   y_s - basis @ a["basis_prior_mean"])
+
+    def latent(self, model) -> np.ndarray:
+        """``L``: the kernel matrix plus the nugget's misfit, at ``lambda = 1``."""
+        outputscale, nugget = model._ml2
+        correlation = _matern52(self.z, self.z, self.lengthscale)
+        return outputscale * self.amp[:, None] * correlation * self.amp[None, :] + np.diag(nugget * self.y_s**2)
+
+
+def _profiled(latent, noise, basis, y, precision) -> float:
+    """The restricted log-likelihood, the latent scale profiled over its grid (:func:`_grid_max`)."""
+    from explorer.model.posterior import restricted_log_likelihood_in_scale
+
+    return _grid_max(lambda grid: restricted_log_likelihood_in_scale(latent, noise, basis, y, precision, grid))
+
+
+def leave_one_out_gains(with_boundary, without, gain: float) -> np.ndarray:
+    r"""The gain of ``with_boundary`` over ``without`` (two ML-II models of the same exact
+    profiles, the first with one boundary more) were each profile left out in turn:
+
+    .. math::
+
+        g_{-i} = g - \left[\ell_b(y) - \ell_b(y_{-i})\right] + \left[\ell_0(y) - \ell_0(y_{-i})\right]
+
+    ``g`` the refitted gain, ``\ell`` each model's restricted log-likelihood at its own
+    hyperparameters, the latent scale profiled (:func:`_profiled`).  The bracket is what profile
+    ``i`` adds to a model's evidence, so ``g_{-i}`` is the gain without it (the hyperparameters
+    held: no refit).  A boundary whose ``g_{-i}`` falls under the threshold for some ``i`` is one
+    profile's explanation: its sides' terms fit that profile, not a regime (``fit._with_boundary``
+    keeps a boundary only when :func:`accept` holds for every ``g_{-i}``)."""
+    out = []
+    for model in (with_boundary, without):
+        t = _LikelihoodTerms.of(model)
+        latent, n = t.latent(model), len(t.y)
+        full = _profiled(latent, t.noise, t.basis, t.y, t.precision)
+        left_out = np.array([_profiled(latent[np.ix_(keep, keep)], t.noise[keep], t.basis[keep], t.y[keep],
+                                       t.precision)
+                             for keep in (np.delete(np.arange(n), i) for i in range(n))])
+        out.append(full - left_out)
+    return gain - out[0] + out[1]
 
 
 #: Every how many points of ``LOG_SCALE_GRID`` :func:`_grid_max` looks first.
