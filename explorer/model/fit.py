@@ -240,7 +240,8 @@ def _with_boundary(fit_on, as_model) -> tuple[tuple[dict, dict], dict | None]:
     Returns ``((arrays, fit_info), what was tried or None)``: ``boundary`` the kept ones (or the
     refused one when none was kept), ``kept``, and each step's ``boundary``, ``gain``, ``candidates``,
     ``gain_without_one`` and ``without`` (the refitted gain without that profile, and its shape,
-    when the whole gain passed) and ``kept`` in ``steps``.  ``fit_on(regime)`` fits the exact profiles; ``as_model(arrays)`` is the
+    when the whole gain passed) and ``kept`` in ``steps``.  ``fit_on(regime, without=None)`` fits
+    the exact profiles (all but the ``without``-th of them when given); ``as_model(arrays)`` is the
     ML-II model of a fit's arrays."""
     current, rows, steps = fit_on(), [], []
     while True:
