@@ -17,4 +17,5 @@ Not product code: nothing under ``explorer`` or ``operators`` imports this packa
   and ``calibration.py``, and what a count of covered runs says (Clopper-Pearson, the chance
   a bound passes a coverage test).
 * :mod:`harness.report`: a benchmark script's Markdown, printed and written to ``--output``.
+* :mod:`harness.plugins`: a benchmark's own operators registered through ``EXPLORER_PLUGINS``.
 """

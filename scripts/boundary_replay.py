@@ -17,14 +17,11 @@ run this with each rule's code checked out (``PYTHONPATH=that tree``) and compar
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-os.environ["EXPLORER_PLUGINS"] = ",".join(
-    [m for m in os.environ.get("EXPLORER_PLUGINS", "").split(",") if m] + ["unseen_operators"])
-sys.path.insert(0, str(HERE))
+from harness.plugins import use_plugin
+
+use_plugin("unseen_operators", Path(__file__).resolve().parent)
 
 from explorer.search.core import ExplorationCore, _usable  # noqa: E402
 from explorer.search.store import Store  # noqa: E402

@@ -50,9 +50,9 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-os.environ["EXPLORER_PLUGINS"] = ",".join(
-    [m for m in os.environ.get("EXPLORER_PLUGINS", "").split(",") if m] + ["unseen_operators"])
-os.environ["PYTHONPATH"] = os.pathsep.join([str(HERE), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])
+from harness.plugins import use_plugin  # noqa: E402
+
+use_plugin("unseen_operators", HERE)
 
 import operators  # noqa: E402
 from explorer.exploration import explore  # noqa: E402

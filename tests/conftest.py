@@ -25,6 +25,7 @@ MODULE_TIERS = {
     "test_cli": "integration",
     "test_core_files": "integration",
     "test_coverage_power": "unit",
+    "test_harness_plugins": "unit",
     "test_daskrun": "integration",
     "test_cluster_profiling": "integration",
     "test_environment": "unit",
