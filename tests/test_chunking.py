@@ -286,6 +286,31 @@ def test_evenly_sized_chunks_preferred_over_compact_ones():
     assert plan.dask_chunks == ((121,), (60, 60), (50,))
 
 
+def test_compactness_counts_only_the_axes_with_a_halo():
+    chunks = [(160, 160, 320), (80, 320, 320), (160, 160, 160)]
+    np.testing.assert_allclose(plan_candidates.compactness_key(chunks, (8, 8, 8), ()), [2, 4, 1])
+    np.testing.assert_allclose(plan_candidates.compactness_key(chunks, (5, 5, 5), (2,)), [1, 4, 1])
+    np.testing.assert_allclose(plan_candidates.compactness_key(chunks, (1, 0, 4), ()), [2, 4, 1])
+    for halo, whole in [((0, 0, 1), ()), ((0, 0, 0), (2,)), ((8, 0, 0), ()), (None, ())]:  # fewer than two: a tie
+        np.testing.assert_array_equal(plan_candidates.compactness_key(chunks, halo, whole), [1, 1, 1])
+
+
+def test_a_halo_along_the_samples_only_leaves_the_tie_to_the_contiguous_slab():
+    """Four tasks of 80x320x320 and of 160x160x320 tie in the time model; with a halo along the
+    samples only, where both are whole, the slab's longer later axes decide, where a halo on every
+    axis takes the cube."""
+    linear = lambda blocks, confidence=0.99: (12.0 * np.prod(blocks, axis=1),) * 2  # noqa: E731
+    terms = TimeTerms(seconds_per_voxel=2e-8, graph_task_seconds=0.005)
+
+    def plan(halo):
+        return plan_chunks(VolumeGeometry((320, 320, 320), halo), linear, WorkerSpec(700 * MiB, 100 * MiB, workers=2),
+                           terms)
+
+    slab, cube = plan((0, 0, 1)), plan((1, 1, 1))
+    assert slab.chunks == (80, 320, 320) and [160, 160, 320] in [t["chunks"] for t in slab.tied]
+    assert cube.chunks == (160, 160, 160)
+
+
 def test_chunks_are_ceil_of_length_over_count_so_last_chunks_are_nearly_full():
     plan = plan_chunks(VolumeGeometry((1000, 999, 997), (2, 2, 2)), predict, WorkerSpec(3 * GiB, BASELINE))
     for n, c, chunks in zip(plan.shape, plan.chunks, plan.dask_chunks):
@@ -668,7 +693,7 @@ def test_the_three_stages_compose_into_the_plan():
     n = plan_candidates.evaluate_candidates(candidates, predict, confidence=0.99, footprint=footprint, budget=budget,
                                      slots=2)
     assert 0 < n < len(candidates.chunks)  # the probe pass pruned rows
-    index = plan_candidates.rank_candidates(candidates, SHAPE, (), budget=budget, slots=2)
+    index = plan_candidates.rank_candidates(candidates, SHAPE, (), budget=budget, slots=2, halo=HALO)
     plan = plan_chunks(VolumeGeometry(SHAPE, HALO), predict, WorkerSpec(LIMIT, BASELINE, workers=2))
     assert tuple(candidates.chunks[index]) == plan.chunks
     assert candidates.upper_total[index] == plan.upper_bytes <= budget
@@ -853,14 +878,14 @@ def test_a_plan_keeps_whole_traces_when_its_clocked_cubes_read_twice_their_voxel
     read at 10 ns per voxel of 20 ns per block voxel in all.  On a SEG-Y (a read unit of one
     trace) a block that keeps whole traces reads half as much per voxel: the time model takes
     10 ns per voxel off it, and the plan keeps the traces whole, where without the read unit the
-    two tie and the compact block wins."""
-    shape = (256, 256, 256)
+    two tie and, with a halo on every axis, the compact block wins."""
+    shape, halo = (256, 256, 256), (1, 1, 1)
     predict = lambda blocks, confidence=0.99: (100.0 * np.prod(blocks, axis=1),) * 2  # noqa: E731
     clock = time_model.TaskClock(volumes=(1e5, 1e8), seconds_per_voxel=(2e-8, 2e-8), read_seconds_per_voxel=1e-8,
                                  read_voxels_per_voxel=(2.0, 2.0))
 
     def plan(read_unit):
-        return plan_chunks(VolumeGeometry(shape, (0, 0, 0), read_unit=read_unit, max_block_voxels=2**21), predict,
+        return plan_chunks(VolumeGeometry(shape, halo, read_unit=read_unit, max_block_voxels=2**21), predict,
                            WorkerSpec(1536 * MiB, BASELINE, workers=2),
                            TimeTerms(graph_task_seconds=0.002, task_clock=clock))
 
@@ -868,11 +893,13 @@ def test_a_plan_keeps_whole_traces_when_its_clocked_cubes_read_twice_their_voxel
     assert compact.chunks[2] < 256 and compact.read_unit is None
     assert traces.chunks[2] == 256 and traces.read_unit == (1, 1, 256)
     assert ChunkPlan.from_dict(json.loads(json.dumps(traces.to_dict()))) == traces
-    cube, slab = time_model.fused_seconds(shape, (0, 0, 0), [compact.chunks, traces.chunks], slots=2,
+    cube, slab = time_model.fused_seconds(shape, halo, [compact.chunks, traces.chunks], slots=2,
                                           graph_task_seconds=0.002, task_clock=clock, read_unit=(1, 1, 256))
-    assert slab < cube
-    assert cube == pytest.approx(float(time_model.fused_seconds(shape, (0, 0, 0), [compact.chunks], slots=2,
-                                                                graph_task_seconds=0.002, task_clock=clock)[0]))
+    assert slab < cube * (1 - plan_candidates.SECONDS_TIE_FRACTION)  # out of the tie: the time model decides
+    # without a halo the cube reads what the clock's cubes read: the read unit leaves its price alone
+    terms = dict(slots=2, graph_task_seconds=0.002, task_clock=clock)
+    assert float(time_model.fused_seconds(shape, (0, 0, 0), [compact.chunks], read_unit=(1, 1, 256), **terms)[0]) \
+        == pytest.approx(float(time_model.fused_seconds(shape, (0, 0, 0), [compact.chunks], **terms)[0]))
 
 
 def test_the_stride_key_counts_a_columns_lines_against_the_cache_lines_its_stride_can_use():

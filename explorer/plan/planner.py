@@ -36,8 +36,9 @@ Among the candidates that fit the plan is, in order:
    12 ns on 96x169x320: :func:`stride_key`, from the cache geometry in ``WorkerSpec.cache``);
 3. most even: smallest padding fraction ``(prod(k_i c_i) - prod(N_i)) / prod(N_i)``,
    the share of the task grid past the array's end (0 when each axis divides evenly);
-4. most compact: smallest aspect ratio ``max(c_i) / min(c_i)`` over non-whole axes
-   (halos cost surface; a cube has the least surface per volume);
+4. most compact: smallest aspect ratio ``max(c_i) / min(c_i)`` over the non-whole axes with a halo
+   (halos cost surface, a cube the least per volume; an axis without a halo costs none:
+   :func:`compactness_key`, a tie where fewer than two axes have one);
 5. fewest tasks (this only matters with several slots);
 6. smallest upper footprint, then longer chunks on later axes (the samples axis of a
    seismic volume is contiguous on disk), so the choice is deterministic.
