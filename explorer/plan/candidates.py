@@ -303,10 +303,8 @@ def compactness_key(chunks, halo, whole) -> np.ndarray:
     A halo costs surface: a task reads ``prod(c_i + 2 h_i)`` voxels for ``prod(c_i)``, and at a
     given volume the excess is least where the chunk is a cube over the axes with ``h_i > 0``.  An
     axis without a halo reads nothing of its neighbours at any length, so the aspect along it saves
-    nothing.  Taken over every non-whole axis, the key preferred first_derivative's 160x160x320
-    (a halo along the samples only) to the slab 80x320x320 the time model ties with it, and the
-    slab ran faster (``docs/benchmarks/chunks.md``).  Where this key ties, the later ones decide:
-    fewest tasks, then longer chunks on later axes, the more contiguous block."""
+    nothing (first_derivative's halo is along the samples only).  Where this key ties, the later
+    ones decide: fewest tasks, the smaller upper footprint, longer chunks on later axes."""
     chunks = np.atleast_2d(np.asarray(chunks, dtype=np.float64))
     axes = [i for i in range(chunks.shape[1]) if i not in whole and halo is not None and int(halo[i]) > 0]
     if len(axes) < 2:
