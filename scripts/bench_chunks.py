@@ -426,12 +426,22 @@ class Outcome:
     runs_dir: Path | None = None
 
 
+def chunks_cache(root) -> Path:
+    """Where ``--cache root`` keeps this benchmark's inputs and explored models."""
+    return Path(root) / "chunks"
+
+
+def scenario_runs_dir(cache: Path, op: str, limit: int) -> Path:
+    """The runs directory of ``op``'s model explored at worker ``limit`` in :func:`chunks_cache`'s ``cache``."""
+    return cache / f"runs-{op}-{limit}"
+
+
 def run_scenario(sc: Scenario, args, cache: Path, tmp: Path, profiles: PrototypeProfiles) -> Outcome:
     started = time.perf_counter()
     op = operators.get(sc.op)
     source = ensure_input(cache, sc.shape)
     out = tmp / "out.zarr"
-    runs_dir = cache / f"runs-{sc.op}-{sc.limit}"
+    runs_dir = scenario_runs_dir(cache, sc.op, sc.limit)
     scratch_runs = tmp / "scratch-runs"  # runs=... of the methods that use no model
     tag = sc.op
 
@@ -938,7 +948,7 @@ def run_user_clusters(args, cache: Path, tmp: Path) -> list[UserOutcome]:
     for sc in args.user_clusters:
         op = operators.get(sc.op)
         source = ensure_input(cache, sc.shape)
-        runs_dir = cache / f"runs-{sc.op}-{sc.limit}"
+        runs_dir = scenario_runs_dir(cache, sc.op, sc.limit)
         ensure_model(sc.op, sc.limit, runs_dir, args.budget)
         for preload in args.preload_mib:
             for threads in args.user_threads:
@@ -1077,7 +1087,7 @@ def main() -> None:
     args.user_clusters = [parse_scenario(s) for s in args.user_clusters.split(",") if s]
     args.preload_mib = [int(m) for m in args.preload_mib.split(",") if m]
     args.user_threads = [int(t) for t in args.user_threads.split(",") if t]
-    cache = Path(args.cache) / "chunks"
+    cache = chunks_cache(args.cache)
     cache.mkdir(parents=True, exist_ok=True)
 
     load = os.getloadavg()

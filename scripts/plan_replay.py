@@ -20,6 +20,7 @@ import json
 import warnings
 from pathlib import Path
 
+from bench_chunks import chunks_cache, scenario_runs_dir
 from explorer.core.units import parse_shape, parse_size
 from explorer.measure.worker_baseline import WorkerBaseline
 from explorer.plan.recommend import plan_for_chunks, recommend_chunks
@@ -46,7 +47,7 @@ def main(argv=None) -> int:
     baseline = WorkerBaseline(bytes=int(run["worker_baseline_bytes"]),
                               first_touch_seconds_per_byte=touch.get("seconds_per_byte"),
                               first_touch_warm_bytes=touch.get("warm_bytes"))
-    runs_dir = args.cache / "chunks" / f"runs-{args.operator}-{limit}"
+    runs_dir = scenario_runs_dir(chunks_cache(args.cache), args.operator, limit)
     common = dict(workers=args.workers, runs_dir=runs_dir, baseline_bytes=baseline)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the saved baseline's environment is not kept in the JSON
