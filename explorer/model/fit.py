@@ -255,12 +255,13 @@ def _with_boundary(fit_on, as_model) -> tuple[tuple[dict, dict], dict | None]:
         kept = regimes.accept(gain, boundary.n_candidates, n)
         step = {"boundary": boundary.describe(), "gain": round(gain, 2), "candidates": boundary.n_candidates}
         if kept:  # and refitted without the profile it leans on most (regimes.leave_one_out_gains)
-            i = int(np.argmin(regimes.leave_one_out_gains(as_model(refit[0]), as_model(current[0]), gain)))
+            with_boundary = as_model(refit[0])
+            i = int(np.argmin(regimes.leave_one_out_gains(with_boundary, as_model(current[0]), gain)))
             without = (fit_on(np.vstack(rows + [candidate]), without=i)[1]["log_evidence"]
                        - fit_on(np.vstack(rows) if rows else NO_REGIME, without=i)[1]["log_evidence"])
             kept = regimes.accept(without, boundary.n_candidates, n - 1)
             step.update(gain_without_one=round(without, 2),
-                        without=[int(x) for x in as_model(refit[0]).train_shapes[i]])
+                        without=[int(x) for x in with_boundary.train_shapes[i]])
         steps.append({**step, "kept": kept})
         if not kept:
             break
