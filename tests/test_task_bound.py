@@ -319,3 +319,39 @@ def test_a_cold_spread_of_zero_gives_a_finite_bound_above_the_cold_offset():
                                   cold_sd=1e5 / 64)
         assert np.all(np.isfinite(zero)) and zero[0] >= 1e6
         assert zero[0] == pytest.approx(floor[0], rel=1e-9)
+
+
+@pytest.mark.parametrize("case", [
+    dict(a=[16991.5, 13647.4, 573.4, 0.0, 0.0, 1183.0, 0.0, 475771.8],
+         b=[0.0, 41026.5, 6159.0, 29845.6, 4038.9, 725.0, 0.0, 202203.0],
+         sigma=[0.0, 89390.5, 2207.4, 0.0, 709.0, 1441.4, 16308.7, 0.0],
+         tasks=[176, 137, 75, 173, 105, 171, 85, 175],
+         kappa=[0.0, 0.0, 0.0, 138976.0, 858596.4, 196369.7, 39538.3, 0.0],
+         cold_sd=[0.0, 91933.4, 211250.6, 0.0, 2123.6, 753455.2, 9867925.6, 0.0], dofs=(2.0, 2.0), wd=1.0, c=0.99,
+         anchor=1),
+    dict(a=[0.0, 47142.6, 37789.0, 1378.7, 1027.3, 0.0, 0.0, 10438.6],
+         b=[0.0, 0.0, 0.0, 0.0, 111513.1, 5155.7, 0.0, 0.0],
+         sigma=[106553.9, 4416.9, 350826.1, 376.9, 468103.5, 230.9, 0.0, 281.6],
+         tasks=[61, 106, 97, 4, 179, 157, 141, 7],
+         kappa=[771876.9, 0.0, 3622.0, 0.0, 335842.0, 0.0, 35671.2, 0.0],
+         cold_sd=[41966281.0, 123325.9, 1631960.2, 175147.6, 204437645.7, 6326.6, 0.0, 1190.0],
+         dofs=(math.inf, 2.0), wd=59.0, c=0.99, anchor=4),
+])
+def test_a_row_newton_solves_exactly_keeps_its_root_while_the_block_goes_on(case):
+    """Rows are solved together, one Newton iteration per block; a row whose step came out exactly
+    zero (its root found) while others still stepped was taken for a step out of its bracket and
+    sent to the midpoint of ``(-inf, u]`` (CI, a one-worker probe's calibration: an IndexError from
+    the tables).  Found by a search over random inputs; each row's bound is now finite and the
+    same as when that row is solved beside one other (``anchor``: with a shared error of both
+    kinds and a spread within, so that the pair's quadrature rule and tables are the block's)."""
+    columns = {k: np.asarray(case[k], dtype=np.float64) for k in ("a", "b", "sigma", "tasks", "kappa", "cold_sd")}
+
+    def solve(rows):
+        x = {k: v[rows] for k, v in columns.items()}
+        return max_task.max_task_quantile(case["c"], (x["a"], x["b"]), case["dofs"], x["sigma"], x["tasks"], cold=1,
+                                          cold_offset=x["kappa"], cold_sd=x["cold_sd"], within_dof=case["wd"])
+
+    together = solve(slice(None))
+    assert np.all(np.isfinite(together))
+    for r in range(len(together)):
+        assert together[r] == pytest.approx(solve([case["anchor"], r])[1], rel=2e-3), r

@@ -400,7 +400,8 @@ def _newton(evaluate, u, scale, target: float, iterations: int = 40, rtol: float
         np.maximum(step, -scale, out=step)
         np.minimum(step, scale, out=step)
         new = u - step
-        outside = (new <= low) | (new >= high)
+        # strictly: a zero step (a root found) lands on the end just set; the other may be infinite
+        outside = (new < low) | (new > high)
         if outside.any():
             new[outside] = 0.5 * (low[outside] + high[outside])
         elif (np.abs(step) <= tolerance).all():
