@@ -591,3 +591,47 @@ def test_a_runs_fixed_seconds_are_told_from_its_graph_tasks_when_the_runs_differ
     # never negative: a wall below its work's clock is no negative overhead
     f, per_task = timing.fit_run_overheads([(0.1, 52, 0.3), (0.2, 660, 0.3)])
     assert f >= 0 and per_task >= 0
+
+
+def test_the_valley_fit_falls_then_rises_and_pools_a_bump_with_its_least_certain_neighbour():
+    """``valley_fit``: a falling-then-rising sequence is its own fit; a value above both
+    neighbours is pooled into a weighted mean, with the neighbour whose weight is least
+    (first_derivative's probes: 28.4 ns at 108^3 from tight tasks, 39.8 at 180^3 and 25.7 at 300^3
+    from tasks spread 24-31%); the fit is the weighted least squares over every valley."""
+    valley = [443.0, 126.0, 52.0, 28.0, 30.0, 33.0]
+    assert timing.valley_fit(valley, np.ones(6)) == pytest.approx(valley)
+    y, w = np.array([126.0, 52.0, 28.4, 39.8, 25.7]), np.array([5.0, 5.0, 1.5, 0.066, 0.094])
+    fit = timing.valley_fit(y, w)
+    pooled = (39.8 * 0.066 + 25.7 * 0.094) / (0.066 + 0.094)
+    assert fit == pytest.approx([126.0, 52.0, 28.4, pooled, pooled])
+    other = np.array([126.0, 52.0, *[(28.4 * 1.5 + 39.8 * 0.066) / 1.566] * 2, 25.7])  # pooled the other way
+    assert w @ (y - fit) ** 2 < w @ (y - other) ** 2
+    rng = np.random.default_rng(5)
+    for _ in range(50):  # always a valley, never worse than the best split tried by hand
+        y, w = rng.uniform(1, 10, 7), rng.uniform(0.1, 2, 7)
+        f = timing.valley_fit(y, w)
+        m = int(np.argmin(f))
+        assert np.all(np.diff(f[:m + 1]) <= 1e-12) and np.all(np.diff(f[m:]) >= -1e-12)
+        assert w @ (y - f) ** 2 <= w @ (y - np.full(7, np.average(y, weights=w))) ** 2 + 1e-9
+
+
+def test_a_clock_does_not_carry_one_slow_probe_into_the_volumes_beside_it():
+    """Warm tasks at three volumes as first_derivative's probes ran them: tight at the smallest,
+    slow and spread at the middle one, spread at the largest.  The clock pools the middle with
+    the largest (its tasks' figures taken together), so a block between them is priced flat
+    rather than cheaper the larger it is; each shape's own figure is still its tasks'."""
+    def tasks(edge, per_voxel_ns):
+        v = edge**3
+        return [("r%d" % edge, (edge,) * 3, ns * 1e-9 * v, ns * 1e-9 * v, "w%d" % (i % 2))
+                for i, ns in enumerate(per_voxel_ns)]
+
+    rows = (tasks(108, [29.7, 31.8, 26.3, 28.1, 27.6, 29.9, 32.3, 28.8])
+            + tasks(180, [26.2, 42.7, 46.4, 40.9, 38.7, 38.3, 25.1, 53.3])
+            + tasks(300, [23.1, 23.8, 24.2, 25.5, 41.1, 46.9, 25.9, 24.9]))
+    clock = timing.fit_clock(rows)
+    s = np.asarray(clock.seconds_per_voxel) * 1e9
+    assert s[0] == pytest.approx(28.45, abs=0.1)  # the median of its warm tasks, unchanged
+    assert s[1] == pytest.approx(s[2]) and 25.7 < s[1] < 39.8
+    middle = clock.seconds_per_voxel_at([240.0**3, 280.0**3])
+    assert middle[0] == pytest.approx(middle[1])
+    assert clock.seconds_per_voxel_at([180**3], [(180, 180, 180)])[0] * 1e9 == pytest.approx(39.8, abs=0.1)

@@ -260,7 +260,8 @@ class TaskClock:
 
     ``volumes`` (increasing) and ``seconds_per_voxel``: a task's median seconds per block
     voxel (read, operator, store: everything the worker spends on it) in groups of equal
-    tasks of those volumes; between them, linear in ``log V``; beyond them, the nearest
+    tasks of those volumes, fitted across volumes as a valley
+    (``explorer.plan.timing.valley_fit``); between them, linear in ``log V``; beyond them, the nearest
     group's (a task's fixed costs are inside each group's figure, so no per-voxel slope
     fitted over all sizes charges small blocks' fixed costs to large ones).
     ``spread_volumes`` and ``spreads``: the coefficient of variation of the groups' task

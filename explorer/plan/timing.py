@@ -51,6 +51,7 @@ __all__ = [
     "fit_run_overheads",
     "fit_timing",
     "task_read_voxels",
+    "valley_fit",
 ]
 
 
@@ -101,6 +102,66 @@ def task_read_voxels(block, unit, volume_shape) -> float | None:
     return float(np.prod(read_extent(np.asarray(block), np.asarray(unit), np.asarray(volume_shape))))
 
 
+def _non_decreasing(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """The weighted least-squares non-decreasing fit (pool adjacent violators: a block whose
+    value exceeds its successor's is merged with it into their weighted mean)."""
+    blocks: list[list[float]] = []  # [value, weight, count]
+    for y, w in zip(values.tolist(), weights.tolist()):
+        blocks.append([y, w, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            v2, w2, n2 = blocks.pop()
+            v1, w1, n1 = blocks.pop()
+            blocks.append([(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, n1 + n2])
+    return np.repeat([b[0] for b in blocks], [b[2] for b in blocks]).astype(np.float64)
+
+
+def valley_fit(values, weights) -> np.ndarray:
+    """The weighted least-squares fit of ``values`` (ordered by block volume) that first falls,
+    then rises::
+
+        min_f sum_k w_k (y_k - f_k)^2,   f_0 >= ... >= f_{m-1},  f_m <= ... <= f_{K-1},  over m
+
+    each side by pooling adjacent violators (every split ``m`` tried: ``K`` is a few volumes).
+    A task's seconds per voxel is its fixed costs over its voxels, which fall with the volume,
+    plus what a voxel costs in caches and fresh pages, which does not fall as blocks grow: a
+    valley.  A volume measured above both neighbours is noise the shape cannot hold, and is
+    pooled with its neighbour, the tasks of both taken together (``w``: their counts).  Probe
+    tasks at large blocks vary by tens of percent from run to run (first_derivative's 180^3
+    probe measured 39.8 ns per voxel between 28.4 at 108^3 and 25.7 at 300^3; its tasks of one
+    run ranged 25-53 ns); interpolated as measured, such a bump made the planner take two tasks
+    of 160x320x320 over four of half their size, 1.09x slower measured."""
+    y = np.asarray(values, dtype=np.float64)
+    w = np.asarray(weights, dtype=np.float64)
+    best, fit = math.inf, y
+    for m in range(len(y) + 1):
+        f = np.concatenate([-_non_decreasing(-y[:m], w[:m]), _non_decreasing(y[m:], w[m:])])
+        sse = float(w @ (y - f) ** 2)
+        if sse < best:
+            best, fit = sse, f
+    return fit
+
+
+def _typical(cold_and_warm, other) -> float:
+    """A volume's or a shape's seconds per voxel: the median of its warm tasks' own (of its cold
+    ones without any), plus the mean of the other tasks' seconds they carried (:func:`fit_clock`)."""
+    cold, warm = cold_and_warm
+    return float(np.median(warm if warm else cold)) + float(np.mean(other))
+
+
+def _inverse_variances(measured: np.ndarray, cold_and_warm, spreads) -> np.ndarray:
+    """Per volume, ``n / (sigma s)^2``: the weight of its figure ``s`` in :func:`valley_fit`, from
+    the ``n`` tasks it was taken over (the warm ones, else the cold) and their coefficient of
+    variation ``sigma`` (the median over its groups of three or more; a volume without one takes
+    the median of the others', all alike without any)."""
+    known = [float(np.median(s)) for s in spreads if s]
+    fallback = float(np.median(known)) if known else 1.0
+    sigma = np.array([float(np.median(s)) if s else fallback for s in spreads])
+    positive = sigma[sigma > 0]
+    sigma = np.maximum(sigma, positive.min() if positive.size else 1.0)  # equal tasks: the least spread measured
+    counts = np.array([len(warm) or len(cold) for cold, warm in cold_and_warm], dtype=np.float64)
+    return counts / np.maximum(sigma * measured, np.finfo(float).tiny) ** 2
+
+
 def fit_clock(rows) -> TaskClock | None:
     """The :class:`~explorer.plan.time_model.TaskClock` of in-worker tasks ``(run, shape, seconds,
     own_seconds[, worker[, peak_bytes[, read_seconds, read_voxels]]])`` in the order the workers
@@ -117,6 +178,9 @@ def fit_clock(rows) -> TaskClock | None:
     is made of the later ones, so per volume (and shape) the figure is the median of the
     tasks that were not their worker's first in their run, where there are any (rows
     without a worker all count as such).
+
+    Across volumes the figures are fitted as a valley (:func:`valley_fit`); a shape's own figure is
+    its tasks' as measured.
 
     Per block volume the seconds per voxel are the tasks' total over their voxels: the other
     tasks' seconds (reads, overlap slices) go to whichever operator task reports next, often
@@ -152,19 +216,14 @@ def fit_clock(rows) -> TaskClock | None:
         groups.setdefault((run, shape), []).append(own)
         if peak is not None and peak > 0:
             peaks_by_volume.setdefault(volume, []).append(float(peak) / volume)
-    by_volume = own_by_volume
-    if not by_volume:
+    if not own_by_volume:
         return None
-
-    def typical(cold_and_warm) -> float:
-        cold, warm = cold_and_warm
-        return float(np.median(warm if warm else cold))
     spread_by_volume: dict[int, list[float]] = {}
     for (_run, shape), seconds in groups.items():
         s = np.asarray(seconds)
         if len(s) >= 3 and s.mean() > 0:
             spread_by_volume.setdefault(math.prod(shape), []).append(float(s.std(ddof=1) / s.mean()))
-    volumes = sorted(by_volume)
+    volumes = sorted(own_by_volume)
     spread_volumes = sorted(spread_by_volume)
     shapes = sorted(own_by_shape)
     task_bytes = ()
@@ -172,14 +231,15 @@ def fit_clock(rows) -> TaskClock | None:
         known = sorted(peaks_by_volume)
         task_bytes = tuple(float(x) for x in np.interp(np.log(volumes), np.log(known),
                                                        [float(np.median(peaks_by_volume[v])) for v in known]))
+    measured = np.array([_typical(own_by_volume[v], other_by_volume[v]) for v in volumes])
+    per_volume = valley_fit(measured, _inverse_variances(measured, [own_by_volume[v] for v in volumes],
+                                                         [spread_by_volume.get(v) for v in volumes]))
     return TaskClock(volumes=tuple(float(v) for v in volumes),
-                     seconds_per_voxel=tuple(typical(own_by_volume[v]) + float(np.mean(other_by_volume[v]))
-                                             for v in volumes),
+                     seconds_per_voxel=tuple(float(x) for x in per_volume),
                      spread_volumes=tuple(float(v) for v in spread_volumes),
                      spreads=tuple(float(np.median(spread_by_volume[v])) for v in spread_volumes),
                      shapes=tuple(shapes),
-                     shape_seconds_per_voxel=tuple(typical(own_by_shape[b]) + float(np.mean(other_by_shape[b]))
-                                                   for b in shapes),
+                     shape_seconds_per_voxel=tuple(_typical(own_by_shape[b], other_by_shape[b]) for b in shapes),
                      task_bytes_per_voxel=task_bytes, **_read_terms(reads, volumes, shapes))
 
 
