@@ -125,7 +125,8 @@ def valley_fit(values, weights) -> np.ndarray:
     A task's seconds per voxel is its fixed costs over its voxels, which fall with the volume,
     plus what a voxel costs in caches and fresh pages, which does not fall as blocks grow: a
     valley.  A volume measured above both neighbours is noise the shape cannot hold, and is
-    pooled with its neighbour, the tasks of both taken together (``w``: their counts).  Probe
+    pooled with whichever neighbour costs the fit less (``w``: inverse variances,
+    :func:`_inverse_variances`; the less certain one, other things equal).  Probe
     tasks at large blocks vary by tens of percent from run to run (first_derivative's 180^3
     probe measured 39.8 ns per voxel between 28.4 at 108^3 and 25.7 at 300^3; its tasks of one
     run ranged 25-53 ns); interpolated as measured, such a bump made the planner take two tasks
