@@ -607,12 +607,20 @@ def test_the_valley_fit_falls_then_rises_and_pools_a_bump_with_its_least_certain
     other = np.array([126.0, 52.0, *[(28.4 * 1.5 + 39.8 * 0.066) / 1.566] * 2, 25.7])  # pooled the other way
     assert w @ (y - fit) ** 2 < w @ (y - other) ** 2
     rng = np.random.default_rng(5)
-    for _ in range(50):  # always a valley, never worse than the best split tried by hand
+    from scipy.optimize import isotonic_regression
+
+    def scipy_best(y, w):  # each split's two sides by scipy's own pool-adjacent-violators
+        sides = [np.concatenate([isotonic_regression(y[:m], weights=w[:m], increasing=False).x if m else [],
+                                 isotonic_regression(y[m:], weights=w[m:]).x if m < len(y) else []])
+                 for m in range(len(y) + 1)]
+        return min(float(w @ (y - f) ** 2) for f in sides)
+
+    for _ in range(50):  # always a valley, and the least squares scipy finds over the splits
         y, w = rng.uniform(1, 10, 7), rng.uniform(0.1, 2, 7)
         f = timing.valley_fit(y, w)
         m = int(np.argmin(f))
         assert np.all(np.diff(f[:m + 1]) <= 1e-12) and np.all(np.diff(f[m:]) >= -1e-12)
-        assert w @ (y - f) ** 2 <= w @ (y - np.full(7, np.average(y, weights=w))) ** 2 + 1e-9
+        assert w @ (y - f) ** 2 == pytest.approx(scipy_best(y, w), rel=1e-9, abs=1e-12)
 
 
 def test_a_clock_does_not_carry_one_slow_probe_into_the_volumes_beside_it():
