@@ -69,7 +69,7 @@ def main(argv=None) -> int:
                                           first_touch_warm_bytes=touch.get("warm_bytes"))
                 plan = recommend_chunks(op, shape, limit, workers=args.workers, runs_dir=copy, baseline_bytes=baseline)
             medians = measured_medians(rows, op, shape, limit)
-            fastest = min(medians.values())
+            fastest = min(medians.values(), default=None)
 
             def rel(chunks: str) -> str:
                 return f"{medians[chunks] / fastest:.3f}" if chunks in medians else "unmeasured"
