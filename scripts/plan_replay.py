@@ -26,6 +26,15 @@ from explorer.measure.worker_baseline import WorkerBaseline
 from explorer.plan.recommend import plan_for_chunks, recommend_chunks
 
 
+def run_baseline(run: dict) -> WorkerBaseline:
+    """The workers' baseline a ``bench_chunks.py --json`` run planned under: its bytes and the
+    first-touch terms its probe measured (``plan_first_touch``)."""
+    touch = run.get("plan_first_touch") or {}
+    return WorkerBaseline(bytes=int(run["worker_baseline_bytes"]),
+                          first_touch_seconds_per_byte=touch.get("seconds_per_byte"),
+                          first_touch_warm_bytes=touch.get("warm_bytes"))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("bench_json", type=Path)
@@ -44,9 +53,7 @@ def main(argv=None) -> int:
         parser.error(f"no ours (refine=False) run of {args.operator} {args.shape} at {args.limit} in {args.bench_json}")
     run = runs[0]
     touch = run.get("plan_first_touch") or {}
-    baseline = WorkerBaseline(bytes=int(run["worker_baseline_bytes"]),
-                              first_touch_seconds_per_byte=touch.get("seconds_per_byte"),
-                              first_touch_warm_bytes=touch.get("warm_bytes"))
+    baseline = run_baseline(run)
     runs_dir = scenario_runs_dir(chunks_cache(args.cache), args.operator, limit)
     common = dict(workers=args.workers, runs_dir=runs_dir, baseline_bytes=baseline)
     with warnings.catch_warnings():

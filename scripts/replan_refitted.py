@@ -25,11 +25,11 @@ import numpy as np
 
 from bench_chunks import chunks_cache, scenario_runs_dir
 from explorer.core.units import format_shape
-from explorer.measure.worker_baseline import WorkerBaseline
 from explorer.model.load import load_model
 from explorer.plan.calibration import calibrate
 from explorer.plan.recommend import recommend_chunks
 from explorer.search.store import Store
+from plan_replay import run_baseline
 
 
 def measured_medians(rows, op, shape, limit) -> dict[str, float]:
@@ -63,11 +63,8 @@ def main(argv=None) -> int:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # the saved baseline's environment is not kept in the JSON
                 calibrate(op, Store(copy), load_model(op, copy), runs_dir=copy, environment=saved["environment"])
-                touch = first.get("plan_first_touch") or {}
-                baseline = WorkerBaseline(bytes=int(first["worker_baseline_bytes"]),
-                                          first_touch_seconds_per_byte=touch.get("seconds_per_byte"),
-                                          first_touch_warm_bytes=touch.get("warm_bytes"))
-                plan = recommend_chunks(op, shape, limit, workers=args.workers, runs_dir=copy, baseline_bytes=baseline)
+                plan = recommend_chunks(op, shape, limit, workers=args.workers, runs_dir=copy,
+                                        baseline_bytes=run_baseline(first))
             medians = measured_medians(rows, op, shape, limit)
             fastest = min(medians.values(), default=None)
 

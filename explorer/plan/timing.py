@@ -152,11 +152,11 @@ def _typical(cold_and_warm, other) -> float:
 def _inverse_variances(measured: np.ndarray, cold_and_warm, spreads) -> np.ndarray:
     """Per volume, ``n / (sigma s)^2``: the weight of its figure ``s`` in :func:`valley_fit`, from
     the ``n`` tasks it was taken over (the warm ones, else the cold) and their coefficient of
-    variation ``sigma`` (the median over its groups of three or more; a volume without one takes
-    the median of the others', all alike without any)."""
-    known = [float(np.median(s)) for s in spreads if s]
+    variation ``sigma`` (``spreads``: the clock's, the median over its groups of three or more, or
+    None; a volume without one takes the median of the others', all alike without any)."""
+    known = [s for s in spreads if s is not None]
     fallback = float(np.median(known)) if known else 1.0
-    sigma = np.array([float(np.median(s)) if s else fallback for s in spreads])
+    sigma = np.array([fallback if s is None else s for s in spreads])
     positive = sigma[sigma > 0]
     sigma = np.maximum(sigma, positive.min() if positive.size else 1.0)  # equal tasks: the least spread measured
     counts = np.array([len(warm) or len(cold) for cold, warm in cold_and_warm], dtype=np.float64)
@@ -226,6 +226,7 @@ def fit_clock(rows) -> TaskClock | None:
             spread_by_volume.setdefault(math.prod(shape), []).append(float(s.std(ddof=1) / s.mean()))
     volumes = sorted(own_by_volume)
     spread_volumes = sorted(spread_by_volume)
+    spread = {v: float(np.median(spread_by_volume[v])) for v in spread_volumes}
     shapes = sorted(own_by_shape)
     task_bytes = ()
     if peaks_by_volume:  # every volume its own median, the volumes without a peak interpolated
@@ -234,11 +235,11 @@ def fit_clock(rows) -> TaskClock | None:
                                                        [float(np.median(peaks_by_volume[v])) for v in known]))
     measured = np.array([_typical(own_by_volume[v], other_by_volume[v]) for v in volumes])
     per_volume = valley_fit(measured, _inverse_variances(measured, [own_by_volume[v] for v in volumes],
-                                                         [spread_by_volume.get(v) for v in volumes]))
+                                                         [spread.get(v) for v in volumes]))
     return TaskClock(volumes=tuple(float(v) for v in volumes),
                      seconds_per_voxel=tuple(float(x) for x in per_volume),
                      spread_volumes=tuple(float(v) for v in spread_volumes),
-                     spreads=tuple(float(np.median(spread_by_volume[v])) for v in spread_volumes),
+                     spreads=tuple(spread[v] for v in spread_volumes),
                      shapes=tuple(shapes),
                      shape_seconds_per_voxel=tuple(_typical(own_by_shape[b], other_by_shape[b]) for b in shapes),
                      task_bytes_per_voxel=task_bytes, **_read_terms(reads, volumes, shapes))
